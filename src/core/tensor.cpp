@@ -1,0 +1,164 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace ms {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+static Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t acc = 1;
+  for (int i = int(shape.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= shape[i];
+  }
+  return st;
+}
+
+Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
+  MS_CHECK(device == Device::CPU, "Tensor::empty: device tensors come from a device allocator");
+  int64_t n = 1;
+  for (auto d : shape) {
+    MS_CHECK(d >= 0, "negative dimension in ", shape_str(shape));
+    n *= d;
+  }
+  size_t bytes = size_t(n) * dtype_size(dtype);
+  size_t alloc = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, alloc ? alloc : 64);
+  MS_CHECK(p, "out of host memory allocating ", bytes, " bytes");
+  std::memset(p, 0, alloc ? alloc : 64);
+  auto buf = std::make_shared<Buffer>();
+  buf->data = p;
+  buf->bytes = bytes;
+  buf->keep_alive = std::shared_ptr<void>(p, std::free);
+  return from_buffer(std::move(buf), 0, dtype, std::move(shape));
+}
+
+Tensor Tensor::from_buffer(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape) {
+  Tensor t;
+  t.buffer_ = std::move(buffer);
+  t.offset_ = offset;
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  MS_ASSERT(offset + t.nbytes() <= t.buffer_->bytes);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& v, Shape shape) {
+  Tensor t = empty(DType::F32, std::move(shape));
+  MS_CHECK(size_t(t.numel()) == v.size(), "from_vector: ", v.size(), " values for shape ", shape_str(t.shape()));
+  std::memcpy(t.raw(), v.data(), v.size() * 4);
+  return t;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (auto d : shape_) n *= d;
+  return n;
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+Tensor Tensor::view(Shape shape) const {
+  MS_CHECK(is_contiguous(), "view of a non-contiguous tensor ", describe());
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) infer = int64_t(i); else known *= shape[i];
+  }
+  if (infer >= 0) shape[infer] = known ? numel() / known : 0;
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  MS_CHECK(t.numel() == numel(), "cannot view ", describe(), " as ", shape_str(t.shape_));
+  t.strides_ = contiguous_strides(t.shape_);
+  return t;
+}
+
+Tensor Tensor::slice(int d, int64_t begin, int64_t end) const {
+  if (d < 0) d += dim();
+  MS_CHECK(d >= 0 && d < dim() && 0 <= begin && begin <= end && end <= shape_[d],
+           "slice [", begin, ", ", end, ") out of range for dim ", d, " of ", describe());
+  Tensor t = *this;
+  t.offset_ += size_t(begin * strides_[d]) * dtype_size(dtype_);
+  t.shape_[d] = end - begin;
+  return t;
+}
+
+Tensor Tensor::select(int64_t index) const {
+  Tensor t = slice(0, index, index + 1);
+  t.shape_.erase(t.shape_.begin());
+  t.strides_.erase(t.strides_.begin());
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  MS_CHECK(device() == Device::CPU, "clone of a device tensor");
+  Tensor out = empty(dtype_, shape_);
+  if (is_contiguous()) {
+    std::memcpy(out.raw(), raw(), nbytes());
+    return out;
+  }
+  // Generic strided copy, one element at a time (used rarely: loading and tests).
+  size_t es = dtype_size(dtype_);
+  std::vector<int64_t> idx(shape_.size(), 0);
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t n = 0; n < numel(); ++n) {
+    int64_t off = 0;
+    for (size_t i = 0; i < idx.size(); ++i) off += idx[i] * strides_[i];
+    std::memcpy(dst + n * es, static_cast<const char*>(raw()) + off * es, es);
+    for (int i = int(idx.size()) - 1; i >= 0; --i) {
+      if (++idx[i] < shape_[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return out;
+}
+
+Tensor Tensor::to_f32() const {
+  Tensor src = is_contiguous() ? *this : clone();
+  Tensor out = empty(DType::F32, shape_);
+  float* o = out.data<float>();
+  int64_t n = numel();
+  switch (dtype_) {
+    case DType::F32: std::memcpy(o, src.raw(), n * 4); break;
+    case DType::BF16: for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(src.data<uint16_t>()[i]); break;
+    case DType::F16: for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(src.data<uint16_t>()[i]); break;
+    case DType::F8_E4M3: {
+      const float* table = fp8_e4m3_table();
+      for (int64_t i = 0; i < n; ++i) o[i] = table[src.data<uint8_t>()[i]];
+      break;
+    }
+    case DType::I64: for (int64_t i = 0; i < n; ++i) o[i] = float(src.data<int64_t>()[i]); break;
+    case DType::I32: for (int64_t i = 0; i < n; ++i) o[i] = float(src.data<int32_t>()[i]); break;
+    case DType::U8: for (int64_t i = 0; i < n; ++i) o[i] = float(src.data<uint8_t>()[i]); break;
+  }
+  return out;
+}
+
+std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_str(shape_); }
+
+void check_shape(const Tensor& t, const Shape& expected, const std::string& name) {
+  MS_CHECK(t.shape() == expected, "tensor ", name, " has shape ", shape_str(t.shape()), ", expected ",
+           shape_str(expected));
+}
+
+void check_dtype(const Tensor& t, std::initializer_list<DType> allowed, const std::string& name) {
+  for (DType d : allowed)
+    if (t.dtype() == d) return;
+  std::string list;
+  for (DType d : allowed) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d));
+  fail("tensor ", name, " has dtype ", dtype_name(t.dtype()), ", expected ", list);
+}
+
+}  // namespace ms

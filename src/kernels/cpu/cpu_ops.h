@@ -1,0 +1,37 @@
+// CPU implementations of kernels/ops.h (same signatures, namespace ms::cpu).
+#pragma once
+#include "kernels/ops.h"
+
+namespace ms::cpu {
+using ops::AttentionLayout;
+using ops::ExpertWeights;
+using ops::GroupRank;
+using ops::RouterParams;
+using ops::Scoring;
+using ops::Weight;
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void add_inplace(Tensor& x, const Tensor& y);
+void silu_and_mul(const Tensor& gate_up, Tensor& out);
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
+void round_to_bf16(Tensor& x);
+void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
+void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
+          const Tensor& sin, bool interleaved);
+void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
+               float scale, Tensor& out);
+void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
+                   float scale, Tensor& out);
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
+void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
+void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
+std::vector<int32_t> argmax_rows(const Tensor& logits);
+
+// Vector helpers shared by the CPU kernels (AVX-512 when compiled for it, scalar otherwise).
+float dot_f32(const float* a, const float* b, int64_t n);
+void axpy_f32(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
+// Decodes row `row` of a weight (any stored dtype, fp8 with its block scales) into f32.
+void decode_weight_row(const Weight& w, int64_t row, float* out);
+}  // namespace ms::cpu

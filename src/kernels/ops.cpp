@@ -1,0 +1,56 @@
+// Device dispatch of the op interface. CPU tensors go to kernels/cpu; CUDA tensors to
+// kernels/cuda when the CUDA backend is compiled in.
+#include "kernels/ops.h"
+
+#include "core/check.h"
+#include "kernels/cpu/cpu_ops.h"
+#if MOESERVE_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#define MS_DISPATCH(t, call) \
+  ((t).device() == Device::CUDA ? ::ms::cuda::call : ::ms::cpu::call)
+#else
+#define MS_DISPATCH(t, call)                                                                  \
+  ((t).device() == Device::CUDA ? ::ms::fail("this build has no CUDA backend (nvcc was not found)") \
+                                : ::ms::cpu::call)
+#endif
+
+namespace ms::ops {
+
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { MS_DISPATCH(x, linear(x, w, bias, out)); }
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { MS_DISPATCH(x, rms_norm(x, weight, eps, out)); }
+void add_inplace(Tensor& x, const Tensor& y) { MS_DISPATCH(x, add_inplace(x, y)); }
+void silu_and_mul(const Tensor& gate_up, Tensor& out) { MS_DISPATCH(out, silu_and_mul(gate_up, out)); }
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) { MS_DISPATCH(out, embedding(table, ids, out)); }
+void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y) { MS_DISPATCH(x, add_sigmoid_gated(x, gate, y)); }
+void round_to_bf16(Tensor& x) { MS_DISPATCH(x, round_to_bf16(x)); }
+void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) { MS_DISPATCH(dst, scatter_rows(src, slots, dst)); }
+void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos, const Tensor& sin,
+          bool interleaved) {
+  MS_DISPATCH(x, rope(x, offset, rot_dim, positions, cos, sin, interleaved));
+}
+void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout, float scale,
+               Tensor& out) {
+  MS_DISPATCH(q, attention(q, k_cache, v_cache, layout, scale, out));
+}
+void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
+                   float scale, Tensor& out) {
+  MS_DISPATCH(q_latent, mla_attention(q_latent, q_rope, kv_cache, layout, scale, out));
+}
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
+  MS_DISPATCH(q_nope, mla_absorb_q(q_nope, kv_b, nope, v, q_latent));
+}
+void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out) {
+  MS_DISPATCH(latent, mla_expand_v(latent, kv_b, nope, v, out));
+}
+void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights) {
+  MS_DISPATCH(logits, moe_topk(logits, bias, p, ids, weights));
+}
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
+  MS_DISPATCH(x, moe_experts(x, ids, weights, experts, out));
+}
+std::vector<int32_t> argmax_rows(const Tensor& logits) {
+  if (logits.device() == Device::CUDA) fail("argmax_rows: copy logits to the host first");
+  return cpu::argmax_rows(logits);
+}
+
+}  // namespace ms::ops

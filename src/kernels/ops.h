@@ -1,0 +1,101 @@
+// The op interface: free functions over tensors that every layer is written in. Each op
+// dispatches on the device of its tensors to kernels/cpu/ or kernels/cuda/; a layer never
+// branches on the device itself. Activations are F32 [tokens, features] unless stated.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ms::ops {
+
+// A weight as the checkpoint stores it: [out, in] in F32/BF16/F16, or F8_E4M3 with one
+// `scale_inv` per block_n x block_k block ([ceil(out/bn), ceil(in/bk)], F32; edge blocks may
+// be partial). Value = fp8 * scale_inv.
+struct Weight {
+  Tensor w;
+  Tensor scale_inv;
+  int block_n = 128, block_k = 128;
+  int64_t out_features() const { return w.size(0); }
+  int64_t in_features() const { return w.size(1); }
+  bool is_fp8() const { return w.dtype() == DType::F8_E4M3; }
+};
+
+// out[T, N] = x[T, K] . w^T (+ bias[N]). x and out are F32, contiguous in the last dim.
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
+
+// out = x * rsqrt(mean(x^2) + eps) * weight, row by row. out may be x.
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+// x += y (same shape).
+void add_inplace(Tensor& x, const Tensor& y);
+// out[T, I] = silu(gate_up[T, :I]) * gate_up[T, I:].
+void silu_and_mul(const Tensor& gate_up, Tensor& out);
+// out[t] = table[ids[t]] (table in its stored dtype).
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+// x[t] += sigmoid(gate[t]) * y[t]; gate is [T, 1] (Qwen2-MoE's shared-expert gate).
+void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
+// Emulates bf16 storage of activations: rounds every element to the nearest bf16.
+void round_to_bf16(Tensor& x);
+// Copies rows of src [T, W] into dst [slots, W] at rows slots[t] (KV cache writes).
+void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
+
+// Rotary embedding on x [T, H, D] for dims [offset, offset + rot_dim) of every head.
+// cos/sin: F32 [max_pos, rot_dim / 2]. Interleaved rotates pairs (2i, 2i+1) (DeepSeek);
+// otherwise (i, i + rot_dim/2) (NeoX, Qwen).
+void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
+          const Tensor& sin, bool interleaved);
+
+// Which keys each query sees. Sequence s owns queries [q_start[s], q_start[s+1]) and keys
+// kv_slots[kv_start[s] .. kv_start[s+1]); its queries are the last ones of its keys, and each
+// sees the keys up to and including its own position (causal).
+struct AttentionLayout {
+  std::vector<int32_t> q_start, kv_start, kv_slots;
+  int num_seqs() const { return int(q_start.size()) - 1; }
+};
+
+// GQA over a slot cache: q [T, Hq, D], k_cache [slots, Hkv, D], v_cache [slots, Hkv, Dv],
+// out [T, Hq, Dv].
+void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
+               float scale, Tensor& out);
+
+// MLA in the absorbed form over the latent cache [slots, L + R] (L = kv_lora_rank, the
+// normalised latent; R = roped key part). q_latent [T, H, L], q_rope [T, H, R]; out [T, H, L]
+// is the attention-weighted latent (the caller applies W_uv).
+void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
+                   float scale, Tensor& out);
+
+// The MLA absorption, through kv_b [H * (nope + v), L] as stored (no f32 copy): per head,
+// q_latent[t, h] = q_nope[t, h] . W_uk[h] and out[t, h] = W_uv[h] . latent[t, h], where W_uk[h] is
+// kv_b's rows [h(nope+v), h(nope+v)+nope) and W_uv[h] the v rows after them.
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
+void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
+
+// Router top-k. Scores are softmax or sigmoid of logits [T, E]; `choice` = score (+ bias
+// when given). Grouped selection keeps `topk_group` of `n_group` groups, ranked by the max
+// (group_limited_greedy) or the sum of the top two (noaux_tc) of `choice`; experts outside them
+// are set to 0 (as the reference does), then top_k by `choice`. Weights are the chosen scores,
+// renormalised if asked, times `scale`.
+enum class Scoring { Softmax, Sigmoid };
+enum class GroupRank { None, Max, SumTop2 };
+struct RouterParams {
+  int top_k = 1;
+  Scoring scoring = Scoring::Softmax;
+  GroupRank group_rank = GroupRank::None;
+  int n_group = 1, topk_group = 1;
+  bool renormalize = false;
+  float scale = 1.0f;
+};
+void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
+
+// Routed experts: out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x)) * up_e(x)), e = ids[t, j].
+struct ExpertWeights {
+  std::vector<Weight> gate, up, down;
+  int num_experts() const { return int(gate.size()); }
+};
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
+
+// Index of the largest value in each row of logits [T, V].
+std::vector<int32_t> argmax_rows(const Tensor& logits);
+
+}  // namespace ms::ops

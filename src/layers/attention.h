@@ -1,0 +1,58 @@
+// Attention layers over the slot KV cache: GQA (Qwen: optional qkv bias and per-head q/k
+// RMSNorm, NeoX rope) and MLA (DeepSeek: low-rank q and kv, latent cache, absorbed form).
+#pragma once
+#include "layers/forward.h"
+#include "layers/linear.h"
+#include "layers/rope.h"
+
+namespace ms {
+
+struct GqaWeights {
+  Linear q_proj, k_proj, v_proj, o_proj;
+  RmsNorm q_norm, k_norm;  // Qwen3 only
+  bool qk_norm = false;
+};
+
+class GqaAttention {
+ public:
+  GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int head_dim, const RopeTable* rope);
+  // x [T, hidden] -> [T, hidden]; writes this layer's keys/values to kv buffers (0: K, 1: V).
+  Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
+  static std::vector<Shape> kv_shapes(int num_kv_heads, int head_dim) { return {{num_kv_heads, head_dim}, {num_kv_heads, head_dim}}; }
+
+ private:
+  GqaWeights w_;
+  int heads_, kv_heads_, head_dim_;
+  const RopeTable* rope_;
+};
+
+struct MlaWeights {
+  Linear q_a_proj, q_b_proj;  // q_lora_rank > 0
+  RmsNorm q_a_norm;
+  Linear q_proj;              // q_lora_rank == 0 (V2-Lite)
+  Linear kv_a_proj;           // [kv_lora + rope, hidden]
+  RmsNorm kv_a_norm;
+  Linear kv_b_proj;           // [heads * (nope + v), kv_lora]
+  Linear o_proj;
+};
+
+struct MlaDims {
+  int heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+  float softmax_scale;
+};
+
+class MlaAttention {
+ public:
+  MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope);
+  // x [T, hidden] -> [T, hidden]; caches the normalised latent and the roped key (buffer 0).
+  Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
+  static std::vector<Shape> kv_shapes(const MlaDims& d) { return {{d.kv_lora_rank + d.qk_rope_head_dim}}; }
+
+ private:
+  Tensor project_q(const Tensor& x, const ForwardContext& ctx) const;
+  MlaWeights w_;
+  MlaDims d_;
+  const RopeTable* rope_;
+};
+
+}  // namespace ms

@@ -1,0 +1,37 @@
+// Linear layer: a weight in its stored format (bf16, or fp8 128x128 blocks) and an optional
+// bias. Parallel styles (column / row) arrive with the parallelism work.
+#pragma once
+#include "kernels/ops.h"
+
+namespace ms {
+
+class Linear {
+ public:
+  Linear() = default;
+  explicit Linear(ops::Weight w, Tensor bias = {});
+  Tensor operator()(const Tensor& x) const;           // [T, in] -> [T, out]
+  void forward(const Tensor& x, Tensor& out) const;   // into a preallocated output
+  const ops::Weight& weight() const { return weight_; }
+  int64_t out_features() const { return weight_.out_features(); }
+  int64_t in_features() const { return weight_.in_features(); }
+  bool defined() const { return weight_.w.defined(); }
+
+ private:
+  ops::Weight weight_;
+  Tensor bias_;  // F32 or undefined
+};
+
+class RmsNorm {
+ public:
+  RmsNorm() = default;
+  RmsNorm(Tensor weight, float eps) : weight_(std::move(weight)), eps_(eps) {}
+  Tensor operator()(const Tensor& x) const;  // rows of x (any leading shape, last dim normalised)
+  void forward(const Tensor& x, Tensor& out) const;  // 2-D rows, out may be a column slice
+  void inplace(Tensor& x) const;
+
+ private:
+  Tensor weight_;
+  float eps_ = 1e-6f;
+};
+
+}  // namespace ms

@@ -1,0 +1,19 @@
+// The gated MLP of both families: down(silu(gate(x)) * up(x)).
+#pragma once
+#include "layers/forward.h"
+#include "layers/linear.h"
+
+namespace ms {
+
+class GatedMlp {
+ public:
+  GatedMlp() = default;
+  GatedMlp(Linear gate, Linear up, Linear down);
+  Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
+  bool defined() const { return down_.defined(); }
+
+ private:
+  Linear gate_, up_, down_;
+};
+
+}  // namespace ms

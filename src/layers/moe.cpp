@@ -1,0 +1,58 @@
+#include "layers/moe.h"
+
+#include "core/check.h"
+
+namespace ms {
+
+ops::RouterParams make_router_params(std::string_view scoring, std::string_view method, int top_k, int n_group,
+                                     int topk_group, bool renormalize, double routed_scaling_factor) {
+  ops::RouterParams p;
+  p.top_k = top_k;
+  p.scoring = scoring == "sigmoid" ? ops::Scoring::Sigmoid : ops::Scoring::Softmax;
+  MS_CHECK(scoring == "sigmoid" || scoring == "softmax", "unknown router scoring \"", scoring, "\"");
+  if (method == "group_limited_greedy") p.group_rank = ops::GroupRank::Max;
+  else if (method == "noaux_tc") p.group_rank = ops::GroupRank::SumTop2;
+  else MS_CHECK(method == "greedy", "unknown router top-k method \"", method, "\"");
+  p.n_group = n_group;
+  p.topk_group = topk_group;
+  p.renormalize = renormalize;
+  p.scale = float(routed_scaling_factor);
+  return p;
+}
+
+SparseMoe::SparseMoe(MoeWeights w, ops::RouterParams router) : w_(std::move(w)), router_(router) {
+  const int E = w_.experts.num_experts();
+  MS_CHECK(w_.gate.out_features() == E, "MoE router has ", w_.gate.out_features(), " outputs for ", E, " experts");
+  MS_CHECK(!w_.correction_bias.defined() || w_.correction_bias.numel() == E, "e_score_correction_bias has ",
+           w_.correction_bias.numel(), " entries for ", E, " experts");
+  if (w_.correction_bias.defined()) w_.correction_bias = w_.correction_bias.to_f32();
+}
+
+void SparseMoe::route(const Tensor& x, Tensor& ids, Tensor& weights) const {
+  Tensor logits = w_.gate(x);  // f32 router logits, as the reference computes them
+  ops::moe_topk(logits, w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, ids, weights);
+}
+
+Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
+  const int64_t T = x.size(0);
+  Tensor ids = Tensor::empty(DType::I32, {T, router_.top_k});
+  Tensor weights = Tensor::empty(DType::F32, {T, router_.top_k});
+  route(x, ids, weights);
+  if (ctx.routing_trace) ctx.routing_trace->push_back(ids.clone());
+  Tensor out = Tensor::empty(DType::F32, x.shape());
+  ops::moe_experts(x, ids, weights, w_.experts, out);
+  ctx.round(out);
+  if (w_.shared.defined()) {
+    Tensor shared = w_.shared.forward(x, ctx);
+    if (w_.shared_gate.defined()) {
+      Tensor gate = w_.shared_gate(x);
+      ops::add_sigmoid_gated(out, gate, shared);
+    } else {
+      ops::add_inplace(out, shared);
+    }
+    ctx.round(out);
+  }
+  return out;
+}
+
+}  // namespace ms

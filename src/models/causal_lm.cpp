@@ -1,0 +1,72 @@
+#include "models/causal_lm.h"
+
+#include "core/check.h"
+#include "models/weight_loader.h"
+
+namespace ms {
+
+Tensor CausalLM::forward_hidden(const ForwardContext& ctx) const {
+  const auto& b = ctx.batch;
+  MS_CHECK(b.positions.size() == b.input_ids.size() && b.out_cache_loc.size() == b.input_ids.size(),
+           "forward: ids, positions and cache slots differ in length");
+  Tensor hidden = Tensor::empty(DType::F32, {b.num_tokens(), config.hidden_size});
+  ops::embedding(embed, b.input_ids, hidden);
+  for (size_t i = 0; i < layers.size(); ++i) layers[i].forward(hidden, int(i), ctx);
+  final_norm.inplace(hidden);
+  ctx.round(hidden);
+  return hidden;
+}
+
+// Rows whose logits are wanted: every token, or the last token of each sequence.
+static Tensor select_rows(const Tensor& hidden, const ForwardBatch& b) {
+  if (b.all_logits) return hidden;
+  const int64_t H = hidden.size(1);
+  Tensor out = Tensor::empty(DType::F32, {b.num_seqs(), H});
+  for (int s = 0; s < b.num_seqs(); ++s) {
+    int64_t last = b.attn.q_start[s + 1] - 1;
+    std::copy_n(hidden.data<float>() + last * H, H, out.data<float>() + s * H);
+  }
+  return out;
+}
+
+Tensor CausalLM::forward(const ForwardContext& ctx) const { return logits(select_rows(forward_hidden(ctx), ctx.batch)); }
+
+Tensor CausalLM::mtp_forward(const ForwardContext& ctx, const Tensor& hidden) const {
+  MS_CHECK(mtp != nullptr, "this model has no MTP (NextN) layer");
+  const auto& b = ctx.batch;
+  const int64_t T = b.num_tokens(), H = config.hidden_size;
+  MS_CHECK(hidden.size(0) == T, "mtp_forward: ", T, " tokens but ", hidden.size(0), " hidden rows");
+  Tensor e = Tensor::empty(DType::F32, {T, H});
+  ops::embedding(mtp->embed, b.input_ids, e);
+  Tensor cat = Tensor::empty(DType::F32, {T, 2 * H});
+  Tensor left = cat.slice(1, 0, H), right = cat.slice(1, H, 2 * H);
+  mtp->enorm.forward(e, left);
+  mtp->hnorm.forward(hidden, right);
+  ctx.round(cat);
+  Tensor h = mtp->eh_proj(cat);
+  ctx.round(h);
+  mtp->block->forward(h, 0, ctx);
+  mtp->final_norm.inplace(h);
+  ctx.round(h);
+  return mtp->head(h);
+}
+
+Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& embed) {
+  if (!c.tie_word_embeddings) return loader.linear("lm_head", c.vocab_size, c.hidden_size);
+  loader.ignore_prefix("lm_head.weight");  // some tied checkpoints store a copy anyway
+  return Linear(ops::Weight{embed});
+}
+
+std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& options) {
+  auto model = std::make_unique<CausalLM>();
+  model->config = load_model_config(dir);
+  model->weights = std::make_shared<WeightStore>(WeightStore::open_dir(dir));
+  WeightLoader loader(*model->weights, model->config);
+  const ModelConfig& c = model->config;
+  if (c.is_deepseek()) build_deepseek_v2(*model, loader, options);
+  else build_qwen_moe(*model, loader);
+  loader.finish();
+  return model;
+}
+
+}  // namespace ms

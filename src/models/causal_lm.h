@@ -1,0 +1,68 @@
+// A decoder-only MoE language model assembled by a family file (deepseek_v2.cpp,
+// qwen_moe.cpp): embedding, decoder layers, final norm, lm head, and optionally DeepSeek's
+// multi-token-prediction (NextN) layer.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "layers/decoder_layer.h"
+#include "layers/rope.h"
+
+namespace ms {
+
+class WeightLoader;
+
+// DeepSeek's NextN layer: eh_proj(cat(enorm(embed(next token)), hnorm(hidden))), one decoder
+// layer, then its own norm and head.
+struct MtpLayer {
+  Tensor embed;  // the layer's own embed_tokens
+  RmsNorm enorm, hnorm, final_norm;
+  Linear eh_proj, head;
+  std::unique_ptr<DecoderLayer> block;
+};
+
+class CausalLM {
+ public:
+  ModelConfig config;
+  std::shared_ptr<const WeightStore> weights;  // keeps the mmapped checkpoint alive
+  std::unique_ptr<RopeTable> rope;
+  Tensor embed;
+  std::vector<DecoderLayer> layers;
+  RmsNorm final_norm;
+  Linear lm_head;
+  std::unique_ptr<MtpLayer> mtp;
+  std::vector<Shape> kv_shapes;  // per token, per layer (same for every layer)
+
+  // Runs the decoder stack over ctx.batch; returns the final-normalised hidden states [T, H].
+  Tensor forward_hidden(const ForwardContext& ctx) const;
+  // Logits [rows, vocab] for every token (batch.all_logits) or the last token of each sequence.
+  Tensor forward(const ForwardContext& ctx) const;
+  Tensor logits(const Tensor& hidden) const { return lm_head(hidden); }
+  // The MTP layer over ctx.batch, whose input_ids are the *next* tokens and whose positions are
+  // those of `hidden` [T, H] (the main model's final hidden states); ctx.kv is the MTP's own
+  // one-layer cache. Returns logits for every token.
+  Tensor mtp_forward(const ForwardContext& ctx, const Tensor& hidden) const;
+
+  KvCache make_kv_cache(int64_t slots) const { return KvCache(int(layers.size()), kv_shapes, slots); }
+  KvCache make_mtp_kv_cache(int64_t slots) const { return KvCache(1, kv_shapes, slots); }
+};
+
+struct LoadOptions {
+  bool load_mtp = true;  // load the NextN layer when the checkpoint has one
+};
+
+// Reads config.json and the safetensors shards of `dir` and builds the model for its
+// architecture. Throws with the file, tensor or field named on any malformed input.
+std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& options = {});
+
+// The lm head: `lm_head.weight`, or the embedding itself when tie_word_embeddings is set.
+Linear load_lm_head(WeightLoader& loader, const ModelConfig& config, const Tensor& embed);
+
+// Family builders (one file each), called by load_model.
+void build_deepseek_v2(CausalLM& model, WeightLoader& loader, const LoadOptions& options);
+void build_qwen_moe(CausalLM& model, WeightLoader& loader);
+
+}  // namespace ms

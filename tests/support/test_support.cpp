@@ -1,0 +1,54 @@
+#include "test_support.h"
+
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/check.h"
+
+namespace ms::test {
+
+std::string fixture_dir(const std::string& name) { return std::string(MOESERVE_FIXTURES) + "/" + name; }
+std::string moeserve_bin() { return MOESERVE_BIN; }
+
+double rel_error(const Tensor& a, const Tensor& b) {
+  MS_CHECK(a.numel() == b.numel(), "rel_error: ", a.describe(), " vs ", b.describe());
+  auto x = a.to_vector(), y = b.to_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += double(x[i] - y[i]) * double(x[i] - y[i]);
+    den += double(y[i]) * double(y[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<int32_t> to_ids(const Tensor& t) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    out.push_back(t.dtype() == DType::I64 ? int32_t(t.data<int64_t>()[i]) : t.data<int32_t>()[i]);
+  return out;
+}
+
+int run_command(const std::string& cmd, std::string& output) {
+  output.clear();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  MS_CHECK(p, "cannot run ", cmd);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string temp_dir() {
+  static std::atomic<int> counter{0};
+  auto dir = std::filesystem::temp_directory_path() /
+             ("moeserve-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+}  // namespace ms::test

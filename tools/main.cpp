@@ -1,0 +1,21 @@
+// moeserve: one binary, one subcommand per job. Errors end the command with one line on
+// stderr and a non-zero exit status.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"moeserve: a serving engine for Mixture-of-Experts language models"};
+  app.require_subcommand(1);
+  ms::cli::add_model_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
