@@ -30,13 +30,21 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag)
 namespace {
 
 struct ModelArgs {
-  std::string model_path, ids, dtype = "float32";
+  std::string model_path, ids, dtype = "float32", device = "cpu";
   void add(CLI::App* cmd) {
     cmd->add_option("--model-path", model_path, "Hugging Face checkpoint directory")->required();
     cmd->add_option("--ids", ids, "prompt token ids, comma-separated (e.g. 5,17,3)")->required();
-    cmd->add_option("--dtype", dtype, "activation precision")->check(CLI::IsMember({"float32", "bfloat16"}));
+    cmd->add_option("--dtype", dtype, "activation precision on the CPU (the GPU computes in bfloat16)")
+        ->check(CLI::IsMember({"float32", "bfloat16"}));
+    cmd->add_option("--device", device, "where the model runs")->check(CLI::IsMember({"cpu", "cuda"}));
   }
-  bool bf16() const { return dtype == "bfloat16"; }
+  bool bf16() const { return dtype == "bfloat16" && device == "cpu"; }
+  std::unique_ptr<CausalLM> load() const {
+    LoadOptions o;
+    o.device = device == "cuda" ? Device::CUDA : Device::CPU;
+    o.act_dtype = device == "cuda" ? DType::BF16 : DType::F32;
+    return load_model(model_path, o);
+  }
 };
 
 void add_logits(CLI::App& app) {
@@ -47,9 +55,9 @@ void add_logits(CLI::App& app) {
   cmd->add_option("--out", *out, "output .safetensors file (tensor `logits`, F32 [n, vocab])")->required();
   cmd->callback([args, out] {
     auto ids = parse_ids(args->ids, "--ids");
-    auto model = load_model(args->model_path);
+    auto model = args->load();
     Generator gen(*model, args->bf16());
-    Tensor logits = gen.prompt_logits(ids);
+    Tensor logits = gen.prompt_logits(ids).to_f32();
     write_safetensors(*out, {{"logits", logits}});
   });
 }
@@ -65,7 +73,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "keep going past the end-of-sequence token");
   cmd->callback([args, opt] {
     auto ids = parse_ids(args->ids, "--ids");
-    auto model = load_model(args->model_path);
+    auto model = args->load();
     Generator gen(*model, args->bf16());
     auto out = gen.generate(ids, *opt);
     std::cout << nlohmann::json{{"output_ids", out}}.dump() << std::endl;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 
 namespace ms {
 
@@ -26,14 +27,27 @@ static Shape contiguous_strides(const Shape& shape) {
   return st;
 }
 
+namespace {
+DeviceMemory* g_device_memory[2] = {nullptr, nullptr};
+}  // namespace
+
+void register_device_memory(Device device, DeviceMemory* memory) { g_device_memory[int(device)] = memory; }
+
+DeviceMemory* device_memory(Device device) {
+  DeviceMemory* m = g_device_memory[int(device)];
+  MS_CHECK(m, "no backend for device ", device == Device::CUDA ? "cuda" : "cpu",
+           " (this build has no CUDA backend, or it was not initialised)");
+  return m;
+}
+
 Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
-  MS_CHECK(device == Device::CPU, "Tensor::empty: device tensors come from a device allocator");
   int64_t n = 1;
   for (auto d : shape) {
     MS_CHECK(d >= 0, "negative dimension in ", shape_str(shape));
     n *= d;
   }
   size_t bytes = size_t(n) * dtype_size(dtype);
+  if (device != Device::CPU) return from_buffer(device_memory(device)->allocate(bytes), 0, dtype, std::move(shape));
   size_t alloc = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, alloc ? alloc : 64);
   MS_CHECK(p, "out of host memory allocating ", bytes, " bytes");
@@ -102,8 +116,33 @@ Tensor Tensor::select(int64_t index) const {
   return t;
 }
 
+Tensor Tensor::to(Device target) const {
+  if (device() == target && is_contiguous()) return *this;
+  Tensor src = is_contiguous() ? *this : clone();
+  Tensor out = empty(dtype_, shape_, target);
+  out.copy_from(src);
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  MS_CHECK(src.dtype_ == dtype_ && src.shape_ == shape_ && is_contiguous() && src.is_contiguous(), "copy_from: ",
+           src.describe(), " into ", describe());
+  if (nbytes() == 0) return;
+  if (device() == Device::CPU && src.device() == Device::CPU) {
+    std::memcpy(raw(), src.raw(), nbytes());
+    return;
+  }
+  Device backend = device() != Device::CPU ? device() : src.device();
+  device_memory(backend)->copy(raw(), device(), src.raw(), src.device(), nbytes());
+}
+
 Tensor Tensor::clone() const {
-  MS_CHECK(device() == Device::CPU, "clone of a device tensor");
+  if (device() != Device::CPU) {
+    MS_CHECK(is_contiguous(), "clone of a strided device tensor");
+    Tensor out = empty(dtype_, shape_, device());
+    out.copy_from(*this);
+    return out;
+  }
   Tensor out = empty(dtype_, shape_);
   if (is_contiguous()) {
     std::memcpy(out.raw(), raw(), nbytes());
@@ -126,6 +165,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to_f32() const {
+  if (device() != Device::CPU) return to(Device::CPU).to_f32();
   Tensor src = is_contiguous() ? *this : clone();
   Tensor out = empty(DType::F32, shape_);
   float* o = out.data<float>();

@@ -30,7 +30,7 @@ struct Buffer {
 class Tensor {
  public:
   Tensor() = default;
-  // A new contiguous host tensor, zero-filled.
+  // A new contiguous tensor, zero-filled (device memory through its registered backend).
   static Tensor empty(DType dtype, Shape shape, Device device = Device::CPU);
   static Tensor zeros(DType dtype, Shape shape) { return empty(dtype, std::move(shape)); }
   // A tensor over memory someone else owns (mmapped file, pool); `buffer` keeps it alive.
@@ -58,8 +58,10 @@ class Tensor {
   Tensor select(int64_t index) const;                     // drops dimension 0
   Tensor narrow_rows(int64_t begin, int64_t count) const { return slice(0, begin, begin + count); }
 
-  Tensor clone() const;               // contiguous host copy
-  Tensor to_f32() const;              // contiguous F32 host copy (any float dtype)
+  Tensor clone() const;               // contiguous copy on the same device
+  Tensor to(Device device) const;     // contiguous copy on `device` (itself if already there and contiguous)
+  void copy_from(const Tensor& src);  // same shape and dtype, any devices, both contiguous
+  Tensor to_f32() const;              // contiguous F32 host copy (any dtype, any device)
   std::vector<float> to_vector() const { Tensor t = to_f32(); return {t.data<float>(), t.data<float>() + t.numel()}; }
   std::string describe() const;       // "BF16[1024, 128]"
 

@@ -16,6 +16,15 @@
 
 namespace ms::ops {
 
+void init_backend(Device device) {
+  if (device == Device::CPU) return;
+#if MOESERVE_WITH_CUDA
+  ::ms::cuda::init();
+#else
+  fail("this build has no CUDA backend (nvcc was not found at configure time)");
+#endif
+}
+
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { MS_DISPATCH(x, linear(x, w, bias, out)); }
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { MS_DISPATCH(x, rms_norm(x, weight, eps, out)); }
 void add_inplace(Tensor& x, const Tensor& y) { MS_DISPATCH(x, add_inplace(x, y)); }
@@ -23,6 +32,7 @@ void silu_and_mul(const Tensor& gate_up, Tensor& out) { MS_DISPATCH(out, silu_an
 void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) { MS_DISPATCH(out, embedding(table, ids, out)); }
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y) { MS_DISPATCH(x, add_sigmoid_gated(x, gate, y)); }
 void round_to_bf16(Tensor& x) { MS_DISPATCH(x, round_to_bf16(x)); }
+void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) { MS_DISPATCH(out, gather_rows(src, rows, out)); }
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) { MS_DISPATCH(dst, scatter_rows(src, slots, dst)); }
 void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos, const Tensor& sin,
           bool interleaved) {

@@ -10,6 +10,10 @@
 
 namespace ms::ops {
 
+// Makes `device` usable (registers its memory with core, creates its streams and handles).
+// Idempotent; throws when this build has no backend for it.
+void init_backend(Device device);
+
 // A weight as the checkpoint stores it: [out, in] in F32/BF16/F16, or F8_E4M3 with one
 // `scale_inv` per block_n x block_k block ([ceil(out/bn), ceil(in/bk)], F32; edge blocks may
 // be partial). Value = fp8 * scale_inv.
@@ -37,6 +41,8 @@ void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 // Emulates bf16 storage of activations: rounds every element to the nearest bf16.
 void round_to_bf16(Tensor& x);
+// out[i] = src[rows[i]] for 2-D src and out.
+void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
 // Copies rows of src [T, W] into dst [slots, W] at rows slots[t] (KV cache writes).
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
 

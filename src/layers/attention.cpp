@@ -30,7 +30,7 @@ Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   ctx.round(q3), ctx.round(k3);
   ops::scatter_rows(k3, b.out_cache_loc, ctx.kv.buffer(layer, 0));
   ops::scatter_rows(v.view({T, kv_heads_, head_dim_}), b.out_cache_loc, ctx.kv.buffer(layer, 1));
-  Tensor o = Tensor::empty(DType::F32, {T, heads_, head_dim_});
+  Tensor o = ctx.empty({T, heads_, head_dim_});
   ops::attention(q3, ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), b.attn, 1.0f / std::sqrt(float(head_dim_)), o);
   ctx.round(o);
   Tensor out = w_.o_proj(o.view({T, int64_t(heads_) * head_dim_}));
@@ -81,12 +81,12 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   ctx.round(kv), ctx.round(q);
   ops::scatter_rows(kv, b.out_cache_loc, ctx.kv.buffer(layer, 0));
 
-  Tensor q_latent = Tensor::empty(DType::F32, {T, H, L});
+  Tensor q_latent = ctx.empty({T, H, L});
   ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent);
-  Tensor o_latent = Tensor::empty(DType::F32, {T, H, L});
+  Tensor o_latent = ctx.empty({T, H, L});
   ops::mla_attention(q_latent, q.slice(2, nope, nope + R), ctx.kv.buffer(layer, 0), b.attn, d_.softmax_scale,
                      o_latent);
-  Tensor o = Tensor::empty(DType::F32, {T, H, vdim});
+  Tensor o = ctx.empty({T, H, vdim});
   ops::mla_expand_v(o_latent, w_.kv_b_proj.weight(), nope, vdim, o);
   ctx.round(o);
   Tensor out = w_.o_proj(o.view({T, H * vdim}));

@@ -20,11 +20,12 @@ struct ForwardBatch {
   int num_seqs() const { return attn.num_seqs(); }
 };
 
-// KV storage: for every layer, one or more F32 buffers of [num_slots, per-token shape...]
-// (GQA: keys and values; MLA: the latent plus the roped key).
+// KV storage: for every layer, one or more buffers of [num_slots, per-token shape...]
+// (GQA: keys and values; MLA: the latent plus the roped key), in the activation dtype.
 class KvCache {
  public:
-  KvCache(int num_layers, const std::vector<Shape>& per_token, int64_t num_slots);
+  KvCache(int num_layers, const std::vector<Shape>& per_token, int64_t num_slots, DType dtype = DType::F32,
+          Device device = Device::CPU);
   Tensor& buffer(int layer, int i) { return buffers_.at(size_t(layer)).at(size_t(i)); }
   int64_t num_slots() const { return num_slots_; }
   int num_layers() const { return int(buffers_.size()); }
@@ -44,6 +45,12 @@ struct ForwardContext {
   // When set, every MoE layer appends the expert ids it chose ([T, k] I32), layer by layer
   // (expert-load statistics, and tests that tell routing flips from arithmetic error).
   std::vector<Tensor>* routing_trace = nullptr;
+  Device device = Device::CPU;
+  DType act_dtype = DType::F32;  // activations: F32 on the CPU, BF16 on the GPU
+
+  // A new activation tensor on this step's device.
+  Tensor empty(Shape shape, DType dtype) const { return Tensor::empty(dtype, std::move(shape), device); }
+  Tensor empty(Shape shape) const { return empty(std::move(shape), act_dtype); }
 
   void round(Tensor& t) const {
     if (bf16_activations) ops::round_to_bf16(t);

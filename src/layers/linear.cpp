@@ -5,11 +5,11 @@
 namespace ms {
 
 Linear::Linear(ops::Weight w, Tensor bias) : weight_(std::move(w)) {
-  if (bias.defined()) bias_ = bias.to_f32();
+  if (bias.defined()) bias_ = bias.to_f32().to(weight_.w.device());
 }
 
 Tensor Linear::operator()(const Tensor& x) const {
-  Tensor out = Tensor::empty(DType::F32, {x.size(0), out_features()});
+  Tensor out = Tensor::empty(x.dtype(), {x.size(0), out_features()}, x.device());
   forward(x, out);
   return out;
 }
@@ -25,7 +25,7 @@ static Tensor as_rows(const Tensor& x, int64_t width) {
 }
 
 Tensor RmsNorm::operator()(const Tensor& x) const {
-  Tensor out = Tensor::empty(DType::F32, x.shape());
+  Tensor out = Tensor::empty(x.dtype(), x.shape(), x.device());
   Tensor rows = as_rows(out, weight_.numel());
   ops::rms_norm(as_rows(x, weight_.numel()), weight_, eps_, rows);
   return out;

@@ -8,7 +8,7 @@ namespace ms {
 class Linear {
  public:
   Linear() = default;
-  explicit Linear(ops::Weight w, Tensor bias = {});
+  explicit Linear(ops::Weight w, Tensor bias = {});  // bias is kept as F32 on the weight's device
   Tensor operator()(const Tensor& x) const;           // [T, in] -> [T, out]
   void forward(const Tensor& x, Tensor& out) const;   // into a preallocated output
   const ops::Weight& weight() const { return weight_; }

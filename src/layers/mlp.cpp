@@ -13,12 +13,12 @@ GatedMlp::GatedMlp(Linear gate, Linear up, Linear down)
 
 Tensor GatedMlp::forward(const Tensor& x, const ForwardContext& ctx) const {
   const int64_t T = x.size(0), I = gate_.out_features();
-  Tensor gu = Tensor::empty(DType::F32, {T, 2 * I});
+  Tensor gu = ctx.empty({T, 2 * I});
   Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
   gate_.forward(x, g);
   up_.forward(x, u);
   ctx.round(gu);
-  Tensor act = Tensor::empty(DType::F32, {T, I});
+  Tensor act = ctx.empty({T, I});
   ops::silu_and_mul(gu, act);
   ctx.round(act);
   Tensor out = down_(act);

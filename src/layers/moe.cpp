@@ -25,7 +25,8 @@ SparseMoe::SparseMoe(MoeWeights w, ops::RouterParams router) : w_(std::move(w)),
   MS_CHECK(w_.gate.out_features() == E, "MoE router has ", w_.gate.out_features(), " outputs for ", E, " experts");
   MS_CHECK(!w_.correction_bias.defined() || w_.correction_bias.numel() == E, "e_score_correction_bias has ",
            w_.correction_bias.numel(), " entries for ", E, " experts");
-  if (w_.correction_bias.defined()) w_.correction_bias = w_.correction_bias.to_f32();
+  if (w_.correction_bias.defined())
+    w_.correction_bias = w_.correction_bias.to_f32().to(w_.gate.weight().w.device());
 }
 
 void SparseMoe::route(const Tensor& x, Tensor& ids, Tensor& weights) const {
@@ -35,11 +36,11 @@ void SparseMoe::route(const Tensor& x, Tensor& ids, Tensor& weights) const {
 
 Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
   const int64_t T = x.size(0);
-  Tensor ids = Tensor::empty(DType::I32, {T, router_.top_k});
-  Tensor weights = Tensor::empty(DType::F32, {T, router_.top_k});
+  Tensor ids = ctx.empty({T, router_.top_k}, DType::I32);
+  Tensor weights = ctx.empty({T, router_.top_k}, DType::F32);
   route(x, ids, weights);
-  if (ctx.routing_trace) ctx.routing_trace->push_back(ids.clone());
-  Tensor out = Tensor::empty(DType::F32, x.shape());
+  if (ctx.routing_trace) ctx.routing_trace->push_back(ids.to(Device::CPU).clone());
+  Tensor out = ctx.empty(x.shape());
   ops::moe_experts(x, ids, weights, w_.experts, out);
   ctx.round(out);
   if (w_.shared.defined()) {

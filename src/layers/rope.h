@@ -21,6 +21,7 @@ struct RopeTable {
 
   static RopeTable build(int rot_dim, double theta, int max_positions, bool interleaved,
                          const YarnParams* yarn = nullptr);
+  RopeTable to(Device device) const { return {cos.to(device), sin.to(device), rot_dim, interleaved}; }
 };
 
 }  // namespace ms

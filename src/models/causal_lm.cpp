@@ -9,7 +9,7 @@ Tensor CausalLM::forward_hidden(const ForwardContext& ctx) const {
   const auto& b = ctx.batch;
   MS_CHECK(b.positions.size() == b.input_ids.size() && b.out_cache_loc.size() == b.input_ids.size(),
            "forward: ids, positions and cache slots differ in length");
-  Tensor hidden = Tensor::empty(DType::F32, {b.num_tokens(), config.hidden_size});
+  Tensor hidden = ctx.empty({b.num_tokens(), config.hidden_size});
   ops::embedding(embed, b.input_ids, hidden);
   for (size_t i = 0; i < layers.size(); ++i) layers[i].forward(hidden, int(i), ctx);
   final_norm.inplace(hidden);
@@ -18,27 +18,26 @@ Tensor CausalLM::forward_hidden(const ForwardContext& ctx) const {
 }
 
 // Rows whose logits are wanted: every token, or the last token of each sequence.
-static Tensor select_rows(const Tensor& hidden, const ForwardBatch& b) {
+static Tensor select_rows(const Tensor& hidden, const ForwardContext& ctx) {
+  const ForwardBatch& b = ctx.batch;
   if (b.all_logits) return hidden;
-  const int64_t H = hidden.size(1);
-  Tensor out = Tensor::empty(DType::F32, {b.num_seqs(), H});
-  for (int s = 0; s < b.num_seqs(); ++s) {
-    int64_t last = b.attn.q_start[s + 1] - 1;
-    std::copy_n(hidden.data<float>() + last * H, H, out.data<float>() + s * H);
-  }
+  std::vector<int32_t> last(static_cast<size_t>(b.num_seqs()));
+  for (int s = 0; s < b.num_seqs(); ++s) last[s] = b.attn.q_start[s + 1] - 1;
+  Tensor out = ctx.empty({b.num_seqs(), hidden.size(1)});
+  ops::gather_rows(hidden, last, out);
   return out;
 }
 
-Tensor CausalLM::forward(const ForwardContext& ctx) const { return logits(select_rows(forward_hidden(ctx), ctx.batch)); }
+Tensor CausalLM::forward(const ForwardContext& ctx) const { return logits(select_rows(forward_hidden(ctx), ctx)); }
 
 Tensor CausalLM::mtp_forward(const ForwardContext& ctx, const Tensor& hidden) const {
   MS_CHECK(mtp != nullptr, "this model has no MTP (NextN) layer");
   const auto& b = ctx.batch;
   const int64_t T = b.num_tokens(), H = config.hidden_size;
   MS_CHECK(hidden.size(0) == T, "mtp_forward: ", T, " tokens but ", hidden.size(0), " hidden rows");
-  Tensor e = Tensor::empty(DType::F32, {T, H});
+  Tensor e = ctx.empty({T, H});
   ops::embedding(mtp->embed, b.input_ids, e);
-  Tensor cat = Tensor::empty(DType::F32, {T, 2 * H});
+  Tensor cat = ctx.empty({T, 2 * H});
   Tensor left = cat.slice(1, 0, H), right = cat.slice(1, H, 2 * H);
   mtp->enorm.forward(e, left);
   mtp->hnorm.forward(hidden, right);
@@ -58,14 +57,18 @@ Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& em
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& options) {
+  ops::init_backend(options.device);
   auto model = std::make_unique<CausalLM>();
   model->config = load_model_config(dir);
   model->weights = std::make_shared<WeightStore>(WeightStore::open_dir(dir));
-  WeightLoader loader(*model->weights, model->config);
+  model->device = options.device;
+  model->act_dtype = options.act_dtype;
+  WeightLoader loader(*model->weights, model->config, options.device);
   const ModelConfig& c = model->config;
   if (c.is_deepseek()) build_deepseek_v2(*model, loader, options);
   else build_qwen_moe(*model, loader);
   loader.finish();
+  *model->rope = model->rope->to(options.device);
   return model;
 }
 

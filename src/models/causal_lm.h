@@ -35,6 +35,8 @@ class CausalLM {
   Linear lm_head;
   std::unique_ptr<MtpLayer> mtp;
   std::vector<Shape> kv_shapes;  // per token, per layer (same for every layer)
+  Device device = Device::CPU;
+  DType act_dtype = DType::F32;  // activation and KV dtype the kernels of `device` use
 
   // Runs the decoder stack over ctx.batch; returns the final-normalised hidden states [T, H].
   Tensor forward_hidden(const ForwardContext& ctx) const;
@@ -46,12 +48,16 @@ class CausalLM {
   // one-layer cache. Returns logits for every token.
   Tensor mtp_forward(const ForwardContext& ctx, const Tensor& hidden) const;
 
-  KvCache make_kv_cache(int64_t slots) const { return KvCache(int(layers.size()), kv_shapes, slots); }
-  KvCache make_mtp_kv_cache(int64_t slots) const { return KvCache(1, kv_shapes, slots); }
+  KvCache make_kv_cache(int64_t slots) const {
+    return KvCache(int(layers.size()), kv_shapes, slots, act_dtype, device);
+  }
+  KvCache make_mtp_kv_cache(int64_t slots) const { return KvCache(1, kv_shapes, slots, act_dtype, device); }
 };
 
 struct LoadOptions {
   bool load_mtp = true;  // load the NextN layer when the checkpoint has one
+  Device device = Device::CPU;
+  DType act_dtype = DType::F32;
 };
 
 // Reads config.json and the safetensors shards of `dir` and builds the model for its

@@ -7,7 +7,7 @@ namespace ms {
 Tensor WeightLoader::take(const std::string& name) {
   Tensor t = store_.get(name);
   used_.insert(name);
-  return t;
+  return t.to(device_);
 }
 
 Tensor WeightLoader::tensor(const std::string& name, const Shape& shape) {

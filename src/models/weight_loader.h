@@ -13,7 +13,9 @@ namespace ms {
 
 class WeightLoader {
  public:
-  WeightLoader(const WeightStore& store, const ModelConfig& config) : store_(store), config_(config) {}
+  // Tensors are handed out on `device` (views into the mapping on the CPU, copies elsewhere).
+  WeightLoader(const WeightStore& store, const ModelConfig& config, Device device = Device::CPU)
+      : store_(store), config_(config), device_(device) {}
 
   bool has(const std::string& name) const { return store_.has(name); }
   // A plain tensor (norm weight, bias, embedding) of the given shape, float dtypes only.
@@ -30,6 +32,7 @@ class WeightLoader {
   Tensor take(const std::string& name);
   const WeightStore& store_;
   const ModelConfig& config_;
+  Device device_;
   std::set<std::string> used_;
 };
 

@@ -32,18 +32,25 @@ void Generator::check_ids(const std::vector<int32_t>& ids) const {
            " tokens exceeds max_position_embeddings ", model_.config.max_position_embeddings);
 }
 
+ForwardContext Generator::context(const ForwardBatch& b, KvCache& kv, std::vector<Tensor>* trace) const {
+  ForwardContext ctx{b, kv, bf16_, trace};
+  ctx.device = model_.device;
+  ctx.act_dtype = model_.act_dtype;
+  return ctx;
+}
+
 Tensor Generator::prompt_logits(const std::vector<int32_t>& ids, std::vector<Tensor>* routing_trace) {
   check_ids(ids);
   KvCache kv = model_.make_kv_cache(int64_t(ids.size()));
   ForwardBatch b = single_sequence_batch(ids, 0, true);
-  return model_.forward(ForwardContext{b, kv, bf16_, routing_trace});
+  return model_.forward(context(b, kv, routing_trace));
 }
 
 Tensor Generator::prompt_hidden(const std::vector<int32_t>& ids) {
   check_ids(ids);
   KvCache kv = model_.make_kv_cache(int64_t(ids.size()));
   ForwardBatch b = single_sequence_batch(ids, 0, true);
-  return model_.forward_hidden(ForwardContext{b, kv, bf16_});
+  return model_.forward_hidden(context(b, kv));
 }
 
 Tensor Generator::mtp_logits(const std::vector<int32_t>& ids) {
@@ -52,7 +59,7 @@ Tensor Generator::mtp_logits(const std::vector<int32_t>& ids) {
   std::vector<int32_t> next(ids.begin() + 1, ids.end());
   KvCache kv = model_.make_mtp_kv_cache(int64_t(next.size()));
   ForwardBatch b = single_sequence_batch(next, 0, true);
-  return model_.mtp_forward(ForwardContext{b, kv, bf16_}, hidden.narrow_rows(0, int64_t(next.size())));
+  return model_.mtp_forward(context(b, kv), hidden.narrow_rows(0, int64_t(next.size())));
 }
 
 static int32_t sample_row(const float* logits, int64_t V, float temperature, std::mt19937_64& rng) {
@@ -77,9 +84,10 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
   int pos = 0;
   while (int(out.size()) < o.max_new_tokens) {
     ForwardBatch b = single_sequence_batch(step, pos, false);
-    Tensor logits = model_.forward(ForwardContext{b, kv, bf16_});
+    Tensor logits = model_.forward(context(b, kv));
     pos += int(step.size());
-    int32_t next = sample_row(logits.data<float>(), logits.size(1), o.temperature, rng);
+    Tensor host = logits.to_f32();
+    int32_t next = sample_row(host.data<float>(), host.size(1), o.temperature, rng);
     out.push_back(next);
     if (!o.ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
     step = {next};

@@ -38,6 +38,7 @@ class Generator {
   // One forward of `ids` at positions [start, start + ids.size()) of the single sequence.
   static ForwardBatch single_sequence_batch(const std::vector<int32_t>& ids, int start, bool all_logits);
   void check_ids(const std::vector<int32_t>& ids) const;
+  ForwardContext context(const ForwardBatch& b, KvCache& kv, std::vector<Tensor>* trace = nullptr) const;
 
   const CausalLM& model_;
   bool bf16_;

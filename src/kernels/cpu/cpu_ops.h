@@ -16,6 +16,7 @@ void silu_and_mul(const Tensor& gate_up, Tensor& out);
 void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 void round_to_bf16(Tensor& x);
+void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
 void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
           const Tensor& sin, bool interleaved);

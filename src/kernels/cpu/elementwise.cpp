@@ -68,6 +68,16 @@ void round_to_bf16(Tensor& x) {
   }
 }
 
+void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) {
+  const int64_t W = src.size(1);
+  MS_CHECK(out.size(0) == int64_t(rows.size()) && out.size(1) == W, "gather_rows: ", src.describe(), " -> ",
+           out.describe());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    MS_CHECK(rows[i] >= 0 && rows[i] < src.size(0), "gather_rows: row ", rows[i], " of ", src.describe());
+    std::memcpy(row_ptr(out, int64_t(i)), row_ptr(src, rows[i]), size_t(W) * 4);
+  }
+}
+
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) {
   const int64_t W = src.numel() / std::max<int64_t>(src.size(0), 1);
   MS_CHECK(int64_t(slots.size()) == src.size(0) && dst.numel() / dst.size(0) == W,

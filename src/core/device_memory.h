@@ -1,0 +1,23 @@
+// The seam between core and a device backend: a backend (kernels/cuda) registers how it
+// allocates and copies memory of its device, so Tensor can make and move device tensors
+// without core depending on the backend.
+#pragma once
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace ms {
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // `bytes` of zero-filled device memory; the Buffer frees it when the last tensor goes.
+  virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
+  // Copies between host and this device (either direction) or within the device.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
+};
+
+void register_device_memory(Device device, DeviceMemory* memory);
+DeviceMemory* device_memory(Device device);  // throws when the device has no backend
+
+}  // namespace ms
