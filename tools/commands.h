@@ -8,6 +8,9 @@
 namespace ms::cli {
 
 void add_model_commands(CLI::App& app);  // logits, generate
+void add_text_commands(CLI::App& app);   // tokenize, detokenize, chat-template, bench-tokenizer
+void add_make_random_model(CLI::App& app);
+void add_bench_one_batch(CLI::App& app);
 
 // "5,17,3" -> {5, 17, 3}; throws naming the flag on anything else.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);

@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   CLI::App app{"moeserve: a serving engine for Mixture-of-Experts language models"};
   app.require_subcommand(1);
   ms::cli::add_model_commands(app);
+  ms::cli::add_text_commands(app);
+  ms::cli::add_make_random_model(app);
+  ms::cli::add_bench_one_batch(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
