@@ -30,7 +30,10 @@ SparseMoe::SparseMoe(MoeWeights w, ops::RouterParams router) : w_(std::move(w)),
 }
 
 void SparseMoe::route(const Tensor& x, Tensor& ids, Tensor& weights) const {
-  Tensor logits = w_.gate(x);  // f32 router logits, as the reference computes them
+  // F32 router logits on every device, as the reference computes them (on the GPU the
+  // activations are BF16, and bf16 logits would flip near-tied expert choices).
+  Tensor logits = Tensor::empty(DType::F32, {x.size(0), w_.gate.out_features()}, x.device());
+  w_.gate.forward(x, logits);
   ops::moe_topk(logits, w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, ids, weights);
 }
 

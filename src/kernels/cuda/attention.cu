@@ -1,0 +1,252 @@
+// Attention over the slot cache on the GPU, one kernel for GQA and absorbed MLA. A block takes
+// one query token and one KV head (MLA: the single latent "head") and up to 16 of the query
+// heads that share it, one warp each; keys arrive 32 at a time through shared memory, gathered
+// by slot, and each warp keeps an online softmax in f32. When tokens x heads give too few blocks
+// to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
+// partial softmaxes (split-KV).
+#include <algorithm>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kChunk = 32;  // keys per shared-memory tile: one per lane when scoring
+
+struct AttnParams {
+  const bf16* qa; int64_t qa_s0, qa_s1; int da;  // query part A (GQA: q; MLA: q_latent)
+  const bf16* qb; int64_t qb_s0, qb_s1; int db;  // query part B (MLA: q_rope; GQA: none)
+  const bf16* k; int64_t k_s0, k_s1;             // key of (slot, kv head): da + db contiguous values
+  const bf16* v; int64_t v_s0, v_s1; int dv;     // values; null: the first dv key values (MLA)
+  bf16* out; int64_t o_s0, o_s1;
+  float* part_acc; float* part_ml;               // split-KV partials (splits > 1)
+  const int32_t* slots; const int32_t* q_kv_begin; const int32_t* q_visible;
+  int T, hq, group, warps, hgroups, splits, split_len;
+  float scale;
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Copies `words` bf16 pairs of each of the tile's keys into shared rows of `stride` words
+// (rows past nk are zero-filled so no lane reads stale values).
+__device__ void load_tile(__nv_bfloat162* dst, int stride, const bf16* base, int64_t s0, int64_t s1, int kvh,
+                          const int32_t* slots, int nk, int words) {
+  for (int idx = threadIdx.x; idx < kChunk * words; idx += blockDim.x) {
+    const int r = idx / words, c = idx % words;
+    __nv_bfloat162 val = __floats2bfloat162_rn(0.f, 0.f);
+    if (r < nk) val = reinterpret_cast<const __nv_bfloat162*>(base + int64_t(slots[r]) * s0 + kvh * s1)[c];
+    dst[r * stride + c] = val;
+  }
+}
+
+template <int NCH>
+__global__ void attention_kernel(AttnParams p) {
+  extern __shared__ float4 smem_raw[];
+  const int dk = p.da + p.db, kst = dk / 2 + 1, vst = p.dv / 2;
+  float* q_s = reinterpret_cast<float*>(smem_raw);
+  auto* k_s = reinterpret_cast<__nv_bfloat162*>(q_s + p.warps * dk);
+  __nv_bfloat162* v_s = p.v ? k_s + kChunk * kst : k_s;
+  const int v_stride = p.v ? vst : kst;
+
+  const int t = blockIdx.x, kvh = blockIdx.y / p.hgroups, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = (blockIdx.y % p.hgroups) * p.warps + warp, h = kvh * p.group + g;
+  const bool active = g < p.group;
+  if (active) {
+    for (int i = lane; i < dk; i += 32)
+      q_s[warp * dk + i] = i < p.da ? __bfloat162float(p.qa[t * p.qa_s0 + h * p.qa_s1 + i])
+                                    : __bfloat162float(p.qb[t * p.qb_s0 + h * p.qb_s1 + i - p.da]);
+  }
+  const int visible = p.q_visible[t], begin = blockIdx.z * p.split_len;
+  const int end = min(visible, begin + p.split_len);
+  const int32_t* slots = p.slots + p.q_kv_begin[t];
+  float m = -INFINITY, l = 0.f, acc[NCH][2] = {};
+  for (int c0 = begin; c0 < end; c0 += kChunk) {
+    const int nk = min(kChunk, end - c0);
+    load_tile(k_s, kst, p.k, p.k_s0, p.k_s1, kvh, slots + c0, nk, dk / 2);
+    if (p.v) load_tile(v_s, vst, p.v, p.v_s0, p.v_s1, kvh, slots + c0, nk, vst);
+    __syncthreads();
+    if (active) {
+      float s = -INFINITY;
+      if (lane < nk) {
+        const float2* q2 = reinterpret_cast<const float2*>(q_s + warp * dk);
+        const __nv_bfloat162* kr = k_s + lane * kst;
+        float dot = 0.f;
+        for (int c = 0; c < dk / 2; ++c) {
+          float2 kf = __bfloat1622float2(kr[c]), qf = q2[c];
+          dot += kf.x * qf.x + kf.y * qf.y;
+        }
+        s = dot * p.scale;
+      }
+      const float m_new = fmaxf(m, warp_max(s)), alpha = expf(m - m_new);
+      const float pr = lane < nk ? expf(s - m_new) : 0.f;
+      l = l * alpha + warp_sum(pr);
+#pragma unroll
+      for (int cc = 0; cc < NCH; ++cc) acc[cc][0] *= alpha, acc[cc][1] *= alpha;
+      for (int j = 0; j < nk; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, pr, j);
+#pragma unroll
+        for (int cc = 0; cc < NCH; ++cc) {
+          const int w = cc * 32 + lane;
+          if (2 * w < p.dv) {
+            float2 vf = __bfloat1622float2(v_s[j * v_stride + w]);
+            acc[cc][0] += pj * vf.x, acc[cc][1] += pj * vf.y;
+          }
+        }
+      }
+      m = m_new;
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  if (p.splits == 1) {
+    const float inv = 1.0f / l;
+    bf16* o = p.out + t * p.o_s0 + h * p.o_s1;
+#pragma unroll
+    for (int cc = 0; cc < NCH; ++cc) {
+      const int d = 2 * (cc * 32 + lane);
+      if (d < p.dv) reinterpret_cast<__nv_bfloat162*>(o)[d / 2] = __floats2bfloat162_rn(acc[cc][0] * inv, acc[cc][1] * inv);
+    }
+    return;
+  }
+  const int64_t row = (int64_t(blockIdx.z) * p.T + t) * p.hq + h;
+#pragma unroll
+  for (int cc = 0; cc < NCH; ++cc) {
+    const int d = 2 * (cc * 32 + lane);
+    if (d < p.dv) p.part_acc[row * p.dv + d] = acc[cc][0], p.part_acc[row * p.dv + d + 1] = acc[cc][1];
+  }
+  if (lane == 0) p.part_ml[2 * row] = m, p.part_ml[2 * row + 1] = l;
+}
+
+// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z.
+__global__ void combine_splits(AttnParams p) {
+  const int t = blockIdx.x / p.hq, h = blockIdx.x % p.hq;
+  const int64_t stride = int64_t(p.T) * p.hq;
+  float M = -INFINITY;
+  for (int z = 0; z < p.splits; ++z) M = fmaxf(M, p.part_ml[2 * (z * stride + blockIdx.x)]);
+  float L = 0.f;
+  for (int z = 0; z < p.splits; ++z) {
+    const int64_t row = z * stride + blockIdx.x;
+    L += p.part_ml[2 * row + 1] * expf(p.part_ml[2 * row] - M);
+  }
+  for (int d = threadIdx.x; d < p.dv; d += blockDim.x) {
+    float sum = 0.f;
+    for (int z = 0; z < p.splits; ++z) {
+      const int64_t row = z * stride + blockIdx.x;
+      sum += p.part_acc[row * p.dv + d] * expf(p.part_ml[2 * row] - M);
+    }
+    p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(sum / L);
+  }
+}
+
+template <int NCH>
+void launch(const AttnParams& p, int kv_heads, size_t smem) {
+  auto kernel = attention_kernel<NCH>;
+  MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  dim3 grid(unsigned(p.T), unsigned(kv_heads * p.hgroups), unsigned(p.splits));
+  kernel<<<grid, p.warps * 32, smem, stream()>>>(p);
+  MS_CUDA_LAUNCHED("attention_kernel");
+}
+
+// Fills the layout part of `p` (uploads, split-KV choice), launches, and merges the splits.
+void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& layout, const char* op) {
+  std::vector<int32_t> begin, visible;
+  int max_visible = 0;
+  for (int s = 0; s < layout.num_seqs(); ++s) {
+    const int nq = layout.q_start[s + 1] - layout.q_start[s], nk = layout.kv_start[s + 1] - layout.kv_start[s];
+    MS_CHECK(nq <= nk, op, ": sequence ", s, " has ", nq, " queries but only ", nk, " keys");
+    for (int i = 0; i < nq; ++i) begin.push_back(layout.kv_start[s]), visible.push_back(nk - nq + i + 1);
+    max_visible = std::max(max_visible, nk);
+  }
+  MS_CHECK(int64_t(begin.size()) == p.T, op, ": layout has ", begin.size(), " queries, batch ", p.T);
+  for (int32_t slot : layout.kv_slots) MS_CHECK(slot >= 0 && slot < num_slots, op, ": KV slot ", slot, " outside the pool of ", num_slots);
+  if (p.T == 0) return;
+  Tensor d_slots = upload_i32(layout.kv_slots), d_begin = upload_i32(begin), d_visible = upload_i32(visible);
+  p.slots = d_slots.data<int32_t>(), p.q_kv_begin = d_begin.data<int32_t>(), p.q_visible = d_visible.data<int32_t>();
+  p.warps = std::min(p.group, 16);
+  p.hgroups = (p.group + p.warps - 1) / p.warps;
+  const int64_t blocks = int64_t(p.T) * kv_heads * p.hgroups, want = 2 * int64_t(sm_count());
+  int splits = blocks >= want ? 1 : int(std::min<int64_t>((want + blocks - 1) / blocks, (max_visible + 63) / 64));
+  splits = std::max(splits, 1);
+  p.split_len = ((max_visible + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
+  p.splits = (max_visible + p.split_len - 1) / p.split_len;
+  Tensor part_acc, part_ml;
+  if (p.splits > 1) {
+    part_acc = scratch(DType::F32, {p.splits, p.T, p.hq, p.dv});
+    part_ml = scratch(DType::F32, {p.splits, p.T, p.hq, 2});
+    p.part_acc = part_acc.data<float>(), p.part_ml = part_ml.data<float>();
+  }
+  const int dk = p.da + p.db;
+  const size_t smem = size_t(p.warps) * dk * 4 + size_t(kChunk) * (dk / 2 + 1) * 4 + (p.v ? size_t(kChunk) * p.dv * 2 : 0);
+  const int nch = (p.dv + 63) / 64;
+  if (nch <= 1) launch<1>(p, kv_heads, smem);
+  else if (nch <= 2) launch<2>(p, kv_heads, smem);
+  else if (nch <= 4) launch<4>(p, kv_heads, smem);
+  else if (nch <= 8) launch<8>(p, kv_heads, smem);
+  else fail(op, ": value width ", p.dv, " exceeds 512");
+  if (p.splits > 1) {
+    combine_splits<<<unsigned(p.T * p.hq), 128, 0, stream()>>>(p);
+    MS_CUDA_LAUNCHED("combine_splits");
+  }
+}
+
+void check_pairs(const Tensor& t, const char* op, const char* what) {
+  check_device_tensor(t, {DType::BF16}, op, what);
+  MS_CHECK(t.strides().back() == 1, op, ": ", what, " ", t.describe(), " must have contiguous head dims");
+  for (int d = 0; d + 1 < t.dim(); ++d)
+    MS_CHECK(t.strides()[d] % 2 == 0, op, ": ", what, " strides must be even (bf16 pairs are loaded together)");
+  MS_CHECK(reinterpret_cast<uintptr_t>(t.raw()) % 4 == 0, op, ": ", what, " must be 4-byte aligned");
+}
+
+}  // namespace
+
+void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
+               float scale, Tensor& out) {
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(1), Dv = v_cache.size(2);
+  MS_CHECK(k_cache.size(2) == D && Hq % Hkv == 0 && out.size(2) == Dv && out.size(0) == T && out.size(1) == Hq &&
+               v_cache.size(1) == Hkv && D % 2 == 0 && Dv % 2 == 0,
+           "attention: shapes ", q.describe(), " ", k_cache.describe(), " ", v_cache.describe(), " ", out.describe());
+  check_device_tensor(q, {DType::BF16}, "attention", "q");
+  MS_CHECK(q.strides()[2] == 1, "attention: q head dims must be contiguous");
+  check_pairs(k_cache, "attention", "key cache");
+  check_pairs(v_cache, "attention", "value cache");
+  check_pairs(out, "attention", "output");
+  AttnParams p{};
+  p.qa = q.data<bf16>(), p.qa_s0 = q.strides()[0], p.qa_s1 = q.strides()[1], p.da = int(D);
+  p.k = k_cache.data<bf16>(), p.k_s0 = k_cache.strides()[0], p.k_s1 = k_cache.strides()[1];
+  p.v = v_cache.data<bf16>(), p.v_s0 = v_cache.strides()[0], p.v_s1 = v_cache.strides()[1], p.dv = int(Dv);
+  p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
+  p.T = int(T), p.hq = int(Hq), p.group = int(Hq / Hkv), p.scale = scale;
+  run(p, int(Hkv), k_cache.size(0), layout, "attention");
+}
+
+void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
+                   float scale, Tensor& out) {
+  const int64_t T = q_latent.size(0), H = q_latent.size(1), L = q_latent.size(2), R = q_rope.size(2);
+  MS_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == L + R && out.size(2) == L && out.size(0) == T &&
+               out.size(1) == H && q_rope.size(0) == T && q_rope.size(1) == H && (L + R) % 2 == 0 && L % 2 == 0,
+           "mla_attention: shapes ", q_latent.describe(), " ", q_rope.describe(), " ", kv_cache.describe(), " ",
+           out.describe());
+  check_device_tensor(q_latent, {DType::BF16}, "mla_attention", "q_latent");
+  check_device_tensor(q_rope, {DType::BF16}, "mla_attention", "q_rope");
+  MS_CHECK(q_latent.strides()[2] == 1 && q_rope.strides()[2] == 1, "mla_attention: head dims must be contiguous");
+  check_pairs(kv_cache, "mla_attention", "latent cache");
+  check_pairs(out, "mla_attention", "output");
+  AttnParams p{};
+  p.qa = q_latent.data<bf16>(), p.qa_s0 = q_latent.strides()[0], p.qa_s1 = q_latent.strides()[1], p.da = int(L);
+  p.qb = q_rope.data<bf16>(), p.qb_s0 = q_rope.strides()[0], p.qb_s1 = q_rope.strides()[1], p.db = int(R);
+  p.k = kv_cache.data<bf16>(), p.k_s0 = kv_cache.strides()[0], p.k_s1 = 0;
+  p.v = nullptr, p.dv = int(L);
+  p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
+  p.T = int(T), p.hq = int(H), p.group = int(H), p.scale = scale;
+  run(p, 1, kv_cache.size(0), layout, "mla_attention");
+}
+
+}  // namespace ms::cuda

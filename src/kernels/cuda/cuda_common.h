@@ -1,0 +1,78 @@
+// Internals shared by the CUDA kernels: error checks that turn CUDA and cuBLAS failures into
+// ms::Error naming the call, the backend's one stream and cuBLASLt handle, uninitialised scratch
+// tensors from the caching allocator, metadata upload through pinned staging, and the
+// device-side element conversions (bf16 / f32 activations, fp8 weights).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <span>
+#include <vector>
+
+#include "core/check.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace ms::cuda {
+
+void check_cuda(cudaError_t err, const char* call, const char* file, int line);
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line);
+
+#define MS_CUDA(call) ::ms::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+#define MS_CUBLAS(call) ::ms::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+// After a kernel launch: reports a bad launch configuration with the kernel's name.
+#define MS_CUDA_LAUNCHED(name) ::ms::cuda::check_cuda(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+
+cudaStream_t stream();
+cublasLtHandle_t lt_handle();
+int sm_count();
+
+// A contiguous device tensor whose contents are undefined (kernel scratch, outputs that are
+// fully written), from the caching allocator.
+Tensor scratch(DType dtype, Shape shape);
+
+// A device I32 copy of host metadata, staged through pinned memory (stream-ordered).
+Tensor upload_i32(std::span<const int32_t> host);
+// Copies `bytes` from device memory to host memory and waits for it.
+void download(void* host, const void* device, size_t bytes);
+
+// Checks that a tensor is on the GPU with one of the dtypes the kernel supports.
+void check_device_tensor(const Tensor& t, std::initializer_list<DType> allowed, const char* op, const char* what);
+
+inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+}  // namespace ms::cuda
+
+#ifdef __CUDACC__
+namespace ms::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float load_f(const float* p) { return *p; }
+__device__ __forceinline__ float load_f(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_f(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ float fp8_to_f(uint8_t byte) {
+  __nv_fp8_e4m3 v;
+  v.__x = byte;
+  return float(v);
+}
+
+}  // namespace ms::cuda
+
+// Runs `body` with `T` bound to the element type of a BF16 or F32 tensor.
+#define MS_FLOAT_DISPATCH(dtype, T, ...)                                           \
+  do {                                                                            \
+    if ((dtype) == ::ms::DType::BF16) {                                           \
+      using T = ::ms::cuda::bf16;                                                 \
+      __VA_ARGS__;                                                                \
+    } else if ((dtype) == ::ms::DType::F32) {                                     \
+      using T = float;                                                            \
+      __VA_ARGS__;                                                                \
+    } else {                                                                      \
+      ::ms::fail("cuda: unsupported activation dtype ", ::ms::dtype_name(dtype)); \
+    }                                                                             \
+  } while (0)
+#endif

@@ -1,0 +1,39 @@
+// CUDA implementations of kernels/ops.h (same signatures, namespace ms::cuda). Activations are
+// BF16 device tensors (F32 accepted where noted in the .cu files), accumulation is in f32, and
+// host-side metadata (token ids, positions, slots, layouts) is uploaded inside each op.
+#pragma once
+#include "kernels/ops.h"
+
+namespace ms::cuda {
+using ops::AttentionLayout;
+using ops::ExpertWeights;
+using ops::GroupRank;
+using ops::RouterParams;
+using ops::Scoring;
+using ops::Weight;
+
+// Selects device 0, registers the caching allocator for Device::CUDA, creates the stream and
+// the cuBLASLt handle. Idempotent; throws when no CUDA device can be used.
+void init();
+
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void add_inplace(Tensor& x, const Tensor& y);
+void silu_and_mul(const Tensor& gate_up, Tensor& out);
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
+void round_to_bf16(Tensor& x);
+void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
+void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
+void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
+          const Tensor& sin, bool interleaved);
+void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
+               float scale, Tensor& out);
+void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
+                   float scale, Tensor& out);
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
+void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
+void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
+
+}  // namespace ms::cuda

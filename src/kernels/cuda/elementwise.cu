@@ -1,0 +1,226 @@
+// Row-wise and element-wise kernels: RMSNorm, residual adds, SiLU-and-mul, embedding, row
+// gathers and KV-cache scatters, rotary embedding. Rows may be strided (a column slice, a
+// [T, H, D] view) exactly as the CPU ops allow: row r starts at r * strides[0], and the rest of
+// the row is contiguous. Arithmetic is f32; the result is rounded once into the output dtype.
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace ms::cuda {
+namespace {
+
+struct Rows {
+  int64_t n, width, stride;
+};
+
+// A tensor seen as rows: [size(0), numel / size(0)] with row stride strides[0]; the elements
+// inside a row must be laid out contiguously.
+Rows rows_of(const Tensor& t, const char* op, const char* what) {
+  MS_CHECK(t.device() == Device::CUDA, op, ": ", what, " must be a CUDA tensor");
+  MS_CHECK(t.dim() >= 1, op, ": ", what, " is a scalar");
+  int64_t expect = 1;
+  for (int d = t.dim() - 1; d >= 1; --d) {
+    MS_CHECK(t.size(d) == 1 || t.strides()[d] == expect, op, ": ", what, " ", t.describe(),
+             " must have contiguous rows");
+    expect *= t.size(d);
+  }
+  const int64_t n = t.size(0);
+  return {n, n ? t.numel() / n : 0, t.strides()[0]};
+}
+
+__device__ float block_sum(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < warps; ++w) total += shared[w];
+  return total;
+}
+
+template <class T, class TW>
+__global__ void rms_norm_kernel(const T* x, int64_t xs, const TW* w, float eps, int64_t D, T* out, int64_t os) {
+  __shared__ float partial[32];
+  const T* xr = x + int64_t(blockIdx.x) * xs;
+  T* orow = out + int64_t(blockIdx.x) * os;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float v = load_f(xr + i);
+    ss += v * v;
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss, partial) / float(D) + eps);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) store_f(orow + i, load_f(xr + i) * inv * load_f(w + i));
+}
+
+template <class TX, class TY>
+__global__ void add_kernel(TX* x, int64_t xs, const TY* y, int64_t ys, int64_t T, int64_t D) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * D) return;
+  int64_t t = idx / D, i = idx % D;
+  store_f(x + t * xs + i, load_f(x + t * xs + i) + load_f(y + t * ys + i));
+}
+
+template <class TI, class TO>
+__global__ void silu_mul_kernel(const TI* gu, int64_t gs, int64_t T, int64_t I, TO* out, int64_t os) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * I) return;
+  int64_t t = idx / I, i = idx % I;
+  float g = load_f(gu + t * gs + i), u = load_f(gu + t * gs + I + i);
+  store_f(out + t * os + i, g / (1.0f + expf(-g)) * u);
+}
+
+template <class TT, class TO>
+__global__ void embedding_kernel(const TT* table, int64_t ts, const int32_t* ids, int64_t T, int64_t H, TO* out,
+                                 int64_t os) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * H) return;
+  int64_t t = idx / H, i = idx % H;
+  store_f(out + t * os + i, load_f(table + int64_t(ids[t]) * ts + i));
+}
+
+template <class T>
+__global__ void sigmoid_gated_kernel(T* x, int64_t xs, const T* gate, int64_t gs, const T* y, int64_t ys, int64_t N,
+                                     int64_t D) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * D) return;
+  int64_t t = idx / D, i = idx % D;
+  float g = 1.0f / (1.0f + expf(-load_f(gate + t * gs)));
+  store_f(x + t * xs + i, load_f(x + t * xs + i) + g * load_f(y + t * ys + i));
+}
+
+__global__ void round_bf16_kernel(float* x, int64_t xs, int64_t T, int64_t D) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * D) return;
+  float* p = x + (idx / D) * xs + idx % D;
+  *p = __bfloat162float(__float2bfloat16_rn(*p));
+}
+
+// dst row dst_rows[r] (or r) = src row src_rows[r] (or r), element type E moved bit for bit.
+template <class E>
+__global__ void copy_rows_kernel(const E* src, int64_t ss, const int32_t* src_rows, E* dst, int64_t ds,
+                                 const int32_t* dst_rows, int64_t n, int64_t W) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * W) return;
+  int64_t r = idx / W, i = idx % W;
+  int64_t sr = src_rows ? src_rows[r] : r, dr = dst_rows ? dst_rows[r] : r;
+  dst[dr * ds + i] = src[sr * ss + i];
+}
+
+void copy_rows(const Tensor& src, Rows s, const int32_t* src_rows, Tensor& dst, Rows d, const int32_t* dst_rows,
+               int64_t n, int64_t W) {
+  MS_CHECK(src.dtype() == dst.dtype(), "row copy: ", src.describe(), " into ", dst.describe());
+  if (n == 0 || W == 0) return;
+  const int threads = 256;
+  unsigned grid = blocks_for(n * W, threads);
+  switch (dtype_size(src.dtype())) {
+    case 2:
+      copy_rows_kernel<uint16_t><<<grid, threads, 0, stream()>>>(src.data<uint16_t>(), s.stride, src_rows,
+                                                                 dst.data<uint16_t>(), d.stride, dst_rows, n, W);
+      break;
+    case 4:
+      copy_rows_kernel<uint32_t><<<grid, threads, 0, stream()>>>(src.data<uint32_t>(), s.stride, src_rows,
+                                                                 dst.data<uint32_t>(), d.stride, dst_rows, n, W);
+      break;
+    default: fail("row copy: unsupported dtype ", dtype_name(src.dtype()));
+  }
+  MS_CUDA_LAUNCHED("copy_rows_kernel");
+}
+
+void check_indices(std::span<const int32_t> idx, int64_t limit, const char* what) {
+  for (int32_t i : idx) MS_CHECK(i >= 0 && i < limit, what, " ", i, " outside 0..", limit - 1);
+}
+
+constexpr int kThreads = 256;
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  Rows xr = rows_of(x, "rms_norm", "input"), orow = rows_of(out, "rms_norm", "output");
+  MS_CHECK(weight.numel() == xr.width && orow.n == xr.n && orow.width == xr.width && x.dtype() == out.dtype(),
+           "rms_norm: ", x.describe(), " -> ", out.describe(), " with weight ", weight.describe());
+  check_device_tensor(weight, {DType::BF16, DType::F32}, "rms_norm", "weight");
+  MS_CHECK(weight.is_contiguous(), "rms_norm: weight must be contiguous");
+  if (xr.n == 0) return;
+  const int threads = xr.width >= 1024 ? 256 : 128;
+  MS_FLOAT_DISPATCH(x.dtype(), T, MS_FLOAT_DISPATCH(weight.dtype(), TW,
+    rms_norm_kernel<T, TW><<<unsigned(xr.n), threads, 0, stream()>>>(x.data<T>(), xr.stride, weight.data<TW>(), eps,
+                                                                     xr.width, out.data<T>(), orow.stride)));
+  MS_CUDA_LAUNCHED("rms_norm_kernel");
+}
+
+void add_inplace(Tensor& x, const Tensor& y) {
+  MS_CHECK(x.shape() == y.shape(), "add: ", x.describe(), " vs ", y.describe());
+  Rows xr = rows_of(x, "add", "x"), yr = rows_of(y, "add", "y");
+  if (x.numel() == 0) return;
+  MS_FLOAT_DISPATCH(x.dtype(), TX, MS_FLOAT_DISPATCH(y.dtype(), TY,
+    add_kernel<TX, TY><<<blocks_for(x.numel(), kThreads), kThreads, 0, stream()>>>(
+        x.data<TX>(), xr.stride, y.data<TY>(), yr.stride, xr.n, xr.width)));
+  MS_CUDA_LAUNCHED("add_kernel");
+}
+
+void silu_and_mul(const Tensor& gate_up, Tensor& out) {
+  Rows g = rows_of(gate_up, "silu_and_mul", "gate_up"), o = rows_of(out, "silu_and_mul", "output");
+  MS_CHECK(g.width == 2 * o.width && g.n == o.n, "silu_and_mul: ", gate_up.describe(), " -> ", out.describe());
+  if (o.n * o.width == 0) return;
+  MS_FLOAT_DISPATCH(gate_up.dtype(), TI, MS_FLOAT_DISPATCH(out.dtype(), TO,
+    silu_mul_kernel<TI, TO><<<blocks_for(o.n * o.width, kThreads), kThreads, 0, stream()>>>(
+        gate_up.data<TI>(), g.stride, o.n, o.width, out.data<TO>(), o.stride)));
+  MS_CUDA_LAUNCHED("silu_mul_kernel");
+}
+
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+  Rows t = rows_of(table, "embedding", "table"), o = rows_of(out, "embedding", "output");
+  MS_CHECK(o.n == int64_t(ids.size()) && o.width == t.width, "embedding: ", ids.size(), " ids from ",
+           table.describe(), " into ", out.describe());
+  for (int32_t id : ids)
+    MS_CHECK(id >= 0 && id < t.n, "token id ", id, " is out of range for a vocabulary of ", t.n);
+  if (ids.empty()) return;
+  Tensor dev_ids = upload_i32(ids);
+  MS_FLOAT_DISPATCH(table.dtype(), TT, MS_FLOAT_DISPATCH(out.dtype(), TO,
+    embedding_kernel<TT, TO><<<blocks_for(o.n * o.width, kThreads), kThreads, 0, stream()>>>(
+        table.data<TT>(), t.stride, dev_ids.data<int32_t>(), o.n, o.width, out.data<TO>(), o.stride)));
+  MS_CUDA_LAUNCHED("embedding_kernel");
+}
+
+void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y) {
+  Rows xr = rows_of(x, "add_sigmoid_gated", "x"), g = rows_of(gate, "add_sigmoid_gated", "gate"),
+       yr = rows_of(y, "add_sigmoid_gated", "y");
+  MS_CHECK(g.n == xr.n && g.width == 1 && yr.n == xr.n && yr.width == xr.width && x.dtype() == gate.dtype() &&
+               x.dtype() == y.dtype(),
+           "add_sigmoid_gated: ", x.describe(), " ", gate.describe(), " ", y.describe());
+  if (x.numel() == 0) return;
+  MS_FLOAT_DISPATCH(x.dtype(), T,
+    sigmoid_gated_kernel<T><<<blocks_for(x.numel(), kThreads), kThreads, 0, stream()>>>(
+        x.data<T>(), xr.stride, gate.data<T>(), g.stride, y.data<T>(), yr.stride, xr.n, xr.width));
+  MS_CUDA_LAUNCHED("sigmoid_gated_kernel");
+}
+
+void round_to_bf16(Tensor& x) {
+  Rows r = rows_of(x, "round_to_bf16", "x");
+  if (x.dtype() == DType::BF16 || x.numel() == 0) return;  // bf16 storage is already rounded
+  check_device_tensor(x, {DType::F32}, "round_to_bf16", "x");
+  round_bf16_kernel<<<blocks_for(x.numel(), kThreads), kThreads, 0, stream()>>>(x.data<float>(), r.stride, r.n,
+                                                                                r.width);
+  MS_CUDA_LAUNCHED("round_bf16_kernel");
+}
+
+void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) {
+  Rows s = rows_of(src, "gather_rows", "source"), o = rows_of(out, "gather_rows", "output");
+  MS_CHECK(o.n == int64_t(rows.size()) && o.width == s.width, "gather_rows: ", src.describe(), " -> ",
+           out.describe());
+  check_indices(rows, s.n, "gather_rows: row");
+  if (rows.empty()) return;
+  Tensor idx = upload_i32(rows);
+  copy_rows(src, s, idx.data<int32_t>(), out, o, nullptr, o.n, o.width);
+}
+
+void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) {
+  Rows s = rows_of(src, "scatter_rows", "source"), d = rows_of(dst, "scatter_rows", "cache");
+  MS_CHECK(int64_t(slots.size()) == s.n && d.width == s.width, "scatter_rows: ", src.describe(), " into ",
+           dst.describe());
+  check_indices(slots, d.n, "KV slot");
+  if (slots.empty()) return;
+  Tensor idx = upload_i32(slots);
+  copy_rows(src, s, nullptr, dst, d, idx.data<int32_t>(), s.n, s.width);
+}
+
+}  // namespace ms::cuda

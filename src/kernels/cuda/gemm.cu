@@ -1,0 +1,218 @@
+#include "kernels/cuda/gemm.h"
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace ms::cuda {
+namespace {
+
+cudaDataType_t lt_type(DType d) {
+  switch (d) {
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F32: return CUDA_R_32F;
+    default: fail("matmul: unsupported output dtype ", dtype_name(d));
+  }
+}
+
+// Largest power of two (up to 256) dividing the address and every stride in bytes: cuBLASLt
+// only picks algorithms whose alignment needs the operands meet.
+uint32_t alignment(const void* p, int64_t ld, int64_t batch_stride, size_t elem) {
+  uint64_t bits = uint64_t(reinterpret_cast<uintptr_t>(p)) | uint64_t(ld * int64_t(elem)) |
+                  uint64_t(batch_stride * int64_t(elem)) | 256u;
+  return uint32_t(bits & (~bits + 1));
+}
+
+struct LtLayout {
+  cublasLtMatrixLayout_t h = nullptr;
+  LtLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t batch_stride) {
+    MS_CUBLAS(cublasLtMatrixLayoutCreate(&h, type, uint64_t(rows), uint64_t(cols), ld));
+    if (batch > 1) {
+      int32_t count = batch;
+      MS_CUBLAS(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      MS_CUBLAS(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+                                                 sizeof batch_stride));
+    }
+  }
+  ~LtLayout() { cublasLtMatrixLayoutDestroy(h); }
+};
+
+struct LtDesc {
+  cublasLtMatmulDesc_t h = nullptr;
+  LtDesc(bool ta, bool tb) {
+    MS_CUBLAS(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    MS_CUBLAS(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &a, sizeof a));
+    MS_CUBLAS(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &b, sizeof b));
+  }
+  ~LtDesc() { cublasLtMatmulDescDestroy(h); }
+};
+
+struct LtPref {
+  cublasLtMatmulPreference_t h = nullptr;
+  LtPref(size_t workspace, uint32_t al_a, uint32_t al_b, uint32_t al_d) {
+    MS_CUBLAS(cublasLtMatmulPreferenceCreate(&h));
+    MS_CUBLAS(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                   sizeof workspace));
+    MS_CUBLAS(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    MS_CUBLAS(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    MS_CUBLAS(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    MS_CUBLAS(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+  }
+  ~LtPref() { cublasLtMatmulPreferenceDestroy(h); }
+};
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+// The heuristic's first choice per problem, remembered (decode steps repeat their shapes);
+// an empty optional marks a problem no cuBLASLt algorithm takes.
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                           int, int, uint32_t, uint32_t, uint32_t>;
+std::mutex g_plan_mu;
+std::map<PlanKey, std::pair<bool, cublasLtMatmulAlgo_t>> g_plans;
+
+// Reference product for layouts cuBLASLt refuses: one thread per output element.
+template <class TD>
+__global__ void naive_matmul(int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda, int64_t sa, bool ta,
+                             const bf16* b, int64_t ldb, int64_t sb, bool tb, TD* d, int64_t ldd, int64_t sd, int batch) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= m * n * batch) return;
+  int64_t i = idx % m, j = (idx / m) % n, bi = idx / (m * n);
+  const bf16* ab = a + bi * sa;
+  const bf16* bb = b + bi * sb;
+  float acc = 0.f;
+  for (int64_t l = 0; l < k; ++l) {
+    float av = __bfloat162float(ta ? ab[l + i * lda] : ab[i + l * lda]);
+    float bv = __bfloat162float(tb ? bb[j + l * ldb] : bb[l + j * ldb]);
+    acc += av * bv;
+  }
+  store_f(d + bi * sd + i + j * ldd, acc);
+}
+
+void naive(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, void* d, DType dt, int64_t ldd,
+           int64_t sd, int batch) {
+  const int threads = 256;
+  unsigned grid = blocks_for(m * n * batch, threads);
+  auto* pa = static_cast<const bf16*>(a.ptr);
+  auto* pb = static_cast<const bf16*>(b.ptr);
+  MS_FLOAT_DISPATCH(dt, TD,
+                    naive_matmul<TD><<<grid, threads, 0, stream()>>>(m, n, k, pa, a.ld, a.batch_stride, a.trans, pb, b.ld,
+                                                                     b.batch_stride, b.trans, static_cast<TD*>(d), ldd,
+                                                                     sd, batch));
+  MS_CUDA_LAUNCHED("naive_matmul");
+}
+
+void* workspace() {
+  static Tensor ws = scratch(DType::U8, {int64_t(kWorkspaceBytes)});
+  return ws.raw();
+}
+
+}  // namespace
+
+void matmul(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, void* d, DType d_dtype, int64_t ldd,
+            int64_t d_batch_stride, int batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  MS_CHECK(k > 0, "matmul: empty reduction");
+  const uint32_t al_a = alignment(a.ptr, a.ld, a.batch_stride, 2), al_b = alignment(b.ptr, b.ld, b.batch_stride, 2),
+                 al_d = alignment(d, ldd, d_batch_stride, dtype_size(d_dtype));
+  LtDesc desc(a.trans, b.trans);
+  LtLayout la(CUDA_R_16BF, a.trans ? k : m, a.trans ? m : k, a.ld, batch, a.batch_stride);
+  LtLayout lb(CUDA_R_16BF, b.trans ? n : k, b.trans ? k : n, b.ld, batch, b.batch_stride);
+  LtLayout ld(lt_type(d_dtype), m, n, ldd, batch, d_batch_stride);
+  PlanKey key{m, n, k, a.ld, b.ld, ldd, a.batch_stride, b.batch_stride, d_batch_stride, batch, int(a.trans),
+              int(b.trans), int(d_dtype), al_a, al_b, al_d};
+  std::pair<bool, cublasLtMatmulAlgo_t> plan{};
+  {
+    std::lock_guard<std::mutex> lock(g_plan_mu);
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) {
+      plan = it->second;
+    } else {
+      LtPref pref(kWorkspaceBytes, al_a, al_b, al_d);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      cublasStatus_t st =
+          cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
+      plan = {st == CUBLAS_STATUS_SUCCESS && found > 0, result.algo};
+      g_plans.emplace(key, plan);
+    }
+  }
+  if (!plan.first) return naive(m, n, k, a, b, d, d_dtype, ldd, d_batch_stride, batch);
+  const float alpha = 1.0f, beta = 0.0f;
+  MS_CUBLAS(cublasLtMatmul(lt_handle(), desc.h, &alpha, a.ptr, la.h, b.ptr, lb.h, &beta, d, ld.h, d, ld.h, &plan.second,
+                           workspace(), kWorkspaceBytes, stream()));
+}
+
+namespace {
+
+// dst[r, c] = bf16(value of the stored weight), fp8 times its block's scale_inv.
+template <class TS>
+__global__ void weight_to_bf16(const TS* src, int64_t src_ld, const float* scales, int64_t scale_ld, int bn, int bk,
+                               int64_t rows, int64_t cols, bf16* dst) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * cols) return;
+  int64_t r = idx / cols, c = idx % cols;
+  float v;
+  if constexpr (std::is_same_v<TS, uint8_t>) {
+    v = fp8_to_f(src[r * src_ld + c]) * scales[(r / bn) * scale_ld + c / bk];
+  } else if constexpr (std::is_same_v<TS, __half>) {
+    v = __half2float(src[r * src_ld + c]);
+  } else {
+    v = load_f(src + r * src_ld + c);
+  }
+  dst[idx] = __float2bfloat16_rn(v);
+}
+
+}  // namespace
+
+Tensor weight_bf16(const ops::Weight& w) {
+  const Tensor& t = w.w;
+  MS_CHECK(t.device() == Device::CUDA && t.dim() == 2 && t.strides()[1] == 1, "linear: weight ", t.describe(),
+           " must be a CUDA matrix with contiguous rows");
+  if (t.dtype() == DType::BF16) return t;
+  const int64_t rows = t.size(0), cols = t.size(1), ld = t.strides()[0];
+  Tensor out = scratch(DType::BF16, {rows, cols});
+  const int threads = 256;
+  unsigned grid = blocks_for(rows * cols, threads);
+  auto* dst = out.data<bf16>();
+  switch (t.dtype()) {
+    case DType::F8_E4M3: {
+      check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
+      weight_to_bf16<uint8_t><<<grid, threads, 0, stream()>>>(t.data<uint8_t>(), ld, w.scale_inv.data<float>(),
+                                                              w.scale_inv.strides()[0], w.block_n, w.block_k, rows,
+                                                              cols, dst);
+      break;
+    }
+    case DType::F16:
+      weight_to_bf16<__half><<<grid, threads, 0, stream()>>>(t.data<__half>(), ld, nullptr, 0, 1, 1, rows, cols, dst);
+      break;
+    case DType::F32:
+      weight_to_bf16<float><<<grid, threads, 0, stream()>>>(t.data<float>(), ld, nullptr, 0, 1, 1, rows, cols, dst);
+      break;
+    default: fail("linear: unsupported weight dtype ", dtype_name(t.dtype()));
+  }
+  MS_CUDA_LAUNCHED("weight_to_bf16");
+  return out;
+}
+
+Tensor rows_bf16(const Tensor& x) {
+  MS_CHECK(x.device() == Device::CUDA && x.dim() == 2 && x.strides()[1] == 1, "matmul input ", x.describe(),
+           " must be CUDA rows with contiguous elements");
+  if (x.dtype() == DType::BF16) return x;
+  check_dtype(x, {DType::F32}, "matmul input");
+  Tensor out = scratch(DType::BF16, x.shape());
+  const int threads = 256;
+  weight_to_bf16<float><<<blocks_for(x.numel(), threads), threads, 0, stream()>>>(
+      x.data<float>(), x.strides()[0], nullptr, 0, 1, 1, x.size(0), x.size(1), out.data<bf16>());
+  MS_CUDA_LAUNCHED("weight_to_bf16");
+  return out;
+}
+
+void gemm_xwT(const Tensor& x, const Tensor& w, void* out, DType out_dtype, int64_t os) {
+  const int64_t T = x.size(0), K = x.size(1), N = w.size(0);
+  MS_ASSERT(x.dtype() == DType::BF16 && w.dtype() == DType::BF16 && w.size(1) == K);
+  matmul(N, T, K, MatRef{w.raw(), w.strides()[0], 0, true}, MatRef{x.raw(), x.strides()[0], 0, false}, out, out_dtype,
+         os);
+}
+
+}  // namespace ms::cuda

@@ -1,0 +1,81 @@
+// Linear layers and the MLA absorptions on the GPU, all through gemm.h: the weight is read as
+// BF16 (fp8 blocks dequantised into scratch first), activations are BF16, accumulation f32.
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.h"
+
+namespace ms::cuda {
+namespace {
+
+// out[t, n] = tmp[t, n] + bias[n], rounded once into out's dtype.
+template <class TO>
+__global__ void add_bias(const float* tmp, const float* bias, int64_t T, int64_t N, TO* out, int64_t os) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * N) return;
+  int64_t t = idx / N, n = idx % N;
+  store_f(out + t * os + n, tmp[idx] + bias[n]);
+}
+
+}  // namespace
+
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
+  const int64_t T = x.size(0), K = x.size(1), N = w.out_features();
+  MS_CHECK(w.in_features() == K, "linear: input has ", K, " features, weight ", w.w.describe());
+  MS_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == N, "linear: output ", out.describe(), " for ", T, "x",
+           N);
+  check_device_tensor(out, {DType::BF16, DType::F32}, "linear", "output");
+  MS_CHECK(out.strides()[1] == 1, "linear: output rows must be contiguous");
+  if (T == 0) return;
+  Tensor xb = rows_bf16(x);
+  Tensor wb = weight_bf16(w);
+  if (!bias) {
+    gemm_xwT(xb, wb, out.raw(), out.dtype(), out.strides()[0]);
+    return;
+  }
+  check_device_tensor(*bias, {DType::F32}, "linear", "bias");
+  MS_CHECK(bias->numel() == N, "linear: bias ", bias->describe(), " for ", N, " outputs");
+  // The bias is added in f32 before the one rounding, as a fused epilogue would.
+  Tensor tmp = scratch(DType::F32, {T, N});
+  gemm_xwT(xb, wb, tmp.raw(), DType::F32, N);
+  const int threads = 256;
+  MS_FLOAT_DISPATCH(out.dtype(), TO,
+                    add_bias<TO><<<blocks_for(T * N, threads), threads, 0, stream()>>>(
+                        tmp.data<float>(), bias->data<float>(), T, N, out.data<TO>(), out.strides()[0]));
+  MS_CUDA_LAUNCHED("add_bias");
+}
+
+// Per head h, a strided batched product: q_latent[:, h] = q_nope[:, h] . W_uk[h], where W_uk[h]
+// is kv_b's rows [h(nope+v), h(nope+v)+nope). Column-major: D[L, T] = W_uk^T-as-stored[L, nope]
+// times q_nope[nope, T].
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
+  const int64_t T = q_nope.size(0), H = q_nope.size(1), L = kv_b.in_features();
+  MS_CHECK(q_nope.size(2) == nope && q_latent.size(2) == L && kv_b.out_features() == H * (nope + v),
+           "mla_absorb_q: shapes ", q_nope.describe(), " ", kv_b.w.describe(), " ", q_latent.describe());
+  check_device_tensor(q_nope, {DType::BF16}, "mla_absorb_q", "q_nope");
+  check_device_tensor(q_latent, {DType::BF16}, "mla_absorb_q", "q_latent");
+  MS_CHECK(q_nope.strides()[2] == 1 && q_latent.strides()[2] == 1, "mla_absorb_q: heads must be contiguous");
+  if (T == 0) return;
+  Tensor wb = weight_bf16(kv_b);
+  const int64_t ws = wb.strides()[0];
+  matmul(L, T, nope, MatRef{wb.raw(), ws, (nope + v) * ws, false},
+         MatRef{q_nope.raw(), q_nope.strides()[0], q_nope.strides()[1], false}, q_latent.raw(), DType::BF16,
+         q_latent.strides()[0], q_latent.strides()[1], int(H));
+}
+
+// out[:, h] = latent[:, h] . W_uv[h]^T with W_uv[h] = kv_b's v rows of head h.
+void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out) {
+  const int64_t T = latent.size(0), H = latent.size(1), L = kv_b.in_features();
+  MS_CHECK(latent.size(2) == L && out.size(2) == v && kv_b.out_features() == H * (nope + v),
+           "mla_expand_v: shapes ", latent.describe(), " ", kv_b.w.describe(), " ", out.describe());
+  check_device_tensor(latent, {DType::BF16}, "mla_expand_v", "latent");
+  check_device_tensor(out, {DType::BF16}, "mla_expand_v", "output");
+  MS_CHECK(latent.strides()[2] == 1 && out.strides()[2] == 1, "mla_expand_v: heads must be contiguous");
+  if (T == 0) return;
+  Tensor wb = weight_bf16(kv_b);
+  const int64_t ws = wb.strides()[0];
+  const bf16* w_uv = wb.data<bf16>() + nope * ws;
+  matmul(v, T, L, MatRef{w_uv, ws, (nope + v) * ws, true},
+         MatRef{latent.raw(), latent.strides()[0], latent.strides()[1], false}, out.raw(), DType::BF16,
+         out.strides()[0], out.strides()[1], int(H));
+}
+
+}  // namespace ms::cuda

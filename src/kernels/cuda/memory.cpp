@@ -1,0 +1,197 @@
+// The CUDA backend's runtime: a caching allocator over cudaMalloc registered with core as
+// Device::CUDA's memory, the one stream every op runs on, the cuBLASLt handle, and pinned
+// staging for host metadata. Every op is stream-ordered on that stream, so a freed block can be
+// handed to the next allocation at once: any later use is queued after the earlier ones.
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/device_memory.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace ms::cuda {
+
+void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  if (err == cudaSuccess) [[likely]] return;
+  fail("CUDA error in ", call, " (", file, ":", line, "): ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+}
+
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) [[likely]] return;
+  fail("cuBLAS error in ", call, " (", file, ":", line, "): status ", int(status));
+}
+
+void check_device_tensor(const Tensor& t, std::initializer_list<DType> allowed, const char* op, const char* what) {
+  MS_CHECK(t.defined() && t.device() == Device::CUDA, op, ": ", what, " must be a CUDA tensor");
+  check_dtype(t, allowed, std::string(op) + " " + what);
+}
+
+namespace {
+
+// Blocks are kept by size; a request takes the smallest cached block that is at most twice
+// its size, else a new cudaMalloc. When cudaMalloc fails, the cache is returned to the driver
+// and the allocation retried once.
+class CachingAllocator final : public DeviceMemory {
+ public:
+  std::shared_ptr<Buffer> allocate(size_t bytes) override {
+    auto buf = allocate_uninit(bytes);
+    if (bytes) MS_CUDA(cudaMemsetAsync(buf->data, 0, bytes, stream()));
+    return buf;
+  }
+
+  std::shared_ptr<Buffer> allocate_uninit(size_t bytes) {
+    const size_t rounded = round_up(bytes);
+    auto [ptr, size] = take_cached(rounded);
+    if (!ptr) ptr = malloc_or_flush(size = rounded);
+    auto buf = std::make_shared<Buffer>();
+    buf->data = ptr;
+    buf->bytes = bytes;
+    buf->device = Device::CUDA;
+    buf->keep_alive = std::shared_ptr<void>(ptr, [this, size](void* p) { give_back(p, size); });
+    return buf;
+  }
+
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+    cudaMemcpyKind kind = dst_device == Device::CUDA
+                              ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                              : cudaMemcpyDeviceToHost;
+    // Host-to-device from pageable memory returns once the source is staged; device-to-host
+    // must be complete before the caller reads the host copy.
+    MS_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
+    if (kind == cudaMemcpyDeviceToHost) MS_CUDA(cudaStreamSynchronize(stream()));
+  }
+
+ private:
+  static size_t round_up(size_t bytes) {
+    const size_t unit = bytes < (size_t(1) << 20) ? 512 : (size_t(1) << 17);
+    return std::max<size_t>(unit, (bytes + unit - 1) / unit * unit);
+  }
+
+  std::pair<void*, size_t> take_cached(size_t rounded) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.lower_bound(rounded);
+    if (it == free_.end() || it->first > 2 * rounded) return {nullptr, 0};
+    std::pair<void*, size_t> block{it->second, it->first};
+    free_.erase(it);
+    return block;
+  }
+
+  void* malloc_or_flush(size_t rounded) {
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, rounded);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear the sticky-free error state before retrying
+      release_cache();
+      err = cudaMalloc(&p, rounded);
+    }
+    if (err != cudaSuccess) {
+      size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      fail("cudaMalloc of ", rounded, " bytes failed: ", cudaGetErrorString(err), " (", free_b >> 20, " MiB free of ",
+           total_b >> 20, ")");
+    }
+    return p;
+  }
+
+  void give_back(void* p, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(size, p);
+  }
+
+  void release_cache() {
+    MS_CUDA(cudaStreamSynchronize(stream()));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, p] : free_) MS_CUDA(cudaFree(p));
+    free_.clear();
+  }
+
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // cached blocks by their real size
+};
+
+// Pinned staging slots used round-robin; a slot is rewritten only after the copy that last
+// read it has finished (its event), so uploads never wait on the whole stream.
+class Staging {
+ public:
+  void upload(void* dst, const void* src, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = slots_[next_++ % kSlots];
+    if (s.event) MS_CUDA(cudaEventSynchronize(s.event));
+    else MS_CUDA(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
+    if (s.capacity < bytes) {
+      if (s.host) MS_CUDA(cudaFreeHost(s.host));
+      s.capacity = std::max<size_t>(bytes, size_t(1) << 20);
+      MS_CUDA(cudaMallocHost(&s.host, s.capacity));
+    }
+    std::memcpy(s.host, src, bytes);
+    MS_CUDA(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream()));
+    MS_CUDA(cudaEventRecord(s.event, stream()));
+  }
+
+ private:
+  struct Slot {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t event = nullptr;
+  };
+  static constexpr int kSlots = 32;
+  std::mutex mu_;
+  Slot slots_[kSlots];
+  uint64_t next_ = 0;
+};
+
+struct Runtime {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  int sms = 0;
+  CachingAllocator* allocator = nullptr;  // never freed: buffers may outlive static destruction
+  Staging* staging = nullptr;
+};
+
+Runtime& runtime() {
+  static Runtime rt = [] {
+    Runtime r;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    MS_CHECK(err == cudaSuccess && count > 0, "no usable CUDA device (cudaGetDeviceCount: ",
+             err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), ")");
+    MS_CUDA(cudaSetDevice(0));
+    MS_CUDA(cudaStreamCreate(&r.stream));
+    MS_CUBLAS(cublasLtCreate(&r.lt));
+    MS_CUDA(cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, 0));
+    r.allocator = new CachingAllocator();
+    r.staging = new Staging();
+    register_device_memory(Device::CUDA, r.allocator);
+    return r;
+  }();
+  return rt;
+}
+
+}  // namespace
+
+void init() { (void)runtime(); }
+cudaStream_t stream() { return runtime().stream; }
+cublasLtHandle_t lt_handle() { return runtime().lt; }
+int sm_count() { return runtime().sms; }
+
+Tensor scratch(DType dtype, Shape shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  auto buf = runtime().allocator->allocate_uninit(size_t(n) * dtype_size(dtype));
+  return Tensor::from_buffer(std::move(buf), 0, dtype, std::move(shape));
+}
+
+Tensor upload_i32(std::span<const int32_t> host) {
+  Tensor t = scratch(DType::I32, {int64_t(host.size())});
+  if (!host.empty()) runtime().staging->upload(t.raw(), host.data(), host.size_bytes());
+  return t;
+}
+
+void download(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return;
+  MS_CUDA(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream()));
+  MS_CUDA(cudaStreamSynchronize(stream()));
+}
+
+}  // namespace ms::cuda

@@ -1,0 +1,112 @@
+// Routed experts on the GPU: sort the (token, slot) pairs by expert on the host (the ids are
+// small and the per-expert row counts size the GEMMs), gather the tokens once, run each selected
+// expert's gate/up and down projections through cuBLASLt over its contiguous rows, and sum each
+// token's k outputs with their router weights in a fixed slot order.
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.h"
+
+namespace ms::cuda {
+namespace {
+
+__global__ void gather_tokens(const bf16* x, int64_t xs, const int32_t* token_of_row, int64_t rows, int64_t H,
+                              bf16* xe) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * H) return;
+  int64_t r = idx / H, i = idx % H;
+  xe[idx] = x[int64_t(token_of_row[r]) * xs + i];
+}
+
+// out[t] = sum_j weights[t, j] * ye[row_of[t, j]], j = 0..K-1.
+template <class TO>
+__global__ void combine_experts(const float* ye, const int32_t* row_of, const float* weights, int64_t T, int K,
+                                int64_t H, TO* out, int64_t os) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * H) return;
+  int64_t t = idx / H, i = idx % H;
+  float acc = 0.f;
+  for (int j = 0; j < K; ++j) acc += weights[t * K + j] * ye[int64_t(row_of[t * K + j]) * H + i];
+  store_f(out + t * os + i, acc);
+}
+
+// The pairs (t, j) ordered by expert: token_of_row[r] is the token of permuted row r,
+// row_of[t * K + j] the permuted row of pair (t, j), offsets[e] the first row of expert e.
+struct Permutation {
+  std::vector<int32_t> token_of_row, row_of;
+  std::vector<int64_t> offsets;
+};
+
+Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K, int E) {
+  Permutation p;
+  p.offsets.assign(size_t(E) + 1, 0);
+  for (int32_t e : ids) {
+    MS_CHECK(e >= 0 && e < E, "moe: expert id ", e, " outside 0..", E - 1);
+    ++p.offsets[size_t(e) + 1];
+  }
+  for (int e = 0; e < E; ++e) p.offsets[e + 1] += p.offsets[e];
+  std::vector<int64_t> next(p.offsets.begin(), p.offsets.end() - 1);
+  p.token_of_row.resize(ids.size());
+  p.row_of.resize(ids.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t r = next[ids[t * K + j]]++;
+      p.token_of_row[r] = int32_t(t);
+      p.row_of[t * K + j] = int32_t(r);
+    }
+  return p;
+}
+
+}  // namespace
+
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
+  const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
+  const int E = experts.num_experts();
+  check_device_tensor(x, {DType::BF16}, "moe_experts", "input");
+  check_device_tensor(ids, {DType::I32}, "moe_experts", "ids");
+  check_device_tensor(weights, {DType::F32}, "moe_experts", "weights");
+  check_device_tensor(out, {DType::BF16, DType::F32}, "moe_experts", "output");
+  MS_CHECK(x.strides()[1] == 1 && out.strides()[1] == 1 && out.size(0) == T && out.size(1) == H &&
+               ids.is_contiguous() && weights.is_contiguous() && ids.size(0) == T && weights.size(0) == T &&
+               weights.size(1) == K,
+           "moe_experts: ", x.describe(), " ", ids.describe(), " ", weights.describe(), " -> ", out.describe());
+  MS_CHECK(E > 0, "moe_experts: no experts");
+  if (T == 0) return;
+  std::vector<int32_t> host_ids(size_t(T * K));
+  download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));
+  Permutation perm = sort_by_expert(host_ids, T, K, E);
+  const int64_t rows = T * K, I = experts.gate[0].out_features();
+  Tensor token_of_row = upload_i32(perm.token_of_row), row_of = upload_i32(perm.row_of);
+  const int threads = 256;
+  Tensor xe = scratch(DType::BF16, {rows, H});
+  gather_tokens<<<blocks_for(rows * H, threads), threads, 0, stream()>>>(x.data<bf16>(), x.strides()[0],
+                                                                         token_of_row.data<int32_t>(), rows, H,
+                                                                         xe.data<bf16>());
+  MS_CUDA_LAUNCHED("gather_tokens");
+  Tensor gu = scratch(DType::F32, {rows, 2 * I}), act = scratch(DType::BF16, {rows, I});
+  Tensor ye = scratch(DType::F32, {rows, H});
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
+    if (n == 0) continue;
+    MS_CHECK(experts.gate[e].out_features() == I && experts.up[e].out_features() == I &&
+                 experts.down[e].in_features() == I && experts.down[e].out_features() == H &&
+                 experts.gate[e].in_features() == H,
+             "moe_experts: expert ", e, " has shapes ", experts.gate[e].w.describe(), " / ",
+             experts.down[e].w.describe(), " for hidden ", H, " and intermediate ", I);
+    Tensor xr = xe.narrow_rows(off, n);
+    gemm_xwT(xr, weight_bf16(experts.gate[e]), gu.data<float>() + off * 2 * I, DType::F32, 2 * I);
+    gemm_xwT(xr, weight_bf16(experts.up[e]), gu.data<float>() + off * 2 * I + I, DType::F32, 2 * I);
+  }
+  silu_and_mul(gu, act);
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
+    if (n == 0) continue;
+    gemm_xwT(act.narrow_rows(off, n), weight_bf16(experts.down[e]), ye.data<float>() + off * H, DType::F32, H);
+  }
+  MS_FLOAT_DISPATCH(out.dtype(), TO,
+    combine_experts<TO><<<blocks_for(T * H, threads), threads, 0, stream()>>>(
+        ye.data<float>(), row_of.data<int32_t>(), weights.data<float>(), T, int(K), H, out.data<TO>(),
+        out.strides()[0]));
+  MS_CUDA_LAUNCHED("combine_experts");
+}
+
+}  // namespace ms::cuda
