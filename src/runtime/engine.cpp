@@ -1,0 +1,254 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "core/check.h"
+#include "runtime/sampler.h"
+
+namespace ms {
+namespace {
+
+int64_t pool_slots(const CausalLM& model, const EngineOptions& o) {
+  KvBudget b;
+  b.max_total_tokens = o.max_total_tokens;
+  b.mem_fraction_static = o.mem_fraction_static > 0 ? o.mem_fraction_static : model.device == Device::CPU ? 0.3 : 0.88;
+  b.max_running_requests = o.scheduler.max_running_requests;
+  b.context_len = model.config.max_position_embeddings;
+  const size_t per_slot = ModelRunner::bytes_per_slot(model);
+  return kv_pool_slots(b, per_slot, o.max_total_tokens > 0 ? MemoryInfo{} : device_memory_info(model.device));
+}
+
+uint64_t mix_seed(uint64_t seed, uint64_t id) {
+  uint64_t x = seed ^ (id * 0x9E3779B97F4A7C15ull);
+  x = (x ^ (x >> 31)) * 0xBF58476D1CE4E5B9ull;
+  return x ^ (x >> 29);
+}
+
+}  // namespace
+
+Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer detokenizer)
+    : model_(model),
+      options_(options),
+      detok_(std::move(detokenizer)),
+      runner_(model, pool_slots(model, options), options.bf16_activations),
+      scheduler_(options.scheduler, runner_.num_slots(),
+                 int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {}
+
+Engine::~Engine() { stop(); }
+
+void Engine::validate(const GenerateRequest& g) const {
+  const int vocab = model_.config.vocab_size;
+  MS_CHECK(!g.input_ids.empty(), "input_ids is empty");
+  for (int32_t id : g.input_ids)
+    MS_CHECK(id >= 0 && id < vocab, "input_ids: token id ", id, " is out of range (vocab_size ", vocab, ")");
+  g.sampling.validate(vocab);
+  const int64_t need = int64_t(g.input_ids.size()) + g.sampling.max_new_tokens;
+  MS_CHECK(need <= model_.config.max_position_embeddings, "prompt (", g.input_ids.size(), " tokens) + max_new_tokens (",
+           g.sampling.max_new_tokens, ") exceeds the context length ", model_.config.max_position_embeddings);
+  MS_CHECK(need <= kv_slots(), "prompt + max_new_tokens needs ", need, " KV slots but the pool has ", kv_slots(),
+           "; raise --max-total-tokens");
+  MS_CHECK(g.sampling.stop.empty() || detok_, "stop strings need a tokenizer; use stop_token_ids");
+}
+
+RequestId Engine::submit(GenerateRequest g, StreamCallback on_output) {
+  validate(g);
+  auto r = std::make_unique<Request>();
+  r->input_ids = std::move(g.input_ids);
+  r->sampling = std::move(g.sampling);
+  RequestId id;
+  {
+    std::lock_guard lk(inbox_mu_);
+    id = r->id = r->arrival = next_id_++;
+    r->rng_seed = r->sampling.seed.value_or(mix_seed(options_.random_seed, id));
+    inbox_.push_back({std::move(r), std::move(on_output)});
+  }
+  inbox_cv_.notify_all();
+  return id;
+}
+
+void Engine::abort(RequestId id) {
+  {
+    std::lock_guard lk(inbox_mu_);
+    aborts_.push_back(id);
+  }
+  inbox_cv_.notify_all();
+}
+
+// Hands the tokens r produced since its last report to its callback (or to poll()).
+void Engine::report(Request& r) {
+  StreamOutput o;
+  o.id = r.id;
+  o.new_ids.assign(r.output_ids.begin() + r.streamed, r.output_ids.end());
+  if (!r.output_logprobs.empty())
+    o.new_logprobs.assign(r.output_logprobs.begin() + r.streamed, r.output_logprobs.end());
+  r.streamed = int(r.output_ids.size());
+  o.finished = r.finished();
+  o.finish_reason = r.finish;
+  o.matched_stop = r.matched_stop;
+  o.prompt_tokens = int(r.input_ids.size());
+  o.completion_tokens = int(r.output_ids.size());
+  o.cached_tokens = r.cached_tokens;
+  if (o.new_ids.empty() && !o.finished) return;
+  auto it = callbacks_.find(r.id);
+  if (it != callbacks_.end()) {
+    StreamCallback cb = it->second;
+    if (o.finished) callbacks_.erase(it);
+    cb(o);
+    return;
+  }
+  std::lock_guard lk(inbox_mu_);
+  polled_.push_back(std::move(o));
+}
+
+void Engine::drain_inbox() {
+  std::deque<Pending> arrivals;
+  std::vector<RequestId> aborts;
+  {
+    std::lock_guard lk(inbox_mu_);
+    arrivals.swap(inbox_);
+    aborts.swap(aborts_);
+  }
+  for (Pending& p : arrivals) {
+    if (p.callback) callbacks_[p.request->id] = std::move(p.callback);
+    if (p.request->sampling.max_new_tokens == 0) {  // nothing to compute
+      p.request->finish = FinishReason::Length;
+      report(*p.request);
+      continue;
+    }
+    scheduler_.add(std::move(p.request));
+  }
+  for (RequestId id : aborts)
+    if (auto r = scheduler_.abort(id)) report(*r);
+}
+
+bool Engine::step() {
+  std::lock_guard lk(step_mu_);
+  drain_inbox();
+  ScheduleBatch batch = scheduler_.next_batch();
+  if (batch.empty()) return false;
+  Tensor logits = runner_.forward(batch, scheduler_.kv().table());
+  const int64_t V = logits.size(1);
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    if (!batch.seqs[i].sample) continue;
+    Request& r = *batch.seqs[i].req;
+    SampleResult s = sample_next(std::span<const float>(logits.data<float>() + int64_t(i) * V, size_t(V)), r);
+    r.output_ids.push_back(s.token);
+    if (r.sampling.return_logprob || r.sampling.top_logprobs_num > 0) r.output_logprobs.push_back(std::move(s));
+    check_finish(r, model_.config.eos_token_ids, detok_);
+    ++generated_;
+  }
+  std::vector<std::unique_ptr<Request>> done = scheduler_.finish_step(batch);
+  for (const ScheduledSeq& s : batch.seqs)
+    if (s.sample && !s.req->finished()) report(*s.req);
+  for (auto& r : done) report(*r);
+  return true;
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lk(inbox_mu_);
+      inbox_cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || !aborts_.empty() || busy_; });
+      if (stopping_) return;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      std::lock_guard lk(inbox_mu_);
+      error_ = e.what();
+      stopping_ = true;
+      inbox_cv_.notify_all();
+      return;
+    }
+    bool busy;
+    {
+      std::lock_guard lk(step_mu_);
+      busy = !scheduler_.idle();
+    }
+    std::lock_guard lk(inbox_mu_);
+    busy_ = busy;
+  }
+}
+
+void Engine::start() {
+  std::lock_guard lk(inbox_mu_);
+  if (thread_.joinable()) return;
+  stopping_ = false;
+  busy_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lk(inbox_mu_);
+    stopping_ = true;
+  }
+  inbox_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<StreamOutput> Engine::poll() {
+  std::lock_guard lk(inbox_mu_);
+  return std::exchange(polled_, {});
+}
+
+std::vector<GenerateResult> Engine::generate(const std::vector<GenerateRequest>& requests) {
+  std::vector<GenerateResult> results(requests.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t remaining = requests.size();
+  for (size_t i = 0; i < requests.size(); ++i)
+    submit(requests[i], [&, i](const StreamOutput& o) {
+      GenerateResult& g = results[i];
+      g.output_ids.insert(g.output_ids.end(), o.new_ids.begin(), o.new_ids.end());
+      g.logprobs.insert(g.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+      g.prompt_tokens = o.prompt_tokens;
+      g.cached_tokens = o.cached_tokens;
+      if (!o.finished) return;
+      g.finish_reason = o.finish_reason;
+      g.matched_stop = o.matched_stop;
+      std::lock_guard lk(mu);
+      if (--remaining == 0) cv.notify_all();
+    });
+  if (!thread_.joinable()) {
+    while (step()) {
+    }
+    MS_CHECK(remaining == 0, "engine went idle with ", remaining, " requests unfinished");
+    return results;
+  }
+  std::unique_lock lk(mu);
+  while (remaining > 0) {
+    cv.wait_for(lk, std::chrono::milliseconds(50));
+    std::lock_guard ek(inbox_mu_);
+    MS_CHECK(error_.empty(), "engine failed: ", error_);
+  }
+  return results;
+}
+
+void Engine::flush_cache() {
+  std::lock_guard lk(step_mu_);
+  drain_inbox();
+  scheduler_.flush_cache();
+}
+
+EngineStats Engine::stats() {
+  std::lock_guard lk(step_mu_);
+  EngineStats s;
+  s.scheduler = scheduler_.stats();
+  s.waiting = scheduler_.num_waiting();
+  s.running = scheduler_.num_running();
+  s.pool_capacity = scheduler_.kv().capacity();
+  s.pool_used = scheduler_.kv().pool().used();
+  s.cached_slots = scheduler_.kv().radix() ? scheduler_.kv().radix()->total_size() : 0;
+  s.generated_tokens = generated_;
+  return s;
+}
+
+}  // namespace ms

@@ -1,0 +1,122 @@
+// The offline engine: submit requests, receive their tokens as they are produced (a callback,
+// or poll()), abort them. It runs the scheduler loop step by step in the caller's thread
+// (step(), run_until_idle()) or on its own thread (start()). submit, abort and poll may be
+// called from any thread; callbacks run on the thread that steps.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/model_runner.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace ms {
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  int64_t max_total_tokens = 0;     // KV slots; 0: from mem_fraction_static
+  double mem_fraction_static = 0;   // 0: the device's default (0.88 on GPUs, 0.3 of host RAM)
+  bool bf16_activations = false;    // CPU: round activations as bf16 storage would
+  uint64_t random_seed = 0;         // seeds requests that bring no seed of their own
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> input_ids;
+  SamplingParams sampling;
+};
+
+// What a request produced since its previous report; the last report has finished set.
+struct StreamOutput {
+  RequestId id = 0;
+  std::vector<int32_t> new_ids;
+  std::vector<SampleResult> new_logprobs;  // when the request asked for logprobs
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::None;
+  std::string matched_stop;
+  int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+using StreamCallback = std::function<void(const StreamOutput&)>;
+
+// A whole request's outcome (Engine::generate).
+struct GenerateResult {
+  std::vector<int32_t> output_ids;
+  std::vector<SampleResult> logprobs;
+  FinishReason finish_reason = FinishReason::None;
+  std::string matched_stop;
+  int prompt_tokens = 0, cached_tokens = 0;
+};
+
+struct EngineStats {
+  SchedulerStats scheduler;
+  int waiting = 0, running = 0;
+  int64_t pool_capacity = 0, pool_used = 0, cached_slots = 0;
+  int64_t generated_tokens = 0;
+};
+
+class Engine {
+ public:
+  Engine(const CausalLM& model, const EngineOptions& options, Detokenizer detokenizer = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request; throws ms::Error naming the bad field. Without a callback
+  // its outputs are kept for poll().
+  RequestId submit(GenerateRequest request, StreamCallback on_output = {});
+  // Ends a waiting or running request; it reports finish_reason abort. Unknown ids are ignored.
+  void abort(RequestId id);
+
+  bool step();  // one scheduler step; false when there was nothing to do
+  void run_until_idle();
+  void start();  // a background thread steps whenever there is work
+  void stop();
+
+  std::vector<StreamOutput> poll();  // reports of callback-less requests since the last poll
+  // Submits all, waits until all have finished (stepping here unless the thread runs), and
+  // returns their results in order.
+  std::vector<GenerateResult> generate(const std::vector<GenerateRequest>& requests);
+
+  void flush_cache();  // empties the radix cache; only while no request is in flight
+  EngineStats stats();
+  int64_t kv_slots() const { return runner_.num_slots(); }
+
+ private:
+  struct Pending {
+    std::unique_ptr<Request> request;
+    StreamCallback callback;
+  };
+  void drain_inbox();
+  void report(Request& r);
+  void validate(const GenerateRequest& g) const;
+  void loop();
+
+  const CausalLM& model_;
+  EngineOptions options_;
+  Detokenizer detok_;
+  ModelRunner runner_;
+  Scheduler scheduler_;
+
+  std::mutex step_mu_;  // one step at a time; guards scheduler_, callbacks_, stats
+  std::unordered_map<RequestId, StreamCallback> callbacks_;
+  int64_t generated_ = 0;
+
+  std::mutex inbox_mu_;  // guards everything below
+  std::condition_variable inbox_cv_;
+  std::deque<Pending> inbox_;
+  std::vector<RequestId> aborts_;
+  std::vector<StreamOutput> polled_;
+  RequestId next_id_ = 1;
+  bool stopping_ = false;
+  bool busy_ = false;    // the scheduler has requests in flight
+  std::string error_;    // what ended the background thread
+  std::thread thread_;
+};
+
+}  // namespace ms

@@ -1,0 +1,59 @@
+#include "runtime/model_runner.h"
+
+#include "core/check.h"
+
+namespace ms {
+
+ModelRunner::ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations)
+    : model_(model), kv_(model.make_kv_cache(num_slots)), bf16_(bf16_activations) {}
+
+size_t ModelRunner::bytes_per_slot(const CausalLM& model) {
+  size_t per_layer = 0;
+  for (const Shape& s : model.kv_shapes) {
+    size_t n = dtype_size(model.act_dtype);
+    for (int64_t d : s) n *= size_t(d);
+    per_layer += n;
+  }
+  return per_layer * model.layers.size();
+}
+
+ForwardBatch ModelRunner::build_forward_batch(const ScheduleBatch& batch, const ReqToTokenTable& table) {
+  ForwardBatch fb;
+  const size_t T = size_t(batch.num_tokens());
+  fb.input_ids.reserve(T);
+  fb.positions.reserve(T);
+  fb.out_cache_loc = batch.out_cache_loc;
+  fb.attn.q_start.push_back(0);
+  fb.attn.kv_start.push_back(0);
+  for (const ScheduledSeq& s : batch.seqs) {
+    const Request& r = *s.req;
+    for (int i = s.start; i < s.start + s.num_tokens; ++i) {
+      fb.input_ids.push_back(r.fill_at(i));
+      fb.positions.push_back(i);
+    }
+    // The sequence's keys are all its positions so far, this step's included (the scheduler
+    // wrote this step's slots into the row when it allocated them).
+    const int32_t* row = table.row(r.row);
+    fb.attn.kv_slots.insert(fb.attn.kv_slots.end(), row, row + s.start + s.num_tokens);
+    fb.attn.q_start.push_back(int32_t(fb.input_ids.size()));
+    fb.attn.kv_start.push_back(int32_t(fb.attn.kv_slots.size()));
+  }
+  MS_ASSERT(fb.input_ids.size() == T);
+  return fb;
+}
+
+Tensor ModelRunner::forward(const ScheduleBatch& batch, const ReqToTokenTable& table) {
+  ForwardBatch fb = build_forward_batch(batch, table);
+  ForwardContext ctx{fb, kv_, bf16_};
+  ctx.device = model_.device;
+  ctx.act_dtype = model_.act_dtype;
+  return model_.forward(ctx).to_f32();
+}
+
+MemoryInfo device_memory_info(Device device) {
+  if (device == Device::CPU) return host_memory_info();
+  fail("sizing the KV pool from --mem-fraction-static needs the device's free memory, which this backend does "
+       "not report; pass --max-total-tokens");
+}
+
+}  // namespace ms

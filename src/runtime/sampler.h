@@ -1,0 +1,35 @@
+// Per-request sampling on one row of logits (host, F32): penalties, then the logprobs of the
+// penalised distribution, then temperature, top_k, top_p and min_p, then a draw. The draw is a
+// pure function of (seed, step), so a request gives the same tokens whatever batch it runs in,
+// and after a retraction and recompute.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/request.h"
+
+namespace ms {
+
+struct SampleInput {
+  std::span<const float> logits;           // [vocab]
+  const SamplingParams* params;
+  std::span<const int32_t> prompt_ids;     // for the repetition penalty
+  std::span<const int32_t> output_ids;     // for all three penalties
+  uint64_t seed = 0;
+  uint64_t step = 0;  // index of the token being chosen
+};
+
+SampleResult sample_token(const SampleInput& in);
+
+// Shorthand for a request's next token.
+SampleResult sample_next(std::span<const float> logits, const Request& r);
+
+// Uniform in [0, 1) from (seed, step): splitmix64 of the pair.
+double uniform_draw(uint64_t seed, uint64_t step);
+
+// Probabilities after temperature, top_k, top_p and min_p (zeros for excluded tokens), from
+// already penalised logits; exposed for tests of the distribution.
+std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& p);
+
+}  // namespace ms
