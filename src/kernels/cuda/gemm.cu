@@ -139,8 +139,16 @@ void matmul(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, v
   }
   if (!plan.first) return naive(m, n, k, a, b, d, d_dtype, ldd, d_batch_stride, batch);
   const float alpha = 1.0f, beta = 0.0f;
-  MS_CUBLAS(cublasLtMatmul(lt_handle(), desc.h, &alpha, a.ptr, la.h, b.ptr, lb.h, &beta, d, ld.h, d, ld.h, &plan.second,
-                           workspace(), kWorkspaceBytes, stream()));
+  cublasStatus_t st = cublasLtMatmul(lt_handle(), desc.h, &alpha, a.ptr, la.h, b.ptr, lb.h, &beta, d, ld.h, d, ld.h,
+                                     &plan.second, workspace(), kWorkspaceBytes, stream());
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+    // The heuristic offered an algorithm the call then refused for this layout: remember
+    // that, and compute this problem with the plain kernel from now on.
+    std::lock_guard<std::mutex> lock(g_plan_mu);
+    g_plans[key].first = false;
+    return naive(m, n, k, a, b, d, d_dtype, ldd, d_batch_stride, batch);
+  }
+  MS_CUBLAS(st);
 }
 
 namespace {

@@ -1,0 +1,81 @@
+// Helpers for the CUDA-vs-CPU tests: a skip when no GPU is present, random inputs whose values
+// are exact in bf16 (so both backends see the same numbers), device copies, and poisoned
+// outputs (all bits set: NaN in bf16 and f32) so an unwritten element fails the comparison.
+#pragma once
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops.h"
+#include "test_support.h"
+
+namespace ms::test {
+
+inline bool cuda_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define MS_REQUIRE_CUDA()                                         \
+  do {                                                            \
+    if (!::ms::test::cuda_available()) GTEST_SKIP() << "no CUDA device"; \
+    ::ms::ops::init_backend(::ms::Device::CUDA);                  \
+  } while (0)
+
+inline std::mt19937& rng() {
+  static std::mt19937 g(1234);
+  return g;
+}
+
+// F32 host tensor of normal values times `scale`, rounded to bf16.
+inline Tensor randn(Shape shape, float scale = 1.0f) {
+  Tensor t = Tensor::empty(DType::F32, std::move(shape));
+  std::normal_distribution<float> d(0.f, scale);
+  for (auto& v : t.span<float>()) v = round_bf16(d(rng()));
+  return t;
+}
+
+// Host copy of an F32 host tensor in `dtype` (BF16 or F32).
+inline Tensor host_as(const Tensor& f32, DType dtype) {
+  if (dtype == DType::F32) return f32.clone();
+  Tensor out = Tensor::empty(DType::BF16, f32.shape());
+  for (int64_t i = 0; i < f32.numel(); ++i) out.data<uint16_t>()[i] = f32_to_bf16(f32.data<float>()[i]);
+  return out;
+}
+
+inline Tensor gpu(const Tensor& f32, DType dtype = DType::BF16) { return host_as(f32, dtype).to(Device::CUDA); }
+
+inline Tensor poisoned(DType dtype, Shape shape) {
+  Tensor host = Tensor::empty(dtype, std::move(shape));
+  std::memset(host.raw(), 0xff, host.nbytes());
+  return host.to(Device::CUDA);
+}
+
+// Rows [r0, r0 + n) and columns [c0, c0 + w) of a 2-D device tensor, as a contiguous F32 host copy.
+inline Tensor host_block(const Tensor& dev, int64_t c0, int64_t w) {
+  Tensor h = dev.to_f32();
+  return h.slice(1, c0, c0 + w).clone();
+}
+
+// Random FP8 weight [n, k] (no NaN codes) with block scales; both devices.
+struct Fp8Weight {
+  ops::Weight cpu, gpu;
+};
+inline Fp8Weight random_fp8(int64_t n, int64_t k, float scale = 0.002f) {
+  Tensor w = Tensor::empty(DType::F8_E4M3, {n, k});
+  std::uniform_int_distribution<int> code(0, 125);
+  std::uniform_int_distribution<int> sign(0, 1);
+  for (auto& b : w.span<uint8_t>()) b = uint8_t(code(rng()) | (sign(rng()) << 7));
+  Tensor s = Tensor::empty(DType::F32, {(n + 127) / 128, (k + 127) / 128});
+  std::uniform_real_distribution<float> sd(0.5f * scale, 1.5f * scale);
+  for (auto& v : s.span<float>()) v = sd(rng());
+  Fp8Weight out;
+  out.cpu.w = w, out.cpu.scale_inv = s;
+  out.gpu.w = w.to(Device::CUDA), out.gpu.scale_inv = s.to(Device::CUDA);
+  return out;
+}
+
+}  // namespace ms::test

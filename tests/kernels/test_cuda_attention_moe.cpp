@@ -1,0 +1,193 @@
+// The attention and MoE CUDA ops against their CPU ops: GQA and MLA over a shuffled slot cache
+// (prefill with a cached prefix, mixed batches, and long decodes that take the split-KV path),
+// the MLA absorptions (bf16 and fp8 kv_b), router top-k in every routing variant (ids must be
+// identical), and the routed experts (bf16 and fp8 weights).
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace ms {
+namespace {
+using namespace test;
+
+constexpr double kBf16Tol = 1e-2;
+
+// Sequences of (queries, keys); every key gets a distinct random slot of a pool of `pool`.
+ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& seqs, int pool) {
+  ops::AttentionLayout l;
+  l.q_start = {0}, l.kv_start = {0};
+  std::vector<int32_t> slots(static_cast<size_t>(pool));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng());
+  size_t next = 0;
+  for (auto [nq, nk] : seqs) {
+    for (int i = 0; i < nk; ++i) l.kv_slots.push_back(slots.at(next++));
+    l.q_start.push_back(l.q_start.back() + nq);
+    l.kv_start.push_back(l.kv_start.back() + nk);
+  }
+  return l;
+}
+
+const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
+    {{1, 900}, {64, 64}, {20, 300}},           // decode + prefill + prefix-cached extend
+    {{1, 1000}, {1, 4000}, {1, 17}, {1, 2500}},  // a decode batch (split-KV)
+    {{1, 6000}},                                // one long decode (many splits)
+};
+
+TEST(CudaOps, GqaAttentionMatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t Hq = 32, Hkv = 4, D = 128, pool = 7000;
+  Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
+  Tensor kg = gpu(kc), vg = gpu(vc);
+  for (const auto& seqs : kLayouts) {
+    auto layout = make_layout(seqs, int(pool));
+    const int64_t T = layout.q_start.back();
+    Tensor q = randn({T, Hq, D}), ref = Tensor::empty(DType::F32, {T, Hq, D});
+    cpu::attention(q, kc, vc, layout, 0.088f, ref);
+    Tensor out = poisoned(DType::BF16, {T, Hq, D});
+    cuda::attention(gpu(q), kg, vg, layout, 0.088f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << seqs.size() << " sequences, " << T << " queries";
+  }
+}
+
+TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
+  MS_REQUIRE_CUDA();
+  const int64_t H = 16, L = 512, R = 64, pool = 7000;
+  Tensor cache = randn({pool, L + R}), cg = gpu(cache);
+  for (const auto& seqs : kLayouts) {
+    auto layout = make_layout(seqs, int(pool));
+    const int64_t T = layout.q_start.back();
+    // q_rope is a slice of the [T, H, nope + R] projection, as MlaAttention passes it.
+    Tensor ql = randn({T, H, L}, 0.3f), qfull = randn({T, H, 128 + R});
+    Tensor qr = qfull.slice(2, 128, 128 + R);
+    Tensor ref = Tensor::empty(DType::F32, {T, H, L});
+    cpu::mla_attention(ql, qr, cache, layout, 0.06f, ref);
+    Tensor out = poisoned(DType::BF16, {T, H, L});
+    cuda::mla_attention(gpu(ql), gpu(qfull).slice(2, 128, 128 + R), cg, layout, 0.06f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << seqs.size() << " sequences, " << T << " queries";
+  }
+}
+
+TEST(CudaOps, MlaAbsorbAndExpandMatchCpu) {
+  MS_REQUIRE_CUDA();
+  const int H = 16, nope = 128, R = 64, v = 128, L = 512;
+  for (bool fp8 : {false, true}) {
+    for (int64_t T : {1, 37}) {
+      ops::Weight wc, wg;
+      if (fp8) {
+        Fp8Weight f = random_fp8(H * (nope + v), L, 0.01f);
+        wc = f.cpu, wg = f.gpu;
+      } else {
+        Tensor w = randn({H * (nope + v), L}, 0.05f);
+        wc.w = host_as(w, DType::BF16), wg.w = gpu(w);
+      }
+      Tensor q = randn({T, H, nope + R});
+      Tensor qn = q.slice(2, 0, nope);
+      Tensor ql_ref = Tensor::empty(DType::F32, {T, H, L});
+      cpu::mla_absorb_q(qn, wc, nope, v, ql_ref);
+      Tensor ql = poisoned(DType::BF16, {T, H, L});
+      cuda::mla_absorb_q(gpu(q).slice(2, 0, nope), wg, nope, v, ql);
+      EXPECT_LT(rel_error(ql, ql_ref), kBf16Tol) << "absorb fp8=" << fp8 << " T=" << T;
+
+      Tensor lat = randn({T, H, L});
+      Tensor o_ref = Tensor::empty(DType::F32, {T, H, v});
+      cpu::mla_expand_v(lat, wc, nope, v, o_ref);
+      Tensor o = poisoned(DType::BF16, {T, H, v});
+      cuda::mla_expand_v(gpu(lat), wg, nope, v, o);
+      EXPECT_LT(rel_error(o, o_ref), kBf16Tol) << "expand fp8=" << fp8 << " T=" << T;
+    }
+  }
+}
+
+struct RouterCase {
+  const char* name;
+  int64_t E;
+  ops::RouterParams p;
+  bool bias;
+  DType logits_dtype;
+};
+
+ops::RouterParams router(int k, ops::Scoring s, ops::GroupRank g, int ng, int tg, bool renorm, float scale) {
+  ops::RouterParams p;
+  p.top_k = k, p.scoring = s, p.group_rank = g, p.n_group = ng, p.topk_group = tg, p.renormalize = renorm;
+  p.scale = scale;
+  return p;
+}
+
+TEST(CudaOps, MoeTopkMatchesCpuInEveryVariant) {
+  MS_REQUIRE_CUDA();
+  using S = ops::Scoring;
+  using G = ops::GroupRank;
+  const std::vector<RouterCase> cases = {
+      {"qwen3 softmax greedy renorm", 128, router(8, S::Softmax, G::None, 1, 1, true, 1.0f), false, DType::F32},
+      {"qwen2 softmax greedy bf16 logits", 60, router(4, S::Softmax, G::None, 1, 1, false, 1.0f), false, DType::BF16},
+      {"v2 group_limited_greedy", 160, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f), false, DType::F32},
+      {"v3 noaux_tc", 256, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), true, DType::F32},
+  };
+  const int64_t T = 300;
+  for (const auto& c : cases) {
+    Tensor logits = randn({T, c.E}, 2.0f), bias = randn({c.E}, 0.3f);
+    Tensor ids_ref = Tensor::empty(DType::I32, {T, c.p.top_k}), w_ref = Tensor::empty(DType::F32, {T, c.p.top_k});
+    cpu::moe_topk(logits, c.bias ? &bias : nullptr, c.p, ids_ref, w_ref);
+    Tensor ids = poisoned(DType::I32, {T, c.p.top_k}), w = poisoned(DType::F32, {T, c.p.top_k});
+    Tensor bg = bias.to(Device::CUDA);
+    cuda::moe_topk(gpu(logits, c.logits_dtype), c.bias ? &bg : nullptr, c.p, ids, w);
+    Tensor ids_h = ids.to(Device::CPU);
+    int64_t mismatched = 0;
+    for (int64_t i = 0; i < T * c.p.top_k; ++i) mismatched += ids_h.data<int32_t>()[i] != ids_ref.data<int32_t>()[i];
+    EXPECT_EQ(mismatched, 0) << c.name;
+    EXPECT_LT(rel_error(w, w_ref), 1e-5) << c.name;
+  }
+}
+
+ops::ExpertWeights to_device(const ops::ExpertWeights& e) {
+  ops::ExpertWeights out;
+  auto move = [](const std::vector<ops::Weight>& ws, std::vector<ops::Weight>& dst) {
+    for (const auto& w : ws) {
+      ops::Weight g = w;
+      g.w = w.w.to(Device::CUDA);
+      if (w.scale_inv.defined()) g.scale_inv = w.scale_inv.to(Device::CUDA);
+      dst.push_back(g);
+    }
+  };
+  move(e.gate, out.gate), move(e.up, out.up), move(e.down, out.down);
+  return out;
+}
+
+TEST(CudaOps, MoeExpertsMatchCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t T = 100, H = 1024, I = 512, K = 4;
+  const int E = 16;
+  for (bool fp8 : {false, true}) {
+    ops::ExpertWeights ex;
+    for (int e = 0; e < E; ++e) {
+      if (fp8) {
+        ex.gate.push_back(random_fp8(I, H).cpu), ex.up.push_back(random_fp8(I, H).cpu);
+        ex.down.push_back(random_fp8(H, I).cpu);
+      } else {
+        ex.gate.push_back({host_as(randn({I, H}, 0.03f), DType::BF16)});
+        ex.up.push_back({host_as(randn({I, H}, 0.03f), DType::BF16)});
+        ex.down.push_back({host_as(randn({H, I}, 0.04f), DType::BF16)});
+      }
+    }
+    Tensor x = randn({T, H}), ids = Tensor::empty(DType::I32, {T, K}), w = Tensor::empty(DType::F32, {T, K});
+    std::vector<int32_t> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    std::uniform_real_distribution<float> wd(0.1f, 1.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      std::shuffle(all.begin(), all.end(), rng());
+      for (int64_t j = 0; j < K; ++j) ids.data<int32_t>()[t * K + j] = all[j], w.data<float>()[t * K + j] = wd(rng());
+    }
+    Tensor ref = Tensor::empty(DType::F32, {T, H});
+    cpu::moe_experts(x, ids, w, ex, ref);
+    Tensor out = poisoned(DType::BF16, {T, H});
+    cuda::moe_experts(gpu(x), ids.to(Device::CUDA), w.to(Device::CUDA), to_device(ex), out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << "fp8=" << fp8;
+  }
+}
+
+}  // namespace
+}  // namespace ms

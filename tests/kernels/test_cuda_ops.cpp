@@ -1,0 +1,175 @@
+// Every dense and element-wise CUDA op against its CPU op on random inputs of realistic shapes
+// (Qwen3-30B-A3B / DeepSeek-V2-Lite widths), including the strided views the layers pass.
+// Inputs are exact bf16 values; the CPU runs them in f32, the GPU in bf16 with f32 accumulation,
+// so the bound is bf16 output rounding plus accumulation order: relative error below 1e-2.
+#include "cuda_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "layers/rope.h"
+
+namespace ms {
+namespace {
+using namespace test;
+
+constexpr double kBf16Tol = 1e-2;
+
+Tensor cpu_linear(const Tensor& x, const ops::Weight& w, const Tensor* bias) {
+  Tensor out = Tensor::empty(DType::F32, {x.size(0), w.out_features()});
+  cpu::linear(x, w, bias, out);
+  return out;
+}
+
+TEST(CudaOps, LinearBf16MatchesCpu) {
+  MS_REQUIRE_CUDA();
+  for (int64_t T : {1, 77, 512}) {
+    const int64_t K = 2048, N = 768;
+    Tensor x = randn({T, K}), w = randn({N, K}, 0.02f);
+    ops::Weight wc{host_as(w, DType::BF16)}, wg{gpu(w)};
+    Tensor out = poisoned(DType::BF16, {T, N});
+    cuda::linear(gpu(x), wg, nullptr, out);
+    EXPECT_LT(rel_error(out, cpu_linear(x, wc, nullptr)), kBf16Tol) << "T=" << T;
+  }
+}
+
+// Column slices in and out (row stride != width), a bias, and F32 output (router logits).
+TEST(CudaOps, LinearStridedBiasAndF32Output) {
+  MS_REQUIRE_CUDA();
+  const int64_t T = 45, K = 1024, N = 320;
+  Tensor xw = randn({T, K + 64}), w = randn({N, K}, 0.03f), b = randn({N}, 0.5f);
+  Tensor x = xw.slice(1, 32, 32 + K).clone();
+  ops::Weight wc{host_as(w, DType::BF16)}, wg{gpu(w)};
+  Tensor ref = cpu_linear(x, wc, &b);
+  Tensor xg = gpu(xw).slice(1, 32, 32 + K);
+  Tensor big = poisoned(DType::BF16, {T, N + 128}), view = big.slice(1, 64, 64 + N);
+  Tensor bg = b.to(Device::CUDA);
+  cuda::linear(xg, wg, &bg, view);
+  EXPECT_LT(rel_error(host_block(big, 64, N), ref), kBf16Tol);
+  Tensor out32 = poisoned(DType::F32, {T, N});
+  cuda::linear(xg, wg, &bg, out32);
+  EXPECT_LT(rel_error(out32, ref), 1e-3);  // no output rounding: only bf16 inputs, f32 sums
+}
+
+// FP8 128x128 blocks with partial edge blocks in both dimensions.
+TEST(CudaOps, LinearFp8BlocksMatchCpu) {
+  MS_REQUIRE_CUDA();
+  for (int64_t T : {1, 130}) {
+    const int64_t K = 1600, N = 704;
+    Tensor x = randn({T, K});
+    Fp8Weight w = random_fp8(N, K);
+    Tensor out = poisoned(DType::BF16, {T, N});
+    cuda::linear(gpu(x), w.gpu, nullptr, out);
+    EXPECT_LT(rel_error(out, cpu_linear(x, w.cpu, nullptr)), kBf16Tol) << "T=" << T;
+  }
+}
+
+TEST(CudaOps, RmsNormMatchesCpuIncludingColumnSliceInPlace) {
+  MS_REQUIRE_CUDA();
+  const int64_t T = 33, D = 2048;
+  Tensor x = randn({T, D}, 3.0f), w = randn({D}, 0.5f);
+  Tensor ref = Tensor::empty(DType::F32, {T, D});
+  cpu::rms_norm(x, w, 1e-6f, ref);
+  Tensor out = poisoned(DType::BF16, {T, D});
+  cuda::rms_norm(gpu(x), gpu(w), 1e-6f, out);
+  EXPECT_LT(rel_error(out, ref), kBf16Tol);
+  // MLA's latent: the first 512 columns of a [T, 576] row, normalised in place.
+  Tensor kv = randn({T, 576}, 2.0f), w2 = randn({512}, 0.5f);
+  Tensor lat = kv.slice(1, 0, 512).clone(), ref2 = lat.clone();
+  cpu::rms_norm(lat, w2, 1e-6f, ref2);
+  Tensor kvg = gpu(kv), latg = kvg.slice(1, 0, 512);
+  cuda::rms_norm(latg, gpu(w2, DType::F32), 1e-6f, latg);
+  EXPECT_LT(rel_error(host_block(kvg, 0, 512), ref2), kBf16Tol);
+  EXPECT_EQ(rel_error(host_block(kvg, 512, 64), kv.slice(1, 512, 576).clone()), 0.0) << "rope columns changed";
+}
+
+TEST(CudaOps, ElementwiseOpsMatchCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t T = 57, D = 2048, I = 768;
+  Tensor x = randn({T, D}), y = randn({T, D});
+  Tensor xg = gpu(x);
+  cuda::add_inplace(xg, gpu(y));
+  Tensor ref = x.clone();
+  cpu::add_inplace(ref, y);
+  EXPECT_LT(rel_error(xg, ref), kBf16Tol);
+
+  Tensor gu = randn({T, 2 * I}, 2.0f), act_ref = Tensor::empty(DType::F32, {T, I});
+  cpu::silu_and_mul(gu, act_ref);
+  Tensor act = poisoned(DType::BF16, {T, I});
+  cuda::silu_and_mul(gpu(gu), act);
+  EXPECT_LT(rel_error(act, act_ref), kBf16Tol);
+  Tensor act32 = poisoned(DType::BF16, {T, I});
+  cuda::silu_and_mul(gpu(gu, DType::F32), act32);  // f32 in, bf16 out (the MoE path)
+  EXPECT_LT(rel_error(act32, act_ref), kBf16Tol);
+
+  Tensor gate = randn({T, 1}), sx = randn({T, D}), sy = randn({T, D});
+  Tensor sref = sx.clone();
+  cpu::add_sigmoid_gated(sref, gate, sy);
+  Tensor sxg = gpu(sx);
+  cuda::add_sigmoid_gated(sxg, gpu(gate), gpu(sy));
+  EXPECT_LT(rel_error(sxg, sref), kBf16Tol);
+
+  Tensor f = Tensor::empty(DType::F32, {T, D});
+  std::normal_distribution<float> nd;
+  for (auto& v : f.span<float>()) v = nd(rng());
+  Tensor fg = f.to(Device::CUDA), fr = f.clone();
+  cuda::round_to_bf16(fg);
+  cpu::round_to_bf16(fr);
+  EXPECT_EQ(rel_error(fg, fr), 0.0);
+}
+
+TEST(CudaOps, EmbeddingGatherScatterAreExact) {
+  MS_REQUIRE_CUDA();
+  const int64_t V = 1000, H = 512;
+  Tensor table = randn({V, H});
+  std::vector<int32_t> ids(77);
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(V) - 1);
+  for (auto& i : ids) i = pick(rng());
+  Tensor ref = Tensor::empty(DType::F32, {int64_t(ids.size()), H});
+  cpu::embedding(table, ids, ref);
+  Tensor out = poisoned(DType::BF16, {int64_t(ids.size()), H});
+  cuda::embedding(gpu(table), ids, out);
+  EXPECT_EQ(rel_error(out, ref), 0.0);
+
+  std::vector<int32_t> rows = {76, 0, 13, 13, 40};
+  Tensor gref = Tensor::empty(DType::F32, {5, H}), gout = poisoned(DType::BF16, {5, H});
+  cpu::gather_rows(ref, rows, gref);
+  cuda::gather_rows(out, rows, gout);
+  EXPECT_EQ(rel_error(gout, gref), 0.0);
+
+  // KV writes: [T, Hkv, D] rows into a [slots, Hkv, D] cache at scattered slots.
+  Tensor src = randn({6, 4, 128});
+  std::vector<int32_t> slots = {9, 2, 31, 0, 17, 5};
+  Tensor cache_ref = randn({32, 4, 128}), cache = gpu(cache_ref);
+  cpu::scatter_rows(src, slots, cache_ref);
+  cuda::scatter_rows(gpu(src), slots, cache);
+  EXPECT_EQ(rel_error(cache, cache_ref), 0.0);
+}
+
+// NeoX rope on [T, H, D]; interleaved YaRN rope on the roped tail of MLA's q [T, H, 192] and on
+// the latent row viewed as [T, 1, 576].
+TEST(CudaOps, RopeMatchesCpuOnStridedViews) {
+  MS_REQUIRE_CUDA();
+  const int64_t T = 40;
+  std::vector<int32_t> pos(T);
+  std::uniform_int_distribution<int32_t> pp(0, 4000);
+  for (auto& p : pos) p = pp(rng());
+  RopeTable neox = RopeTable::build(128, 1e6, 4096, false).to(Device::CUDA);
+  RopeTable host_neox = RopeTable::build(128, 1e6, 4096, false);
+  Tensor q = randn({T, 32, 128}), qref = q.clone(), qg = gpu(q);
+  cpu::rope(qref, 0, 128, pos, host_neox.cos, host_neox.sin, false);
+  cuda::rope(qg, 0, 128, pos, neox.cos, neox.sin, false);
+  EXPECT_LT(rel_error(qg, qref), kBf16Tol);
+
+  YarnParams y{40, 4096, 32, 1, 0.707, 0.707};
+  RopeTable host_yarn = RopeTable::build(64, 1e4, 4096, true, &y), yarn = host_yarn.to(Device::CUDA);
+  Tensor m = randn({T, 16, 192}), mref = m.clone(), mg = gpu(m);
+  cpu::rope(mref, 128, 64, pos, host_yarn.cos, host_yarn.sin, true);
+  cuda::rope(mg, 128, 64, pos, yarn.cos, yarn.sin, true);
+  EXPECT_LT(rel_error(mg, mref), kBf16Tol);
+  Tensor kv = randn({T, 576}), kvref = kv.clone(), kvg = gpu(kv);
+  Tensor kvref3 = kvref.view({T, 1, 576}), kvg3 = kvg.view({T, 1, 576});
+  cpu::rope(kvref3, 512, 64, pos, host_yarn.cos, host_yarn.sin, true);
+  cuda::rope(kvg3, 512, 64, pos, yarn.cos, yarn.sin, true);
+  EXPECT_LT(rel_error(kvg, kvref), kBf16Tol);
+}
+
+}  // namespace
+}  // namespace ms
