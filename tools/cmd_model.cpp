@@ -1,11 +1,15 @@
-// `moeserve logits` and `moeserve generate`: one sequence through a checkpoint on the CPU.
+// `moeserve logits`: one sequence through a checkpoint. `moeserve generate`: one prompt
+// (--ids) or a file of requests (--input-file) through the batching engine.
 #include <charconv>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "core/check.h"
+#include "generate_input.h"
 #include "io/safetensors.h"
+#include "runtime/engine.h"
 #include "runtime/generator.h"
 
 namespace ms::cli {
@@ -31,12 +35,13 @@ namespace {
 
 struct ModelArgs {
   std::string model_path, ids, dtype = "float32", device = "cpu";
-  void add(CLI::App* cmd) {
+  CLI::Option* add(CLI::App* cmd) {
     cmd->add_option("--model-path", model_path, "Hugging Face checkpoint directory")->required();
-    cmd->add_option("--ids", ids, "prompt token ids, comma-separated (e.g. 5,17,3)")->required();
+    auto* ids_opt = cmd->add_option("--ids", ids, "prompt token ids, comma-separated (e.g. 5,17,3)");
     cmd->add_option("--dtype", dtype, "activation precision on the CPU (the GPU computes in bfloat16)")
         ->check(CLI::IsMember({"float32", "bfloat16"}));
     cmd->add_option("--device", device, "where the model runs")->check(CLI::IsMember({"cpu", "cuda"}));
+    return ids_opt;
   }
   bool bf16() const { return dtype == "bfloat16" && device == "cpu"; }
   std::unique_ptr<CausalLM> load() const {
@@ -51,7 +56,7 @@ void add_logits(CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "write the logits at every prompt position to a safetensors file");
   auto args = std::make_shared<ModelArgs>();
   auto out = std::make_shared<std::string>();
-  args->add(cmd);
+  args->add(cmd)->required();
   cmd->add_option("--out", *out, "output .safetensors file (tensor `logits`, F32 [n, vocab])")->required();
   cmd->callback([args, out] {
     auto ids = parse_ids(args->ids, "--ids");
@@ -62,22 +67,87 @@ void add_logits(CLI::App& app) {
   });
 }
 
+// The engine's flags, with SGLang's names.
+struct RuntimeArgs {
+  EngineOptions engine;
+  std::string policy = "fcfs";
+  bool disable_radix_cache = false;
+  void add(CLI::App* cmd) {
+    SchedulerOptions& s = engine.scheduler;
+    cmd->add_option("--max-total-tokens", engine.max_total_tokens, "KV pool size in tokens (default: from memory)");
+    cmd->add_option("--mem-fraction-static", engine.mem_fraction_static,
+                    "share of device memory for weights and KV when --max-total-tokens is not given");
+    cmd->add_option("--chunked-prefill-size", s.chunked_prefill_size, "largest prefill chunk in tokens (<= 0: off)");
+    cmd->add_option("--max-running-requests", s.max_running_requests, "requests decoded together")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-prefill-tokens", s.max_prefill_tokens, "tokens of one prefill batch")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--schedule-policy", policy, "order of waiting requests")->check(CLI::IsMember({"fcfs", "lpm"}));
+    cmd->add_option("--schedule-conservativeness", s.conservativeness,
+                    "how much decode memory to keep free when admitting requests (lower: more retraction)");
+    cmd->add_flag("--disable-radix-cache", disable_radix_cache, "no prefix reuse across requests");
+    cmd->add_option("--random-seed", engine.random_seed, "seed for requests without their own seed");
+  }
+  EngineOptions options(bool bf16) const {
+    EngineOptions o = engine;
+    o.scheduler.policy = policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
+    o.scheduler.enable_radix_cache = !disable_radix_cache;
+    o.bf16_activations = bf16;
+    return o;
+  }
+};
+
+void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const SamplingParams& defaults,
+                  const std::string& input_file) {
+  MS_CHECK(args.ids.empty() != input_file.empty(), "generate: give exactly one of --ids and --input-file");
+  std::vector<GenerateRequest> requests;
+  std::vector<std::string> where;
+  if (!input_file.empty()) {
+    std::ifstream in(input_file);
+    MS_CHECK(in, "--input-file: cannot open ", input_file);
+    requests = read_generate_requests(in, input_file, defaults, where);
+  } else {
+    requests.push_back({parse_ids(args.ids, "--ids"), defaults});
+    where.push_back("--ids");
+  }
+  auto model = args.load();
+  Engine engine(*model, runtime.options(args.bf16()));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    try {
+      engine.validate(requests[i]);
+    } catch (const Error& e) {
+      fail(where[i], ": ", e.what());
+    }
+  }
+  std::vector<GenerateResult> results = engine.generate(requests);
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (input_file.empty()) std::cout << nlohmann::json{{"output_ids", results[i].output_ids}}.dump() << "\n";
+    else std::cout << result_json(results[i], requests[i].sampling) << "\n";
+  }
+  std::cout << std::flush;
+}
+
 void add_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "generate tokens after a prompt; prints {\"output_ids\": [...]}");
+  auto* cmd = app.add_subcommand("generate",
+                                 "generate after one prompt (--ids; prints {\"output_ids\": [...]}) or after every "
+                                 "request of a JSON-lines file (--input-file; one result line per request, in order)");
   auto args = std::make_shared<ModelArgs>();
-  auto opt = std::make_shared<GenerateOptions>();
+  auto runtime = std::make_shared<RuntimeArgs>();
+  auto opt = std::make_shared<SamplingParams>();
+  auto input_file = std::make_shared<std::string>();
+  opt->temperature = 0.0f;  // greedy unless asked
   args->add(cmd);
+  cmd->add_option("--input-file", *input_file,
+                  "JSON lines: {\"input_ids\": [...], \"max_new_tokens\": N, \"temperature\": T, ...}; the flags "
+                  "below are the defaults of fields a line leaves out");
   cmd->add_option("--max-new-tokens", opt->max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
   cmd->add_option("--temperature", opt->temperature, "0 for greedy")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", opt->seed, "sampling seed");
+  cmd->add_option("--top-p", opt->top_p, "nucleus sampling threshold");
+  cmd->add_option("--top-k", opt->top_k, "sample among the k most likely tokens (<= 0: all)");
+  cmd->add_option_function<uint64_t>("--seed", [opt](const uint64_t& seed) { opt->seed = seed; }, "sampling seed");
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "keep going past the end-of-sequence token");
-  cmd->callback([args, opt] {
-    auto ids = parse_ids(args->ids, "--ids");
-    auto model = args->load();
-    Generator gen(*model, args->bf16());
-    auto out = gen.generate(ids, *opt);
-    std::cout << nlohmann::json{{"output_ids", out}}.dump() << std::endl;
-  });
+  runtime->add(cmd);
+  cmd->callback([args, runtime, opt, input_file] { run_generate(*args, *runtime, *opt, *input_file); });
 }
 
 }  // namespace

@@ -200,6 +200,13 @@ std::vector<StreamOutput> Engine::poll() {
 }
 
 std::vector<GenerateResult> Engine::generate(const std::vector<GenerateRequest>& requests) {
+  for (size_t i = 0; i < requests.size(); ++i) {  // all or none: no half-submitted list
+    try {
+      validate(requests[i]);
+    } catch (const Error& e) {
+      fail("request ", i + 1, ": ", e.what());
+    }
+  }
   std::vector<GenerateResult> results(requests.size());
   std::mutex mu;
   std::condition_variable cv;

@@ -70,6 +70,9 @@ class Engine {
   // Validates and queues a request; throws ms::Error naming the bad field. Without a callback
   // its outputs are kept for poll().
   RequestId submit(GenerateRequest request, StreamCallback on_output = {});
+  // The checks submit makes: ids in the vocabulary, parameters in range, prompt plus
+  // max_new_tokens within the context and the KV pool.
+  void validate(const GenerateRequest& request) const;
   // Ends a waiting or running request; it reports finish_reason abort. Unknown ids are ignored.
   void abort(RequestId id);
 
@@ -94,7 +97,6 @@ class Engine {
   };
   void drain_inbox();
   void report(Request& r);
-  void validate(const GenerateRequest& g) const;
   void loop();
 
   const CausalLM& model_;

@@ -1,0 +1,113 @@
+// `moeserve generate --input-file`: one result line per request in input order, the reference
+// greedy tokens, cached_tokens from the radix cache; `--ids` keeps its one-line output.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "io/safetensors.h"
+#include "test_support.h"
+
+namespace ms {
+namespace {
+
+using nlohmann::json;
+
+class CliGenerateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::fixture_dir("qwen3-moe-tiny");
+    auto ref = WeightStore::open_file(dir_ + "/reference.safetensors");
+    for (int i = 0; i < 4; ++i) {
+      const std::string p = "prompt." + std::to_string(i);
+      prompts_.push_back(test::to_ids(ref.get(p + ".input_ids")));
+      greedy_.push_back(test::to_ids(ref.get(p + ".greedy_ids")));
+      margins_.push_back(ref.get(p + ".greedy_margins").to_vector());
+    }
+  }
+
+  std::string write_lines(const std::vector<json>& lines) {
+    const std::string path = test::temp_dir() + "/prompts.jsonl";
+    std::ofstream out(path);
+    for (const json& j : lines) out << j.dump() << "\n\n";  // blank lines are skipped
+    return path;
+  }
+  // Runs moeserve generate; returns the stdout lines parsed as JSON.
+  std::vector<json> run(const std::string& args, int expect_status = 0) {
+    std::string output;
+    const int status = test::run_command(test::moeserve_bin() + " generate --model-path " + dir_ + " " + args, output);
+    EXPECT_EQ(status, expect_status) << output;
+    last_output_ = output;
+    std::vector<json> lines;
+    if (status != 0) return lines;
+    std::istringstream in(output);
+    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    return lines;
+  }
+  json greedy_line(int i) const {
+    return {{"input_ids", prompts_[size_t(i)]}, {"max_new_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  }
+  void expect_reference(int i, const json& result) const {
+    auto ids = result.at("output_ids").get<std::vector<int32_t>>();
+    ASSERT_EQ(ids.size(), 16u);
+    for (size_t s = 0; s < ids.size() && margins_[size_t(i)][s] >= 1e-3f; ++s)
+      ASSERT_EQ(ids[s], greedy_[size_t(i)][s]) << "prompt " << i << " step " << s;
+  }
+
+  std::string dir_, last_output_;
+  std::vector<std::vector<int32_t>> prompts_, greedy_;
+  std::vector<std::vector<float>> margins_;
+};
+
+TEST_F(CliGenerateTest, InputFileGivesOneResultPerLineInOrder) {
+  std::vector<json> lines;
+  for (int i = 3; i >= 0; --i) lines.push_back(greedy_line(i));
+  lines.push_back(greedy_line(3));  // waits behind the running limit, then reuses the first's prefix
+  lines.push_back({{"input_ids", prompts_[1]}, {"max_new_tokens", 5}, {"temperature", 0.8}, {"top_p", 0.9},
+                   {"top_k", 50}, {"seed", 11}, {"ignore_eos", true}});
+  const std::string file = write_lines(lines);
+  auto out = run("--input-file " + file +
+                 " --max-total-tokens 2048 --chunked-prefill-size 16 --max-running-requests 4 --schedule-policy fcfs");
+  ASSERT_EQ(out.size(), lines.size()) << last_output_;
+  for (int k = 0; k < 4; ++k) {
+    expect_reference(3 - k, out[size_t(k)]);
+    EXPECT_EQ(out[size_t(k)].at("finish_reason"), "length");
+    EXPECT_EQ(out[size_t(k)].size(), 3u) << out[size_t(k)].dump();
+  }
+  expect_reference(3, out[4]);
+  EXPECT_EQ(out[4].at("cached_tokens"), int(prompts_[3].size()) - 1);
+  EXPECT_EQ(out[5].at("output_ids").size(), 5u);
+  // The seeded sampled line gives the same tokens in a run of its own.
+  auto again = run("--input-file " + write_lines({lines[5]}) + " --max-total-tokens 2048");
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].at("output_ids"), out[5].at("output_ids"));
+
+  auto no_cache = run("--input-file " + file + " --max-total-tokens 2048 --max-running-requests 4 --disable-radix-cache");
+  ASSERT_EQ(no_cache.size(), lines.size());
+  EXPECT_EQ(no_cache[4].at("cached_tokens"), 0);
+  expect_reference(3, no_cache[4]);
+}
+
+TEST_F(CliGenerateTest, IdsKeepsItsSingleLineOutput) {
+  std::string ids;
+  for (int32_t t : prompts_[2]) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  auto out = run("--ids " + ids + " --max-new-tokens 16 --ignore-eos");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].size(), 1u) << "only output_ids: " << out[0].dump();
+  expect_reference(2, out[0]);
+}
+
+TEST_F(CliGenerateTest, BadInputNamesTheLine) {
+  const std::string file = write_lines({greedy_line(0), {{"input_ids", {1, 2}}, {"temprature", 1.0}}});
+  run("--input-file " + file, 1);
+  EXPECT_NE(last_output_.find("prompts.jsonl:3"), std::string::npos) << last_output_;
+  EXPECT_NE(last_output_.find("temprature"), std::string::npos) << last_output_;
+  run("--input-file " + write_lines({{{"input_ids", {1, 2}}, {"max_new_tokens", 5000}}}), 1);
+  EXPECT_NE(last_output_.find("context length"), std::string::npos) << last_output_;
+  run("--ids 1,2 --input-file " + file, 1);
+  EXPECT_NE(last_output_.find("exactly one of --ids and --input-file"), std::string::npos) << last_output_;
+}
+
+}  // namespace
+}  // namespace ms
