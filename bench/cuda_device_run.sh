@@ -29,14 +29,16 @@ for stage in "$@"; do
   case $stage in
     tests)
       for t in test_cuda_ops test_cuda_attention_moe test_cuda_fixtures; do
-        timeout 400 "$BIN/$t" > "$OUT/$t.log" 2>&1; echo "$t rc=$?"; grep -E "FAILED|Failure|error|\[ fixture|PASSED" "$OUT/$t.log" | head -60
-      done ;;
-    ceilings) timeout 120 "$BIN/ms_cuda_ceilings" | tee "$OUT/ceilings.json" ;;
+        echo "===== $t" >> "$OUT/tests.log"
+        timeout 400 "$BIN/$t" >> "$OUT/tests.log" 2>&1; echo "$t rc=$?"
+      done
+      grep -E "FAILED|Failure|error|Error|\[ fixture|PASSED|SKIPPED \]" "$OUT/tests.log" | head -80 ;;
+    ceilings) timeout 120 "$BIN/ms_cuda_ceilings" 2>&1 | tee "$OUT/ceilings.json" ;;
     bench-qwen)
       timeout 300 "$BIN/moeserve" make-random-model --shape qwen3-30b-a3b --layers 12 /tmp/qwen3 > /dev/null
-      bench /tmp/qwen3 1 4096 8; bench /tmp/qwen3 8 1024 8; bench /tmp/qwen3 64 256 8; rm -rf /tmp/qwen3 ;;
+      cp /tmp/qwen3/config.json "$OUT/qwen3-config.json"; bench /tmp/qwen3 1 4096 8; bench /tmp/qwen3 8 1024 8; bench /tmp/qwen3 64 256 8; rm -rf /tmp/qwen3 ;;
     bench-v2lite)
       timeout 300 "$BIN/moeserve" make-random-model --shape deepseek-v2-lite --layers 9 /tmp/v2lite > /dev/null
-      bench /tmp/v2lite 1 4096 8; bench /tmp/v2lite 8 1024 8; bench /tmp/v2lite 64 256 8; rm -rf /tmp/v2lite ;;
+      cp /tmp/v2lite/config.json "$OUT/v2lite-config.json"; bench /tmp/v2lite 1 4096 8; bench /tmp/v2lite 8 1024 8; bench /tmp/v2lite 64 256 8; rm -rf /tmp/v2lite ;;
   esac
 done

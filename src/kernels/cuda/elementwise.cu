@@ -2,6 +2,8 @@
 // gathers and KV-cache scatters, rotary embedding. Rows may be strided (a column slice, a
 // [T, H, D] view) exactly as the CPU ops allow: row r starts at r * strides[0], and the rest of
 // the row is contiguous. Arithmetic is f32; the result is rounded once into the output dtype.
+#include <algorithm>
+
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -125,6 +127,19 @@ void copy_rows(const Tensor& src, Rows s, const int32_t* src_rows, Tensor& dst, 
   MS_CUDA_LAUNCHED("copy_rows_kernel");
 }
 
+// dst[rows_of_group[g]] += src[srcs[offsets[g]]] + ... + src[srcs[offsets[g + 1] - 1]], one rounding.
+template <class TD, class TS>
+__global__ void index_add_kernel(TD* dst, int64_t ds, const TS* src, int64_t ss, const int32_t* group_row,
+                                 const int32_t* offsets, const int32_t* srcs, int64_t groups, int64_t W) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= groups * W) return;
+  int64_t g = idx / W, i = idx % W;
+  TD* d = dst + int64_t(group_row[g]) * ds + i;
+  float acc = load_f(d);
+  for (int32_t k = offsets[g]; k < offsets[g + 1]; ++k) acc += load_f(src + int64_t(srcs[k]) * ss + i);
+  store_f(d, acc);
+}
+
 void check_indices(std::span<const int32_t> idx, int64_t limit, const char* what) {
   for (int32_t i : idx) MS_CHECK(i >= 0 && i < limit, what, " ", i, " outside 0..", limit - 1);
 }
@@ -211,6 +226,30 @@ void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) 
   if (rows.empty()) return;
   Tensor idx = upload_i32(rows);
   copy_rows(src, s, idx.data<int32_t>(), out, o, nullptr, o.n, o.width);
+}
+
+// Sources are grouped by destination row on the host (keeping their order, as the CPU op adds
+// them), so every destination element is read, summed in f32 and written by one thread.
+void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src) {
+  Rows d = rows_of(dst, "index_add_rows", "destination"), s = rows_of(src, "index_add_rows", "source");
+  MS_CHECK(s.n == int64_t(rows.size()) && s.width == d.width, "index_add_rows: ", src.describe(), " into ",
+           dst.describe());
+  check_indices(rows, d.n, "index_add_rows: row");
+  if (rows.empty() || d.width == 0) return;
+  std::vector<int32_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return rows[a] < rows[b]; });
+  std::vector<int32_t> group_row, offsets;
+  for (size_t k = 0; k < order.size(); ++k)
+    if (k == 0 || rows[order[k]] != rows[order[k - 1]]) group_row.push_back(rows[order[k]]), offsets.push_back(int32_t(k));
+  offsets.push_back(int32_t(order.size()));
+  Tensor g_row = upload_i32(group_row), g_off = upload_i32(offsets), g_src = upload_i32(order);
+  const int64_t groups = int64_t(group_row.size());
+  MS_FLOAT_DISPATCH(dst.dtype(), TD, MS_FLOAT_DISPATCH(src.dtype(), TS,
+    index_add_kernel<TD, TS><<<blocks_for(groups * d.width, kThreads), kThreads, 0, stream()>>>(
+        dst.data<TD>(), d.stride, src.data<TS>(), s.stride, g_row.data<int32_t>(), g_off.data<int32_t>(),
+        g_src.data<int32_t>(), groups, d.width)));
+  MS_CUDA_LAUNCHED("index_add_kernel");
 }
 
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) {
