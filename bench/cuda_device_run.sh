@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), from the repository root: the CUDA tests and/or the
-# issue-6 benchmarks, with logs under $OUT. Binaries come prebuilt in BIN (a carried folder) or
-# are built here when BIN holds none.
-#   bench/cuda_device_run.sh BIN tests|ceilings|bench-qwen|bench-v2lite ...
+# issue-6 benchmarks, with logs under $OUT. Binaries are taken from BIN when it holds them (an
+# earlier call on the same machine), else built from the source tree SRC (a carried
+# `git archive HEAD`, so that uncommitted work in the checkout stays out) into BIN.
+#   bench/cuda_device_run.sh SRC BIN tests|ceilings|bench-qwen|bench-v2lite ...
 set -uo pipefail
-BIN=$1; shift
+SRC=$1 BIN=$2; shift 2
 OUT=${OUT:-/tmp/out}
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
-# The tests find the fixtures at the absolute path they were built with.
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+# The tests find the fixtures at the absolute path they were built with: SRC/tests/fixtures.
+[ -e "$SRC/tests/fixtures" ] || ln -s "$PWD/tests/fixtures" "$SRC/tests/fixtures"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 if [ ! -x "$BIN/moeserve" ]; then
-  cmake -S . -B /tmp/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  # The carried Debian packages (.deps) keep their /usr prefix in the pkg-config files.
+  command -v pkg-config > /dev/null || export PATH=$PATH:$PWD/.deps/usr/bin
+  sed -i "s|^prefix=/usr\$|prefix=$PWD/.deps/usr|" .deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc .deps/usr/share/pkgconfig/*.pc
+  export PKG_CONFIG_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu/pkgconfig:$PWD/.deps/usr/share/pkgconfig
+  cmake -S "$SRC" -B /tmp/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DCMAKE_PREFIX_PATH=$PWD/.deps/usr -DCMAKE_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu \
     > "$OUT/build.log" 2>&1
   cmake --build /tmp/build -j16 --target moeserve test_cuda_ops test_cuda_attention_moe test_cuda_fixtures \
     ms_cuda_ceilings >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-  BIN=/tmp/build/bin; mkdir -p $BIN
+  mkdir -p "$BIN"
   cp /tmp/build/moeserve /tmp/build/ms_cuda_ceilings /tmp/build/tests/test_cuda_* $BIN/
 fi
 bench() {  # model batch input output
