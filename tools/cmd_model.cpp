@@ -1,6 +1,7 @@
 // `moeserve logits`: one sequence through a checkpoint. `moeserve generate`: one prompt
 // (--ids) or a file of requests (--input-file) through the batching engine.
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include "core/check.h"
 #include "generate_input.h"
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 
@@ -97,32 +99,49 @@ struct RuntimeArgs {
   }
 };
 
+// The checkpoint's tokenizer when it has one: "text" lines and stop strings need it.
+std::unique_ptr<Tokenizer> load_tokenizer_if_present(const std::string& model_path) {
+  if (!std::filesystem::exists(std::filesystem::path(model_path) / "tokenizer.json")) return nullptr;
+  return std::make_unique<Tokenizer>(Tokenizer::load(model_path));
+}
+
+std::vector<InputLine> read_inputs(const ModelArgs& args, const SamplingParams& defaults, const std::string& input_file,
+                                   const Tokenizer* tokenizer) {
+  if (input_file.empty()) return {{{parse_ids(args.ids, "--ids"), defaults}, "--ids", false}};
+  std::ifstream in(input_file);
+  MS_CHECK(in, "--input-file: cannot open ", input_file);
+  TextEncoder encode;
+  if (tokenizer) encode = [tokenizer](const std::string& text) { return tokenizer->encode(text, true); };
+  return read_generate_requests(in, input_file, defaults, encode);
+}
+
 void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const SamplingParams& defaults,
                   const std::string& input_file) {
   MS_CHECK(args.ids.empty() != input_file.empty(), "generate: give exactly one of --ids and --input-file");
-  std::vector<GenerateRequest> requests;
-  std::vector<std::string> where;
-  if (!input_file.empty()) {
-    std::ifstream in(input_file);
-    MS_CHECK(in, "--input-file: cannot open ", input_file);
-    requests = read_generate_requests(in, input_file, defaults, where);
-  } else {
-    requests.push_back({parse_ids(args.ids, "--ids"), defaults});
-    where.push_back("--ids");
-  }
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_if_present(args.model_path);
+  std::vector<InputLine> inputs = read_inputs(args, defaults, input_file, tokenizer.get());
+  Detokenizer detok;
+  if (tokenizer) detok = [t = tokenizer.get()](std::span<const int32_t> ids) { return t->decode(ids); };
   auto model = args.load();
-  Engine engine(*model, runtime.options(args.bf16()));
-  for (size_t i = 0; i < requests.size(); ++i) {
+  Engine engine(*model, runtime.options(args.bf16()), detok);
+  std::vector<GenerateRequest> requests;
+  for (const InputLine& line : inputs) {
     try {
-      engine.validate(requests[i]);
+      engine.validate(line.request);
     } catch (const Error& e) {
-      fail(where[i], ": ", e.what());
+      fail(line.where, ": ", e.what());
     }
+    requests.push_back(line.request);
   }
   std::vector<GenerateResult> results = engine.generate(requests);
   for (size_t i = 0; i < results.size(); ++i) {
-    if (input_file.empty()) std::cout << nlohmann::json{{"output_ids", results[i].output_ids}}.dump() << "\n";
-    else std::cout << result_json(results[i], requests[i].sampling) << "\n";
+    if (input_file.empty()) {
+      std::cout << nlohmann::json{{"output_ids", results[i].output_ids}}.dump() << "\n";
+      continue;
+    }
+    std::string text;
+    if (inputs[i].text) text = tokenizer->decode(results[i].output_ids);
+    std::cout << result_json(results[i], requests[i].sampling, inputs[i].text ? &text : nullptr) << "\n";
   }
   std::cout << std::flush;
 }
@@ -138,8 +157,8 @@ void add_generate(CLI::App& app) {
   opt->temperature = 0.0f;  // greedy unless asked
   args->add(cmd);
   cmd->add_option("--input-file", *input_file,
-                  "JSON lines: {\"input_ids\": [...], \"max_new_tokens\": N, \"temperature\": T, ...}; the flags "
-                  "below are the defaults of fields a line leaves out");
+                  "JSON lines: {\"input_ids\": [...] or \"text\": \"...\" (with a tokenizer.json), \"max_new_tokens\": N, "
+                  "\"temperature\": T, \"stop\": [...], ...}; the flags below are the defaults of fields a line leaves out");
   cmd->add_option("--max-new-tokens", opt->max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
   cmd->add_option("--temperature", opt->temperature, "0 for greedy")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", opt->top_p, "nucleus sampling threshold");

@@ -57,13 +57,15 @@ void read_sampling(const json& j, SamplingParams& p, const std::string& where) {
 
 }  // namespace
 
-std::vector<GenerateRequest> read_generate_requests(std::istream& in, const std::string& source,
-                                                    const SamplingParams& defaults, std::vector<std::string>& where_out) {
-  std::vector<GenerateRequest> out;
+std::vector<InputLine> read_generate_requests(std::istream& in, const std::string& source,
+                                              const SamplingParams& defaults, const TextEncoder& encode) {
+  std::vector<InputLine> out;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt(source, ":", number);
+    InputLine item;
+    item.where = fmt(source, ":", number);
+    const std::string& where = item.where;
     json j;
     try {
       j = json::parse(line);
@@ -71,22 +73,29 @@ std::vector<GenerateRequest> read_generate_requests(std::istream& in, const std:
       fail(where, ": not JSON: ", e.what());
     }
     MS_CHECK(j.is_object(), where, ": expected a JSON object per line");
-    MS_CHECK(!j.contains("text"), where, ": \"text\" needs a tokenizer, which this command does not load; give input_ids");
-    MS_CHECK(j.contains("input_ids"), where, ": missing \"input_ids\"");
-    GenerateRequest g;
+    MS_CHECK(j.contains("input_ids") != j.contains("text"), where, ": give exactly one of \"input_ids\" and \"text\"");
+    GenerateRequest& g = item.request;
     g.sampling = defaults;
-    read_field(j, "input_ids", g.input_ids, where);
-    MS_CHECK(!g.input_ids.empty(), where, ": \"input_ids\" is empty");
+    if (j.contains("text")) {
+      MS_CHECK(encode, where, ": \"text\" needs a tokenizer.json in --model-path; give input_ids");
+      std::string text;
+      read_field(j, "text", text, where);
+      g.input_ids = encode(text);
+      item.text = true;
+    } else {
+      read_field(j, "input_ids", g.input_ids, where);
+    }
+    MS_CHECK(!g.input_ids.empty(), where, ": the prompt is empty");
     read_sampling(j, g.sampling, where);
-    out.push_back(std::move(g));
-    where_out.push_back(where);
+    out.push_back(std::move(item));
   }
   MS_CHECK(!out.empty(), source, ": no requests");
   return out;
 }
 
-std::string result_json(const GenerateResult& r, const SamplingParams& params) {
+std::string result_json(const GenerateResult& r, const SamplingParams& params, const std::string* text) {
   json j;
+  if (text) j["text"] = *text;
   j["output_ids"] = r.output_ids;
   j["finish_reason"] = finish_reason_name(r.finish_reason);
   j["cached_tokens"] = r.cached_tokens;

