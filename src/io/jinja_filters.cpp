@@ -1,6 +1,7 @@
 // Jinja2's built-in filters and tests used by chat templates.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/check.h"
 #include "io/jinja.h"
@@ -177,48 +178,12 @@ Value filter_number(const std::string& name, const Value& v, std::vector<Value>&
   return dflt.is_undefined() ? Value(0.0) : dflt;
 }
 
-}  // namespace
-
-Value apply_filter(const std::string& name, const Value& v, std::vector<Value>& args, Kwargs& kwargs) {
+// Filters over lists, strings (as lists of characters) and dicts; nullopt for other names.
+std::optional<Value> apply_sequence_filter(const std::string& name, const Value& v, std::vector<Value>& args,
+                                           Kwargs& kwargs) {
   Value out;
   std::vector<Value> none;
   Kwargs nokw;
-  if (name == "safe") return v;
-  if (name == "tojson") return filter_tojson(v, args, kwargs);
-  if (name == "default" || name == "d") {
-    bool boolean = flag(arg(args, kwargs, 1, "boolean"), false);
-    bool use = v.is_undefined() || (boolean && !v.truthy());
-    return use ? (args.empty() ? Value(std::string()) : args[0]) : v;
-  }
-  if (name == "length" || name == "count") {
-    if (v.is_string()) return Value(int64_t(utf8::count_code_points(v.as_string())));
-    if (v.is_array()) return Value(int64_t(v.as_array().size()));
-    if (v.is_object()) return Value(int64_t(v.as_object().items.size()));
-    if (v.is_undefined()) return Value(int64_t(0));
-    fail("filter length: a ", v.type_name(), " has no length");
-  }
-  if (name == "string") return Value(v.str());
-  if (name == "int" || name == "float") return filter_number(name, v, args, kwargs);
-  if (name == "abs") {
-    MS_CHECK(v.is_number(), "filter abs needs a number");
-    return v.is_int() ? Value(v.as_int() < 0 ? -v.as_int() : v.as_int()) : Value(std::fabs(v.as_number()));
-  }
-  if (name == "round") {
-    MS_CHECK(v.is_number(), "filter round needs a number");
-    Value p = arg(args, kwargs, 0, "precision");
-    double scale = std::pow(10.0, p.is_int() ? double(p.as_int()) : 0.0);
-    return Value(std::round(v.as_number() * scale) / scale);
-  }
-  if (name == "trim" || name == "upper" || name == "lower" || name == "title" || name == "capitalize" ||
-      name == "replace") {
-    MS_CHECK(v.is_string(), "filter ", name, " needs a string, got ", v.type_name());
-    call_method(v, name == "trim" ? "strip" : name, args, kwargs, out);
-    return out;
-  }
-  if (name == "indent") {
-    MS_CHECK(v.is_string(), "filter indent needs a string");
-    return filter_indent(v, args, kwargs);
-  }
   if (name == "first" || name == "last") {
     Array items = as_list(v, name.c_str());
     return items.empty() ? Value() : name == "first" ? items.front() : items.back();
@@ -277,6 +242,52 @@ Value apply_filter(const std::string& name, const Value& v, std::vector<Value>& 
     });
     return *it;
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Value apply_filter(const std::string& name, const Value& v, std::vector<Value>& args, Kwargs& kwargs) {
+  Value out;
+  std::vector<Value> none;
+  Kwargs nokw;
+  if (name == "safe") return v;
+  if (name == "tojson") return filter_tojson(v, args, kwargs);
+  if (name == "default" || name == "d") {
+    bool boolean = flag(arg(args, kwargs, 1, "boolean"), false);
+    bool use = v.is_undefined() || (boolean && !v.truthy());
+    return use ? (args.empty() ? Value(std::string()) : args[0]) : v;
+  }
+  if (name == "length" || name == "count") {
+    if (v.is_string()) return Value(int64_t(utf8::count_code_points(v.as_string())));
+    if (v.is_array()) return Value(int64_t(v.as_array().size()));
+    if (v.is_object()) return Value(int64_t(v.as_object().items.size()));
+    if (v.is_undefined()) return Value(int64_t(0));
+    fail("filter length: a ", v.type_name(), " has no length");
+  }
+  if (name == "string") return Value(v.str());
+  if (name == "int" || name == "float") return filter_number(name, v, args, kwargs);
+  if (name == "abs") {
+    MS_CHECK(v.is_number(), "filter abs needs a number");
+    return v.is_int() ? Value(v.as_int() < 0 ? -v.as_int() : v.as_int()) : Value(std::fabs(v.as_number()));
+  }
+  if (name == "round") {
+    MS_CHECK(v.is_number(), "filter round needs a number");
+    Value p = arg(args, kwargs, 0, "precision");
+    double scale = std::pow(10.0, p.is_int() ? double(p.as_int()) : 0.0);
+    return Value(std::round(v.as_number() * scale) / scale);
+  }
+  if (name == "trim" || name == "upper" || name == "lower" || name == "title" || name == "capitalize" ||
+      name == "replace") {
+    MS_CHECK(v.is_string(), "filter ", name, " needs a string, got ", v.type_name());
+    call_method(v, name == "trim" ? "strip" : name, args, kwargs, out);
+    return out;
+  }
+  if (name == "indent") {
+    MS_CHECK(v.is_string(), "filter indent needs a string");
+    return filter_indent(v, args, kwargs);
+  }
+  if (auto seq = apply_sequence_filter(name, v, args, kwargs)) return *seq;
   fail("unsupported filter '", name, "'");
 }
 
