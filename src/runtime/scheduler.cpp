@@ -11,6 +11,7 @@ namespace ms {
 // SGLang's defaults: keep 70% of each running request's remaining tokens free at first, relax
 // to 10% over 600 decode steps while nothing is retracted, and go back up after a retraction.
 static constexpr double kInitTokenRatio = 0.7, kMinTokenRatio = 0.1, kRatioDecaySteps = 600;
+static constexpr size_t kLpmMaxQueue = 128;
 
 Scheduler::Scheduler(const SchedulerOptions& o, int64_t num_slots, int context_len)
     : options_(o), kv_(num_slots, std::max(o.max_running_requests, 1), context_len, o.enable_radix_cache) {
@@ -77,7 +78,9 @@ ScheduleBatch Scheduler::next_batch() {
 std::vector<Request*> Scheduler::waiting_in_policy_order() {
   std::vector<Request*> order(waiting_.begin(), waiting_.end());
   RadixCache* radix = kv_.radix();
-  if (options_.policy != SchedulePolicy::Lpm || !radix || order.size() < 2) return order;
+  // Matching every waiting prompt each step costs O(queue x prompt); past a long queue lpm
+  // falls back to fcfs, as SGLang does.
+  if (options_.policy != SchedulePolicy::Lpm || !radix || order.size() < 2 || order.size() > kLpmMaxQueue) return order;
   std::unordered_map<const Request*, size_t> matched;
   for (const Request* r : order) {
     const std::vector<int32_t> ids = r->fill_ids();
