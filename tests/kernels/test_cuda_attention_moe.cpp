@@ -39,7 +39,7 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
 
 TEST(CudaOps, GqaAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
-  const int64_t Hq = 32, Hkv = 4, D = 128, pool = 7000;
+  const int64_t Hq = 32, Hkv = 4, D = 128, pool = 8000;
   Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
   Tensor kg = gpu(kc), vg = gpu(vc);
   for (const auto& seqs : kLayouts) {
@@ -55,7 +55,7 @@ TEST(CudaOps, GqaAttentionMatchesCpu) {
 
 TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
   MS_REQUIRE_CUDA();
-  const int64_t H = 16, L = 512, R = 64, pool = 7000;
+  const int64_t H = 16, L = 512, R = 64, pool = 8000;
   Tensor cache = randn({pool, L + R}), cg = gpu(cache);
   for (const auto& seqs : kLayouts) {
     auto layout = make_layout(seqs, int(pool));

@@ -143,6 +143,24 @@ TEST(CudaOps, EmbeddingGatherScatterAreExact) {
   EXPECT_EQ(rel_error(cache, cache_ref), 0.0);
 }
 
+// dst[rows[i]] += src[i] with repeated rows (expert outputs returning to their tokens); the
+// expectation is computed here, since every source of a row must be summed.
+TEST(CudaOps, IndexAddRowsSumsRepeatedRows) {
+  MS_REQUIRE_CUDA();
+  const int64_t N = 40, W = 2048;
+  std::vector<int32_t> rows = {3, 17, 3, 0, 39, 17, 3, 8};
+  Tensor dst = randn({N, W}), src = randn({int64_t(rows.size()), W});
+  Tensor expect = dst.clone();
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t c = 0; c < W; ++c) expect.data<float>()[rows[i] * W + c] += src.data<float>()[int64_t(i) * W + c];
+  Tensor dg = gpu(dst);
+  cuda::index_add_rows(dg, rows, gpu(src, DType::F32));
+  EXPECT_LT(rel_error(dg, expect), kBf16Tol);
+  Tensor d32 = gpu(dst, DType::F32);
+  cuda::index_add_rows(d32, rows, gpu(src));
+  EXPECT_LT(rel_error(d32, expect), 1e-6);
+}
+
 // NeoX rope on [T, H, D]; interleaved YaRN rope on the roped tail of MLA's q [T, H, 192] and on
 // the latent row viewed as [T, 1, 576].
 TEST(CudaOps, RopeMatchesCpuOnStridedViews) {
