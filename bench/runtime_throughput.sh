@@ -4,7 +4,7 @@
 # request, so the radix cache does not help) and generates NEW_TOKENS tokens, greedy, EOS
 # ignored. The time is the whole command (model load included; a tiny fixture loads in ms),
 # the best of REPEAT runs (default 5), since a shared machine adds noise, never speed.
-# Usage: [PROMPT_LEN=32] [NEW_TOKENS=128] [REPEAT=5] bench/runtime_throughput.sh MOESERVE_BIN MODEL_DIR [N...]
+# Usage: [PROMPT_LEN=32] [NEW_TOKENS=128] [REPEAT=5] [DEVICE=cpu|cuda] bench/runtime_throughput.sh MOESERVE_BIN MODEL_DIR [N...]
 set -euo pipefail
 bin=$1 model=$2
 shift 2
@@ -25,7 +25,7 @@ PY
   for _ in $(seq "$repeat"); do
     start=$(date +%s.%N)
     "$bin" generate --model-path "$model" --input-file "$tmp/in.jsonl" --max-total-tokens $((n * (prompt_len + new_tokens))) \
-      --max-running-requests "$n" > "$tmp/out.jsonl"
+      --max-running-requests "$n" --device "${DEVICE:-cpu}" > "$tmp/out.jsonl"
     end=$(date +%s.%N)
     times+=("$(python3 -c "print($end - $start)")")
   done
