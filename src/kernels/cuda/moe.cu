@@ -15,9 +15,17 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
+// Shared-experts fusion (RouterParams::fused_shared_replicas) is being added to ops.h alongside
+// this backend; read it when the interface has it, so both sides can land in either order.
+template <class P>
+int fused_shared_replicas(const P& p) {
+  if constexpr (requires { p.fused_shared_replicas; }) return p.fused_shared_replicas;
+  else return 0;
+}
+
 struct TopkParams {
   int64_t T, E, ls;
-  int K, scoring, group_rank, n_group, topk_group, renormalize;
+  int K, C, fused, scoring, group_rank, n_group, topk_group, renormalize;  // C: columns (K + fused slot)
   float scale;
   const float* bias;
 };
@@ -84,8 +92,8 @@ __global__ void topk_kernel(const TL* logits, TopkParams p, int32_t* ids, float*
     __syncwarp();
   }
   float wsum = 0.f;
-  int32_t* id_out = ids + t * p.K;
-  float* w_out = weights + t * p.K;
+  int32_t* id_out = ids + t * p.C;
+  float* w_out = weights + t * p.C;
   for (int j = 0; j < p.K; ++j) {
     float v = -INFINITY;
     int idx = -1;
@@ -105,6 +113,7 @@ __global__ void topk_kernel(const TL* logits, TopkParams p, int32_t* ids, float*
   if (lane == 0) {
     const float norm = p.renormalize ? 1.0f / (wsum + 1e-20f) : 1.0f;
     for (int j = 0; j < p.K; ++j) w_out[j] *= norm * p.scale;
+    if (p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
   }
 }
 
@@ -112,7 +121,10 @@ __global__ void topk_kernel(const TL* logits, TopkParams p, int32_t* ids, float*
 
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights) {
   const int64_t T = logits.size(0), E = logits.size(1), K = p.top_k;
-  MS_CHECK(ids.size(1) == K && weights.size(1) == K && K <= E, "moe_topk: top_k ", K, " of ", E, " experts");
+  const int fused = fused_shared_replicas(p);
+  const int64_t C = K + (fused > 0 ? 1 : 0);
+  MS_CHECK(ids.size(1) == C && weights.size(1) == C && K <= E, "moe_topk: top_k ", K, " of ", E, " experts into ",
+           ids.describe());
   MS_CHECK(p.group_rank == GroupRank::None || (E % p.n_group == 0 && p.topk_group <= p.n_group && p.n_group <= 32),
            "moe_topk: ", E, " experts do not split into ", p.n_group, " groups (at most 32)");
   check_device_tensor(logits, {DType::F32, DType::BF16}, "moe_topk", "logits");
@@ -126,7 +138,7 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
     MS_CHECK(bias->numel() == E && bias->is_contiguous(), "moe_topk: bias ", bias->describe(), " for ", E, " experts");
   }
   if (T == 0) return;
-  TopkParams tp{T, E, logits.strides()[0], int(K), int(p.scoring), int(p.group_rank), p.n_group, p.topk_group,
+  TopkParams tp{T, E, logits.strides()[0], int(K), int(C), fused, int(p.scoring), int(p.group_rank), p.n_group, p.topk_group,
                 int(p.renormalize), p.scale, bias ? bias->data<float>() : nullptr};
   const size_t smem = size_t(kWarpsPerBlock) * 2 * E * sizeof(float);
   MS_CHECK(smem <= 48 * 1024, "moe_topk: ", E, " experts exceed the kernel's shared memory");

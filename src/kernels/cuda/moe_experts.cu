@@ -9,6 +9,14 @@
 namespace ms::cuda {
 namespace {
 
+// Expert parallelism (ExpertWeights::first_expert / total()) is being added to ops.h alongside
+// this backend; read it when the interface has it, so both sides can land in either order.
+template <class X>
+std::pair<int, int> local_range(const X& e) {
+  if constexpr (requires { e.first_expert; }) return {e.first_expert, e.total()};
+  else return {0, e.num_experts()};
+}
+
 __global__ void gather_tokens(const bf16* x, int64_t xs, const int32_t* token_of_row, int64_t rows, int64_t H,
                               bf16* xe) {
   int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -17,7 +25,7 @@ __global__ void gather_tokens(const bf16* x, int64_t xs, const int32_t* token_of
   xe[idx] = x[int64_t(token_of_row[r]) * xs + i];
 }
 
-// out[t] = sum_j weights[t, j] * ye[row_of[t, j]], j = 0..K-1.
+// out[t] = sum_j weights[t, j] * ye[row_of[t, j]], j = 0..K-1 (pairs of other ranks' experts: row -1).
 template <class TO>
 __global__ void combine_experts(const float* ye, const int32_t* row_of, const float* weights, int64_t T, int K,
                                 int64_t H, TO* out, int64_t os) {
@@ -25,31 +33,37 @@ __global__ void combine_experts(const float* ye, const int32_t* row_of, const fl
   if (idx >= T * H) return;
   int64_t t = idx / H, i = idx % H;
   float acc = 0.f;
-  for (int j = 0; j < K; ++j) acc += weights[t * K + j] * ye[int64_t(row_of[t * K + j]) * H + i];
+  for (int j = 0; j < K; ++j) {
+    const int32_t r = row_of[t * K + j];
+    if (r >= 0) acc += weights[t * K + j] * ye[int64_t(r) * H + i];
+  }
   store_f(out + t * os + i, acc);
 }
 
-// The pairs (t, j) ordered by expert: token_of_row[r] is the token of permuted row r,
-// row_of[t * K + j] the permuted row of pair (t, j), offsets[e] the first row of expert e.
+// The pairs (t, j) of this rank's experts [first, first + E) ordered by expert: token_of_row[r]
+// is the token of permuted row r, row_of[t * K + j] the permuted row of pair (t, j) (-1 for
+// another rank's expert), offsets[e] the first row of local expert e.
 struct Permutation {
   std::vector<int32_t> token_of_row, row_of;
   std::vector<int64_t> offsets;
 };
 
-Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K, int E) {
+Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K, int first, int E, int total) {
   Permutation p;
   p.offsets.assign(size_t(E) + 1, 0);
   for (int32_t e : ids) {
-    MS_CHECK(e >= 0 && e < E, "moe: expert id ", e, " outside 0..", E - 1);
-    ++p.offsets[size_t(e) + 1];
+    MS_CHECK(e >= 0 && e < total, "moe: expert id ", e, " outside 0..", total - 1);
+    if (e >= first && e < first + E) ++p.offsets[size_t(e - first) + 1];
   }
   for (int e = 0; e < E; ++e) p.offsets[e + 1] += p.offsets[e];
   std::vector<int64_t> next(p.offsets.begin(), p.offsets.end() - 1);
-  p.token_of_row.resize(ids.size());
-  p.row_of.resize(ids.size());
+  p.token_of_row.resize(size_t(p.offsets[E]));
+  p.row_of.assign(ids.size(), -1);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < K; ++j) {
-      const int64_t r = next[ids[t * K + j]]++;
+      const int32_t e = ids[t * K + j];
+      if (e < first || e >= first + E) continue;
+      const int64_t r = next[e - first]++;
       p.token_of_row[r] = int32_t(t);
       p.row_of[t * K + j] = int32_t(r);
     }
@@ -73,15 +87,18 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (T == 0) return;
   std::vector<int32_t> host_ids(size_t(T * K));
   download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));
-  Permutation perm = sort_by_expert(host_ids, T, K, E);
-  const int64_t rows = T * K, I = experts.gate[0].out_features();
+  const auto [first, total] = local_range(experts);
+  Permutation perm = sort_by_expert(host_ids, T, K, first, E, total);
+  const int64_t rows = perm.offsets[E], I = experts.gate[0].out_features();
   Tensor token_of_row = upload_i32(perm.token_of_row), row_of = upload_i32(perm.row_of);
   const int threads = 256;
   Tensor xe = scratch(DType::BF16, {rows, H});
-  gather_tokens<<<blocks_for(rows * H, threads), threads, 0, stream()>>>(x.data<bf16>(), x.strides()[0],
-                                                                         token_of_row.data<int32_t>(), rows, H,
-                                                                         xe.data<bf16>());
-  MS_CUDA_LAUNCHED("gather_tokens");
+  if (rows > 0) {  // none when every pair belongs to another rank's experts
+    gather_tokens<<<blocks_for(rows * H, threads), threads, 0, stream()>>>(x.data<bf16>(), x.strides()[0],
+                                                                           token_of_row.data<int32_t>(), rows, H,
+                                                                           xe.data<bf16>());
+    MS_CUDA_LAUNCHED("gather_tokens");
+  }
   Tensor gu = scratch(DType::F32, {rows, 2 * I}), act = scratch(DType::BF16, {rows, I});
   Tensor ye = scratch(DType::F32, {rows, H});
   for (int e = 0; e < E; ++e) {
