@@ -105,24 +105,23 @@ ForwardContext context(const CausalLM& m, const ForwardBatch& b, KvCache& kv, st
   return ctx;
 }
 
-// True when the tokens at positions [start, start + n) chose the same experts in `step` (their
-// rows of each layer) as in `full` (rows `start + i`).
-bool routing_matches(const std::vector<Tensor>& full, const std::vector<Tensor>& step, int64_t start) {
+// True when the last token of a step (row n - 1 of each layer in `step`) chose the same experts
+// as position `pos` of the fp32 run over the whole sequence (`full`).
+bool routing_matches(const std::vector<Tensor>& full, const std::vector<Tensor>& step, int64_t pos) {
   for (size_t l = 0; l < step.size(); ++l) {
-    const int64_t k = step[l].size(1);
-    for (int64_t i = 0; i < step[l].size(0); ++i) {
-      std::vector<int32_t> a(step[l].data<int32_t>() + i * k, step[l].data<int32_t>() + (i + 1) * k);
-      std::vector<int32_t> b(full[l].data<int32_t>() + (start + i) * k, full[l].data<int32_t>() + (start + i + 1) * k);
-      std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
-      if (a != b) return false;
-    }
+    const int64_t k = step[l].size(1), last = step[l].size(0) - 1;
+    std::vector<int32_t> a(step[l].data<int32_t>() + last * k, step[l].data<int32_t>() + (last + 1) * k);
+    std::vector<int32_t> b(full[l].data<int32_t>() + pos * k, full[l].data<int32_t>() + (pos + 1) * k);
+    std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
+    if (a != b) return false;
   }
   return true;
 }
 
-// Greedy decoding with the KV cache on the GPU, step by step. A step is compared while the
-// reference margin is resolvable in bf16 and every token so far routed as in the fp32 CPU run
-// over the same (teacher-forced) tokens.
+// Greedy decoding with the KV cache on the GPU, step by step, fed the reference tokens. Steps are
+// compared until the first reference margin that bf16 cannot resolve; a step whose last token
+// changed experts against the fp32 CPU run over the same tokens is skipped (its logits
+// legitimately move far, as in the logits test).
 TEST_P(CudaFixtureTest, GreedyIdsMatchUpToAnUnresolvableMarginOrARoutingFlip) {
   int compared = 0;
   for (int i = 0; i < 4; ++i) {
@@ -136,18 +135,23 @@ TEST_P(CudaFixtureTest, GreedyIdsMatchUpToAnUnresolvableMarginOrARoutingFlip) {
     KvCache kv = gpu_->make_kv_cache(int64_t(full.size()));
     std::vector<int32_t> step = ids;
     int pos = 0;
-    size_t s = 0;
-    for (; s < ref_ids.size(); ++s) {
+    int here = 0, skipped = 0;
+    for (size_t s = 0; s < ref_ids.size() && margins[s] >= kMarginBf16; ++s) {
       std::vector<Tensor> route16;
       ForwardBatch b = one_sequence(step, pos, false);
       Tensor logits = gpu_->forward(context(*gpu_, b, kv, &route16)).to_f32();
-      if (!routing_matches(route32, route16, pos) || margins[s] < kMarginBf16) break;
-      ASSERT_EQ(ops::argmax_rows(logits)[0], ref_ids[s]) << GetParam() << " prompt " << i << " step " << s;
       pos += int(step.size());
       step = {ref_ids[s]};
+      if (!routing_matches(route32, route16, pos - 1)) {
+        ++skipped;
+        continue;
+      }
+      ASSERT_EQ(ops::argmax_rows(logits)[0], ref_ids[s]) << GetParam() << " prompt " << i << " step " << s;
+      ++here;
     }
-    compared += int(s);
-    std::printf("[ fixture ] %s prompt %d: %zu greedy steps compared\n", GetParam().c_str(), i, s);
+    compared += here;
+    std::printf("[ fixture ] %s prompt %d: %d greedy steps compared, %d skipped for a routing flip\n",
+                GetParam().c_str(), i, here, skipped);
   }
   EXPECT_GT(compared, 0) << "no greedy step was resolvable";
 }
