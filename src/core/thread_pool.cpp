@@ -34,6 +34,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     fn(0, n);
     return;
   }
+  std::lock_guard call(call_mu_);
   std::unique_lock lock(mu_);
   fn_ = &fn;
   n_ = n;

@@ -20,6 +20,7 @@ class ThreadPool {
 
   // Splits [0, n) into chunks of at least `grain` and runs fn(begin, end) on each, in
   // parallel; returns when all are done. Exceptions from fn are rethrown in the caller.
+  // Calls from several threads (ranks run as threads) take turns; fn must not call it again.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool used by the CPU kernels (MOESERVE_THREADS or hardware threads).
@@ -29,6 +30,7 @@ class ThreadPool {
   void worker_loop();
 
   std::vector<std::thread> workers_;
+  std::mutex call_mu_;  // one parallel_for at a time
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;

@@ -33,6 +33,9 @@ void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y) { MS_DISPATCH(x, add_sigmoid_gated(x, gate, y)); }
 void round_to_bf16(Tensor& x) { MS_DISPATCH(x, round_to_bf16(x)); }
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) { MS_DISPATCH(out, gather_rows(src, rows, out)); }
+void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src) {
+  MS_DISPATCH(dst, index_add_rows(dst, rows, src));
+}
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) { MS_DISPATCH(dst, scatter_rows(src, slots, dst)); }
 void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos, const Tensor& sin,
           bool interleaved) {

@@ -43,6 +43,8 @@ void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 void round_to_bf16(Tensor& x);
 // out[i] = src[rows[i]] for 2-D src and out.
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
+// dst[rows[i]] += src[i] for 2-D dst and src (combining expert outputs sent back to their tokens).
+void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src);
 // Copies rows of src [T, W] into dst [slots, W] at rows slots[t] (KV cache writes).
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
 
@@ -91,13 +93,23 @@ struct RouterParams {
   int n_group = 1, topk_group = 1;
   bool renormalize = false;
   float scale = 1.0f;
+  // Shared-experts fusion: when > 0, ids/weights get one more column naming the shared
+  // expert's replica (n_routed + t % fused_shared_replicas) with weight 1 (= 1/scale before
+  // the routed weights are scaled), so the shared expert is summed like a routed one.
+  int fused_shared_replicas = 0;
+  int columns() const { return top_k + (fused_shared_replicas > 0 ? 1 : 0); }
 };
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
 
 // Routed experts: out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x)) * up_e(x)), e = ids[t, j].
+// Under expert parallelism a rank holds experts [first_expert, first_expert + num_experts()) of
+// `total_experts`; ids of other ranks' experts are skipped (they contribute there).
 struct ExpertWeights {
   std::vector<Weight> gate, up, down;
+  int first_expert = 0;
+  int total_experts = 0;  // 0: num_experts()
   int num_experts() const { return int(gate.size()); }
+  int total() const { return total_experts > 0 ? total_experts : num_experts(); }
 };
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 

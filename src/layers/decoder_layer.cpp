@@ -1,16 +1,52 @@
 #include "layers/decoder_layer.h"
 
+#include "core/check.h"
+
 namespace ms {
 
 void DecoderLayer::forward(Tensor& hidden, int layer, const ForwardContext& ctx) const {
   Tensor h = input_norm(hidden);
   ctx.round(h);
   Tensor a = std::visit([&](const auto& attn) { return attn.forward(h, layer, ctx); }, attention);
+  if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
   ops::add_inplace(hidden, a);
   h = post_attention_norm(hidden);
   ctx.round(h);
-  Tensor f = std::visit([&](const auto& m) { return m.forward(h, ctx); }, ffn);
+  Tensor f;
+  if (!ctx.parallel || ffn_mode == FfnMode::Local) {
+    f = feed_forward(h, ctx);
+  } else if (ffn_mode == FfnMode::TensorParallel) {
+    f = sharded_feed_forward(h, ctx);
+  } else {
+    f = std::get<SparseMoe>(ffn).forward_all_to_all(h, ctx);
+    if (ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(f);
+  }
   ops::add_inplace(hidden, f);
+}
+
+Tensor DecoderLayer::feed_forward(const Tensor& h, const ForwardContext& ctx) const {
+  return std::visit([&](const auto& m) { return m.forward(h, ctx); }, ffn);
+}
+
+// Every rank holds a shard of the weights, so every rank must see every token: under DP
+// attention the DP ranks' tokens are gathered first, and each rank takes its own rows of the
+// summed result back.
+Tensor DecoderLayer::sharded_feed_forward(const Tensor& h, const ForwardContext& ctx) const {
+  const ParallelGroups& p = *ctx.parallel;
+  if (!p.config.dp_gather()) {
+    Tensor f = feed_forward(h, ctx);
+    p.world->all_reduce(f);
+    return f;
+  }
+  std::vector<int64_t> dp_counts = p.dp->all_gather_values(h.size(0));
+  Tensor all = p.dp->all_gather_v(h);
+  Tensor f = feed_forward(all, ctx);
+  if (p.config.attn_tp_size() == 1) return p.world->reduce_scatter_v(f, dp_counts);
+  // Several ranks share each DP group's rows: sum everywhere, then keep this group's rows.
+  p.world->all_reduce(f);
+  int64_t first = 0;
+  for (int g = 0; g < p.layout.attn_dp_rank; ++g) first += dp_counts[g];
+  return f.slice(0, first, first + h.size(0)).clone();
 }
 
 }  // namespace ms

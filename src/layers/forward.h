@@ -7,6 +7,7 @@
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "parallel/groups.h"
 
 namespace ms {
 
@@ -47,6 +48,7 @@ struct ForwardContext {
   std::vector<Tensor>* routing_trace = nullptr;
   Device device = Device::CPU;
   DType act_dtype = DType::F32;  // activations: F32 on the CPU, BF16 on the GPU
+  const ParallelGroups* parallel = nullptr;  // this rank's groups; null when running alone
 
   // A new activation tensor on this step's device.
   Tensor empty(Shape shape, DType dtype) const { return Tensor::empty(dtype, std::move(shape), device); }

@@ -11,6 +11,9 @@ class GatedMlp {
   GatedMlp(Linear gate, Linear up, Linear down);
   Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
   bool defined() const { return down_.defined(); }
+  const Linear& gate() const { return gate_; }
+  const Linear& up() const { return up_; }
+  const Linear& down() const { return down_; }
 
  private:
   Linear gate_, up_, down_;

@@ -1,6 +1,7 @@
 #include "layers/moe.h"
 
 #include "core/check.h"
+#include "parallel/groups.h"
 
 namespace ms {
 
@@ -21,10 +22,11 @@ ops::RouterParams make_router_params(std::string_view scoring, std::string_view 
 }
 
 SparseMoe::SparseMoe(MoeWeights w, ops::RouterParams router) : w_(std::move(w)), router_(router) {
-  const int E = w_.experts.num_experts();
-  MS_CHECK(w_.gate.out_features() == E, "MoE router has ", w_.gate.out_features(), " outputs for ", E, " experts");
-  MS_CHECK(!w_.correction_bias.defined() || w_.correction_bias.numel() == E, "e_score_correction_bias has ",
-           w_.correction_bias.numel(), " entries for ", E, " experts");
+  const int64_t routed = w_.gate.out_features();
+  MS_CHECK(w_.experts.total() == routed + router_.fused_shared_replicas, "MoE: ", w_.experts.total(),
+           " experts for a router of ", routed, " outputs and ", router_.fused_shared_replicas, " fused shared replicas");
+  MS_CHECK(!w_.correction_bias.defined() || w_.correction_bias.numel() == routed, "e_score_correction_bias has ",
+           w_.correction_bias.numel(), " entries for ", routed, " experts");
   if (w_.correction_bias.defined())
     w_.correction_bias = w_.correction_bias.to_f32().to(w_.gate.weight().w.device());
 }
@@ -37,25 +39,28 @@ void SparseMoe::route(const Tensor& x, Tensor& ids, Tensor& weights) const {
   ops::moe_topk(logits, w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, ids, weights);
 }
 
+void SparseMoe::add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& out) const {
+  if (!w_.shared.defined()) return;
+  Tensor shared = w_.shared.forward(x, ctx);
+  if (w_.shared_gate.defined()) {
+    Tensor gate = w_.shared_gate(x);
+    ops::add_sigmoid_gated(out, gate, shared);
+  } else {
+    ops::add_inplace(out, shared);
+  }
+  ctx.round(out);
+}
+
 Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
   const int64_t T = x.size(0);
-  Tensor ids = ctx.empty({T, router_.top_k}, DType::I32);
-  Tensor weights = ctx.empty({T, router_.top_k}, DType::F32);
+  Tensor ids = ctx.empty({T, router_.columns()}, DType::I32);
+  Tensor weights = ctx.empty({T, router_.columns()}, DType::F32);
   route(x, ids, weights);
   if (ctx.routing_trace) ctx.routing_trace->push_back(ids.to(Device::CPU).clone());
   Tensor out = ctx.empty(x.shape());
   ops::moe_experts(x, ids, weights, w_.experts, out);
   ctx.round(out);
-  if (w_.shared.defined()) {
-    Tensor shared = w_.shared.forward(x, ctx);
-    if (w_.shared_gate.defined()) {
-      Tensor gate = w_.shared_gate(x);
-      ops::add_sigmoid_gated(out, gate, shared);
-    } else {
-      ops::add_inplace(out, shared);
-    }
-    ctx.round(out);
-  }
+  add_shared(x, ctx, out);
   return out;
 }
 

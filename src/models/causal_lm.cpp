@@ -1,5 +1,7 @@
 #include "models/causal_lm.h"
 
+#include <cstring>
+
 #include "core/check.h"
 #include "models/weight_loader.h"
 
@@ -28,6 +30,21 @@ static Tensor select_rows(const Tensor& hidden, const ForwardContext& ctx) {
   return out;
 }
 
+Tensor CausalLM::logits(const Tensor& hidden) const {
+  Tensor local = lm_head(hidden);
+  if (!groups || groups->attn_tp->size() == 1) return local;
+  // Each rank scored its slice of the vocabulary: gather the slices side by side.
+  const int64_t T = local.size(0), part = local.size(1);
+  const int n = groups->attn_tp->size();
+  Tensor all = groups->attn_tp->all_gather_v(local.view({1, T * part})).to(Device::CPU);
+  Tensor out = Tensor::empty(local.dtype(), {T, part * n});
+  const size_t row = size_t(part) * dtype_size(local.dtype());
+  for (int r = 0; r < n; ++r)
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(static_cast<char*>(out.raw()) + (t * n + r) * row, static_cast<const char*>(all.raw()) + (r * T + t) * row, row);
+  return out.to(local.device());
+}
+
 Tensor CausalLM::forward(const ForwardContext& ctx) const { return logits(select_rows(forward_hidden(ctx), ctx)); }
 
 Tensor CausalLM::mtp_forward(const ForwardContext& ctx, const Tensor& hidden) const {
@@ -50,10 +67,12 @@ Tensor CausalLM::mtp_forward(const ForwardContext& ctx, const Tensor& hidden) co
   return mtp->head(h);
 }
 
-Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& embed) {
-  if (!c.tie_word_embeddings) return loader.linear("lm_head", c.vocab_size, c.hidden_size);
+Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& embed, const Sharding& sharding) {
+  Shard vocab = Shard::split(0, c.vocab_size, sharding.attn_rank(), sharding.attn_tp(),
+                             "--enable-dp-attention --dp N, so that attention TP divides the vocabulary");
+  if (!c.tie_word_embeddings) return loader.linear("lm_head", c.vocab_size, c.hidden_size, false, vocab);
   loader.ignore_prefix("lm_head.weight");  // some tied checkpoints store a copy anyway
-  return Linear(ops::Weight{embed});
+  return Linear(ops::Weight{vocab.whole() ? embed : embed.slice(0, vocab.begin, vocab.begin + vocab.count).clone()});
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& options) {
@@ -63,10 +82,13 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& 
   model->weights = std::make_shared<WeightStore>(WeightStore::open_dir(dir));
   model->device = options.device;
   model->act_dtype = options.act_dtype;
+  model->groups = options.groups;
+  options.parallel.validate();
+  Sharding sharding(options.parallel, options.groups ? options.groups->layout : RankLayout{});
   WeightLoader loader(*model->weights, model->config, options.device);
   const ModelConfig& c = model->config;
-  if (c.is_deepseek()) build_deepseek_v2(*model, loader, options);
-  else build_qwen_moe(*model, loader);
+  if (c.is_deepseek()) build_deepseek_v2(*model, loader, sharding, options);
+  else build_qwen_moe(*model, loader, sharding);
   loader.finish();
   *model->rope = model->rope->to(options.device);
   return model;

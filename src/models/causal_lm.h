@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 #include "layers/decoder_layer.h"
 #include "layers/rope.h"
+#include "models/sharding.h"
 
 namespace ms {
 
@@ -37,12 +38,14 @@ class CausalLM {
   std::vector<Shape> kv_shapes;  // per token, per layer (same for every layer)
   Device device = Device::CPU;
   DType act_dtype = DType::F32;  // activation and KV dtype the kernels of `device` use
+  const ParallelGroups* groups = nullptr;  // this rank's communicators; null when alone
 
   // Runs the decoder stack over ctx.batch; returns the final-normalised hidden states [T, H].
   Tensor forward_hidden(const ForwardContext& ctx) const;
   // Logits [rows, vocab] for every token (batch.all_logits) or the last token of each sequence.
   Tensor forward(const ForwardContext& ctx) const;
-  Tensor logits(const Tensor& hidden) const { return lm_head(hidden); }
+  // lm_head over hidden [T, H]; a vocabulary split over attention-TP ranks is gathered.
+  Tensor logits(const Tensor& hidden) const;
   // The MTP layer over ctx.batch, whose input_ids are the *next* tokens and whose positions are
   // those of `hidden` [T, H] (the main model's final hidden states); ctx.kv is the MTP's own
   // one-layer cache. Returns logits for every token.
@@ -58,17 +61,27 @@ struct LoadOptions {
   bool load_mtp = true;  // load the NextN layer when the checkpoint has one
   Device device = Device::CPU;
   DType act_dtype = DType::F32;
+  ParallelConfig parallel;                 // the flags (also fusion settings for one rank)
+  const ParallelGroups* groups = nullptr;  // this rank's place and communicators; null: rank 0 of 1
 };
 
 // Reads config.json and the safetensors shards of `dir` and builds the model for its
 // architecture. Throws with the file, tensor or field named on any malformed input.
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& options = {});
 
-// The lm head: `lm_head.weight`, or the embedding itself when tie_word_embeddings is set.
-Linear load_lm_head(WeightLoader& loader, const ModelConfig& config, const Tensor& embed);
+// The lm head: `lm_head.weight`, or the embedding itself when tie_word_embeddings is set; its
+// vocabulary rows split over the attention-TP group.
+Linear load_lm_head(WeightLoader& loader, const ModelConfig& config, const Tensor& embed, const Sharding& sharding);
+// gate/up split on the intermediate dimension and down on its input, by `shard(dim, full)`.
+template <class ShardFn>
+GatedMlp load_gated_mlp(WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, ShardFn shard) {
+  return GatedMlp(w.linear(p + "gate_proj", inter, hidden, false, shard(0, inter)),
+                  w.linear(p + "up_proj", inter, hidden, false, shard(0, inter)),
+                  w.linear(p + "down_proj", hidden, inter, false, shard(1, inter)));
+}
 
 // Family builders (one file each), called by load_model.
-void build_deepseek_v2(CausalLM& model, WeightLoader& loader, const LoadOptions& options);
-void build_qwen_moe(CausalLM& model, WeightLoader& loader);
+void build_deepseek_v2(CausalLM& model, WeightLoader& loader, const Sharding& sharding, const LoadOptions& options);
+void build_qwen_moe(CausalLM& model, WeightLoader& loader, const Sharding& sharding);
 
 }  // namespace ms

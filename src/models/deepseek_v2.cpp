@@ -1,6 +1,7 @@
 // DeepSeek-V2 / V3 / R1 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM): MLA attention with
-// interleaved YaRN rope, dense first layers, sparse MoE with shared experts, the NextN (MTP)
-// layer stored as layer `num_hidden_layers`, and FP8 128x128 block weights.
+// interleaved YaRN rope, dense first layers, sparse MoE with shared experts (or the shared
+// expert fused into the routed ones), the NextN (MTP) layer stored as layer
+// `num_hidden_layers`, and FP8 128x128 block weights.
 #include <cmath>
 
 #include "core/check.h"
@@ -10,103 +11,130 @@
 namespace ms {
 namespace {
 
-MlaDims mla_dims(const ModelConfig& c) {
-  MlaDims d{c.num_attention_heads, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, 0.f};
-  double scale = 1.0 / std::sqrt(double(c.qk_nope_head_dim + c.qk_rope_head_dim));
-  if (c.rope_scaling.type == "yarn" && c.rope_scaling.mscale_all_dim != 0) {
-    double m = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
-    scale *= m * m;  // YaRN's softmax correction
+struct Builder {
+  const ModelConfig& c;
+  WeightLoader& w;
+  const Sharding& s;
+  const RopeTable* rope;
+
+  MlaDims mla_dims() const {
+    MS_CHECK(c.num_attention_heads % s.attn_tp() == 0, c.num_attention_heads, " attention heads do not split over ",
+             s.attn_tp(), " attention-TP ranks (use --enable-dp-attention --dp N)");
+    MlaDims d{c.num_attention_heads / s.attn_tp(), c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim,
+              c.v_head_dim, 0.f};
+    double scale = 1.0 / std::sqrt(double(c.qk_nope_head_dim + c.qk_rope_head_dim));
+    if (c.rope_scaling.type == "yarn" && c.rope_scaling.mscale_all_dim != 0) {
+      double m = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+      scale *= m * m;  // YaRN's softmax correction
+    }
+    d.softmax_scale = float(scale);
+    return d;
   }
-  d.softmax_scale = float(scale);
-  return d;
-}
 
-MlaAttention load_mla(WeightLoader& w, const std::string& p, const ModelConfig& c, const RopeTable* rope) {
-  const int64_t H = c.num_attention_heads, hidden = c.hidden_size, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  const float eps = float(c.rms_norm_eps);
-  MlaWeights m;
-  if (c.q_lora_rank > 0) {
-    m.q_a_proj = w.linear(p + "q_a_proj", c.q_lora_rank, hidden);
-    m.q_a_norm = RmsNorm(w.tensor(p + "q_a_layernorm.weight", {c.q_lora_rank}), eps);
-    m.q_b_proj = w.linear(p + "q_b_proj", H * qk, c.q_lora_rank);
-  } else {
-    m.q_proj = w.linear(p + "q_proj", H * qk, hidden);
+  // Heads are split over the attention-TP group; the latent projections are replicated.
+  MlaAttention mla(const std::string& p) const {
+    const int64_t H = c.num_attention_heads, hidden = c.hidden_size, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    const float eps = float(c.rms_norm_eps);
+    MlaWeights m;
+    if (c.q_lora_rank > 0) {
+      m.q_a_proj = w.linear(p + "q_a_proj", c.q_lora_rank, hidden);
+      m.q_a_norm = RmsNorm(w.tensor(p + "q_a_layernorm.weight", {c.q_lora_rank}), eps);
+      m.q_b_proj = w.linear(p + "q_b_proj", H * qk, c.q_lora_rank, false, s.attn(0, H * qk));
+    } else {
+      m.q_proj = w.linear(p + "q_proj", H * qk, hidden, false, s.attn(0, H * qk));
+    }
+    m.kv_a_proj = w.linear(p + "kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, hidden);
+    m.kv_a_norm = RmsNorm(w.tensor(p + "kv_a_layernorm.weight", {c.kv_lora_rank}), eps);
+    const int64_t kvb = H * (c.qk_nope_head_dim + c.v_head_dim);
+    m.kv_b_proj = w.linear(p + "kv_b_proj", kvb, c.kv_lora_rank, false, s.attn(0, kvb));
+    m.o_proj = w.linear(p + "o_proj", hidden, H * c.v_head_dim, false, s.attn(1, H * c.v_head_dim));
+    return MlaAttention(std::move(m), mla_dims(), rope);
   }
-  m.kv_a_proj = w.linear(p + "kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, hidden);
-  m.kv_a_norm = RmsNorm(w.tensor(p + "kv_a_layernorm.weight", {c.kv_lora_rank}), eps);
-  m.kv_b_proj = w.linear(p + "kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
-  m.o_proj = w.linear(p + "o_proj", hidden, H * c.v_head_dim);
-  return MlaAttention(std::move(m), mla_dims(c), rope);
-}
 
-GatedMlp load_mlp(WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter) {
-  return GatedMlp(w.linear(p + "gate_proj", inter, hidden), w.linear(p + "up_proj", inter, hidden),
-                  w.linear(p + "down_proj", hidden, inter));
-}
-
-SparseMoe load_moe(WeightLoader& w, const std::string& p, const ModelConfig& c) {
-  const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
-  MoeWeights m;
-  m.gate = w.linear(p + "gate", c.n_routed_experts, hidden);
-  if (c.topk_method == "noaux_tc") m.correction_bias = w.tensor(p + "gate.e_score_correction_bias", {c.n_routed_experts});
-  for (int e = 0; e < c.n_routed_experts; ++e) {
-    std::string ep = p + "experts." + std::to_string(e) + ".";
-    m.experts.gate.push_back(w.linear(ep + "gate_proj", inter, hidden).weight());
-    m.experts.up.push_back(w.linear(ep + "up_proj", inter, hidden).weight());
-    m.experts.down.push_back(w.linear(ep + "down_proj", hidden, inter).weight());
+  // Routed experts (this rank's), then the shared expert fused as `replicas` extra experts or
+  // kept as its own MLP.
+  SparseMoe moe(const std::string& p) const {
+    const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
+    const int replicas = s.fused_shared_replicas(c.model_type == "deepseek_v3" && c.n_shared_experts == 1);
+    auto expert_shard = [&](int dim, int64_t full) { return s.expert(dim, full); };
+    MoeWeights m;
+    m.gate = w.linear(p + "gate", c.n_routed_experts, hidden);
+    if (c.topk_method == "noaux_tc") m.correction_bias = w.tensor(p + "gate.e_score_correction_bias", {c.n_routed_experts});
+    const int total = c.n_routed_experts + replicas;
+    auto [first, count] = s.local_experts(total);
+    m.experts.first_expert = first, m.experts.total_experts = total;
+    for (int e = first; e < first + count; ++e) {
+      std::string ep = e < c.n_routed_experts ? p + "experts." + std::to_string(e) + "." : p + "shared_experts.";
+      GatedMlp mlp = load_gated_mlp(w, ep, hidden, inter, expert_shard);
+      m.experts.gate.push_back(mlp.gate().weight()), m.experts.up.push_back(mlp.up().weight());
+      m.experts.down.push_back(mlp.down().weight());
+    }
+    for (int e = 0; e < c.n_routed_experts; ++e)  // other ranks' experts are theirs to load
+      if (e < first || e >= first + count) w.ignore_prefix(p + "experts." + std::to_string(e) + ".");
+    if (replicas > 0) {
+      w.ignore_prefix(p + "shared_experts.");  // loaded above, or by the ranks holding a replica
+    } else if (c.n_shared_experts > 0) {
+      auto shared_shard = [&](int dim, int64_t full) { return s.shared_expert(dim, full); };
+      m.shared = load_gated_mlp(w, p + "shared_experts.", hidden, inter * c.n_shared_experts, shared_shard);
+    }
+    auto router = make_router_params(c.scoring_func, c.topk_method, c.num_experts_per_tok, c.n_group, c.topk_group,
+                                     c.norm_topk_prob, c.routed_scaling_factor);
+    router.fused_shared_replicas = replicas;
+    return SparseMoe(std::move(m), router);
   }
-  if (c.n_shared_experts > 0) m.shared = load_mlp(w, p + "shared_experts.", hidden, inter * c.n_shared_experts);
-  auto router = make_router_params(c.scoring_func, c.topk_method, c.num_experts_per_tok, c.n_group, c.topk_group,
-                                   c.norm_topk_prob, c.routed_scaling_factor);
-  return SparseMoe(std::move(m), router);
-}
 
-std::unique_ptr<DecoderLayer> load_layer(WeightLoader& w, int i, const ModelConfig& c, const RopeTable* rope) {
-  const std::string p = "model.layers." + std::to_string(i) + ".";
-  const float eps = float(c.rms_norm_eps);
-  auto ffn = c.is_moe_layer(i) ? std::variant<GatedMlp, SparseMoe>(load_moe(w, p + "mlp.", c))
-                               : std::variant<GatedMlp, SparseMoe>(load_mlp(w, p + "mlp.", c.hidden_size, c.intermediate_size));
-  return std::make_unique<DecoderLayer>(DecoderLayer{RmsNorm(w.tensor(p + "input_layernorm.weight", {c.hidden_size}), eps),
-                                                     RmsNorm(w.tensor(p + "post_attention_layernorm.weight", {c.hidden_size}), eps),
-                                                     load_mla(w, p + "self_attn.", c, rope), std::move(ffn)});
-}
+  DecoderLayer layer(int i) const {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const float eps = float(c.rms_norm_eps);
+    const bool sparse = c.is_moe_layer(i);
+    auto dense_shard = [&](int dim, int64_t full) { return s.dense(dim, full); };
+    auto ffn = sparse ? std::variant<GatedMlp, SparseMoe>(moe(p + "mlp."))
+                      : std::variant<GatedMlp, SparseMoe>(
+                            load_gated_mlp(w, p + "mlp.", c.hidden_size, c.intermediate_size, dense_shard));
+    return DecoderLayer{RmsNorm(w.tensor(p + "input_layernorm.weight", {c.hidden_size}), eps),
+                        RmsNorm(w.tensor(p + "post_attention_layernorm.weight", {c.hidden_size}), eps),
+                        mla(p + "self_attn."), std::move(ffn), sparse ? s.moe_mode() : s.dense_mode()};
+  }
 
-std::unique_ptr<MtpLayer> load_mtp(WeightLoader& w, const ModelConfig& c, const RopeTable* rope) {
-  const int i = c.num_hidden_layers;
-  const std::string p = "model.layers." + std::to_string(i) + ".";
-  const int64_t H = c.hidden_size;
-  const float eps = float(c.rms_norm_eps);
-  auto mtp = std::make_unique<MtpLayer>();
-  mtp->embed = w.tensor(p + "embed_tokens.weight", {c.vocab_size, H});
-  mtp->enorm = RmsNorm(w.tensor(p + "enorm.weight", {H}), eps);
-  mtp->hnorm = RmsNorm(w.tensor(p + "hnorm.weight", {H}), eps);
-  mtp->eh_proj = w.linear(p + "eh_proj", H, 2 * H);
-  mtp->final_norm = RmsNorm(w.tensor(p + "shared_head.norm.weight", {H}), eps);
-  mtp->head = w.linear(p + "shared_head.head", c.vocab_size, H);
-  mtp->block = load_layer(w, i, c, rope);
-  return mtp;
+  std::unique_ptr<MtpLayer> mtp() const {
+    const int i = c.num_hidden_layers;
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const int64_t H = c.hidden_size;
+    const float eps = float(c.rms_norm_eps);
+    auto m = std::make_unique<MtpLayer>();
+    m->embed = w.tensor(p + "embed_tokens.weight", {c.vocab_size, H});
+    m->enorm = RmsNorm(w.tensor(p + "enorm.weight", {H}), eps);
+    m->hnorm = RmsNorm(w.tensor(p + "hnorm.weight", {H}), eps);
+    m->eh_proj = w.linear(p + "eh_proj", H, 2 * H);
+    m->final_norm = RmsNorm(w.tensor(p + "shared_head.norm.weight", {H}), eps);
+    m->head = w.linear(p + "shared_head.head", c.vocab_size, H);
+    m->block = std::make_unique<DecoderLayer>(layer(i));
+    return m;
+  }
+};
+
+std::unique_ptr<RopeTable> deepseek_rope(const ModelConfig& c) {
+  if (c.rope_scaling.type != "yarn")
+    return std::make_unique<RopeTable>(RopeTable::build(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, true));
+  const auto& r = c.rope_scaling;
+  YarnParams y{r.factor, r.original_max_position_embeddings, r.beta_fast, r.beta_slow, r.mscale, r.mscale_all_dim};
+  return std::make_unique<RopeTable>(RopeTable::build(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, true, &y));
 }
 
 }  // namespace
 
-void build_deepseek_v2(CausalLM& m, WeightLoader& w, const LoadOptions& options) {
+void build_deepseek_v2(CausalLM& m, WeightLoader& w, const Sharding& s, const LoadOptions& options) {
   const ModelConfig& c = m.config;
-  if (c.rope_scaling.type == "yarn") {
-    const auto& r = c.rope_scaling;
-    YarnParams y{r.factor, r.original_max_position_embeddings, r.beta_fast, r.beta_slow, r.mscale, r.mscale_all_dim};
-    m.rope = std::make_unique<RopeTable>(
-        RopeTable::build(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, true, &y));
-  } else {
-    m.rope = std::make_unique<RopeTable>(RopeTable::build(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, true));
-  }
+  m.rope = deepseek_rope(c);
+  Builder b{c, w, s, m.rope.get()};
   m.embed = w.tensor("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
-  for (int i = 0; i < c.num_hidden_layers; ++i) m.layers.push_back(std::move(*load_layer(w, i, c, m.rope.get())));
+  for (int i = 0; i < c.num_hidden_layers; ++i) m.layers.push_back(b.layer(i));
   m.final_norm = RmsNorm(w.tensor("model.norm.weight", {c.hidden_size}), float(c.rms_norm_eps));
-  m.lm_head = load_lm_head(w, c, m.embed);
-  m.kv_shapes = MlaAttention::kv_shapes(mla_dims(c));
+  m.lm_head = load_lm_head(w, c, m.embed, s);
+  m.kv_shapes = MlaAttention::kv_shapes(b.mla_dims());
   const std::string mtp_prefix = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
   if (c.num_nextn_predict_layers > 0 && w.has(mtp_prefix + "eh_proj.weight")) {
-    if (options.load_mtp) m.mtp = load_mtp(w, c, m.rope.get());
+    if (options.load_mtp) m.mtp = b.mtp();
     else w.ignore_prefix(mtp_prefix);
   }
 }

@@ -10,31 +10,62 @@ Tensor WeightLoader::take(const std::string& name) {
   return t.to(device_);
 }
 
-Tensor WeightLoader::tensor(const std::string& name, const Shape& shape) {
-  Tensor t = take(name);
-  check_shape(t, shape, name);
-  check_dtype(t, {DType::BF16, DType::F16, DType::F32}, name);
-  return t;
+Shard Shard::split(int dim, int64_t full, int index, int parts, std::string fix) {
+  if (parts == 1) return {};
+  MS_CHECK(full % parts == 0, "cannot split ", full, " evenly over ", parts, " ranks (", fix, ")");
+  return {dim, index * (full / parts), full / parts, std::move(fix)};
 }
 
-Linear WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in, bool bias) {
+static Tensor apply_shard(const Tensor& t, const Shard& s) {
+  return s.whole() ? t : t.slice(s.dim, s.begin, s.begin + s.count);
+}
+
+Tensor WeightLoader::tensor(const std::string& name, const Shape& shape, const Shard& shard) {
+  Tensor t = store_.get(name);
+  used_.insert(name);
+  check_shape(t, shape, name);
+  check_dtype(t, {DType::BF16, DType::F16, DType::F32}, name);
+  return apply_shard(t, shard).to(device_);
+}
+
+Linear WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in, bool bias, const Shard& shard) {
   const std::string wname = prefix + ".weight";
   ops::Weight w;
-  w.w = take(wname);
-  check_shape(w.w, {out, in}, wname);
-  if (w.w.dtype() == DType::F8_E4M3) {
+  Tensor full = store_.get(wname);
+  used_.insert(wname);
+  check_shape(full, {out, in}, wname);
+  w.w = apply_shard(full, shard);
+  if (full.dtype() == DType::F8_E4M3) {
     MS_CHECK(config_.fp8.enabled, "tensor ", wname, " is F8_E4M3 but config.json has no fp8 quantization_config");
     w.block_n = config_.fp8.block_n;
     w.block_k = config_.fp8.block_k;
     const std::string sname = prefix + ".weight_scale_inv";
     MS_CHECK(store_.has(sname), "fp8 tensor ", wname, " has no ", sname);
-    w.scale_inv = take(sname);
-    check_dtype(w.scale_inv, {DType::F32}, sname);
-    check_shape(w.scale_inv, {(out + w.block_n - 1) / w.block_n, (in + w.block_k - 1) / w.block_k}, sname);
+    Tensor scale = store_.get(sname);
+    used_.insert(sname);
+    check_dtype(scale, {DType::F32}, sname);
+    check_shape(scale, {(out + w.block_n - 1) / w.block_n, (in + w.block_k - 1) / w.block_k}, sname);
+    w.scale_inv = scale;
+    if (!shard.whole()) {
+      const int64_t block = shard.dim == 0 ? w.block_n : w.block_k, extent = shard.dim == 0 ? out : in;
+      if (shard.begin % block != 0 || (shard.count % block != 0 && shard.begin + shard.count != extent)) {
+        // Recorded, and loading goes on (with the covering scale blocks) so that every
+        // violation is reported at once; finish() refuses the checkpoint.
+        fp8_violations_.push_back(fmt(prefix, ": ", extent, " ", shard.dim == 0 ? "rows" : "columns", " split into ",
+                                      shard.count, " per rank, not a multiple of the FP8 block ", block, " (fix: ",
+                                      shard.fix, ")"));
+      }
+      int64_t first = shard.begin / block, last = (shard.begin + shard.count + block - 1) / block;
+      w.scale_inv = scale.slice(shard.dim, first, last);
+    }
   } else {
-    check_dtype(w.w, {DType::BF16, DType::F16, DType::F32}, wname);
+    check_dtype(full, {DType::BF16, DType::F16, DType::F32}, wname);
   }
-  Tensor b = bias ? tensor(prefix + ".bias", {out}) : Tensor{};
+  w.w = w.w.to(device_);
+  w.scale_inv = w.scale_inv.defined() ? w.scale_inv.to(device_) : w.scale_inv;
+  // Every rank would add a row-parallel bias before the reduce; none of the families has one.
+  MS_CHECK(!(bias && shard.dim == 1), prefix, ": a row-parallel linear with a bias is not supported");
+  Tensor b = bias ? tensor(prefix + ".bias", {out}, shard) : Tensor{};
   return Linear(std::move(w), std::move(b));
 }
 
@@ -44,6 +75,11 @@ void WeightLoader::ignore_prefix(const std::string& prefix) {
 }
 
 void WeightLoader::finish() const {
+  if (!fp8_violations_.empty()) {
+    std::string all;
+    for (auto& v : fp8_violations_) all += (all.empty() ? "" : "; ") + v;
+    fail("FP8 block weights cannot be sharded this way: ", all);
+  }
   std::string unknown;
   int count = 0;
   for (auto& name : store_.names())

@@ -7,9 +7,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
 
 namespace ms {
+
+// Thrown by a collective when another rank of the process failed and aborted the groups.
+class PeerAborted : public Error {
+ public:
+  PeerAborted() : Error("a peer rank failed; this collective was abandoned") {}
+};
 
 class DeviceComm {
  public:

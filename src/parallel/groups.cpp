@@ -33,4 +33,9 @@ std::unique_ptr<LocalGroups> LocalGroups::create_shm(const ParallelConfig& confi
   return g;
 }
 
+void LocalGroups::abort() {
+  for (auto& group : owned_)
+    for (auto& comm : group) static_cast<ShmComm*>(comm.get())->abort();
+}
+
 }  // namespace ms

@@ -25,9 +25,11 @@ class LocalGroups {
   static std::unique_ptr<LocalGroups> create_shm(const ParallelConfig& config);
   const ParallelGroups& rank(int r) const { return ranks_.at(size_t(r)); }
   int size() const { return int(ranks_.size()); }
+  // Every collective of every group throws PeerAborted from now on (a rank failed).
+  void abort();
 
  private:
-  std::vector<std::vector<std::unique_ptr<DeviceComm>>> owned_;
+  std::vector<std::vector<std::unique_ptr<DeviceComm>>> owned_;  // each group's per-rank comms
   std::vector<ParallelGroups> ranks_;
 };
 

@@ -1,16 +1,49 @@
 #include "parallel/shm_comm.h"
 
-#include <barrier>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 #include "core/check.h"
 
 namespace ms {
 
+// A reusable barrier that can be aborted (std::barrier cannot): a rank that fails must not
+// leave its peers waiting forever.
+class AbortableBarrier {
+ public:
+  explicit AbortableBarrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock lock(mu_);
+    if (aborted_) throw PeerAborted();
+    uint64_t phase = phase_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++phase_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return phase_ != phase || aborted_; });
+    if (phase_ == phase) throw PeerAborted();
+  }
+  void abort() {
+    std::lock_guard lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  uint64_t phase_ = 0;
+  bool aborted_ = false;
+};
+
 struct ShmGroupState {
   explicit ShmGroupState(int n) : size(n), sync(n), ptrs(size_t(n)), values(size_t(n)), extra(size_t(n)) {}
   int size;
-  std::barrier<> sync;
+  AbortableBarrier sync;
   std::vector<const void*> ptrs;
   std::vector<int64_t> values;
   std::vector<const int64_t*> extra;  // per-rank arrays (send counts of all_to_all_v)
@@ -25,6 +58,8 @@ std::vector<std::unique_ptr<DeviceComm>> ShmComm::create_group(int size) {
 }
 
 int ShmComm::size() const { return state_->size; }
+
+void ShmComm::abort() { state_->sync.abort(); }
 
 void ShmComm::publish(const void* ptr, int64_t value) {
   state_->ptrs[rank_] = ptr;

@@ -14,6 +14,8 @@ class ShmComm : public DeviceComm {
  public:
   // One communicator per rank of a new group of `size` ranks; give comms[r] to rank r's thread.
   static std::vector<std::unique_ptr<DeviceComm>> create_group(int size);
+  // Makes every waiting and future collective of the group throw PeerAborted.
+  void abort();
 
   ShmComm(std::shared_ptr<ShmGroupState> state, int rank) : state_(std::move(state)), rank_(rank) {}
   int rank() const override { return rank_; }
@@ -24,7 +26,7 @@ class ShmComm : public DeviceComm {
   Tensor all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts,
                       std::vector<int64_t>* recv_counts) override;
   void broadcast(Tensor& x, int root) override;
-  void barrier() override;
+  void barrier() override;  // throws PeerAborted once the group is aborted
   std::vector<int64_t> all_gather_values(int64_t value) override;
 
  private:

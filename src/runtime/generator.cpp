@@ -10,6 +10,12 @@ namespace ms {
 
 ForwardBatch Generator::single_sequence_batch(const std::vector<int32_t>& ids, int start, bool all_logits) {
   ForwardBatch b;
+  if (ids.empty()) {  // IDLE: no tokens, no sequences, but the rank joins every collective
+    b.attn.q_start = {0};
+    b.attn.kv_start = {0};
+    b.all_logits = all_logits;
+    return b;
+  }
   const int n = int(ids.size()), total = start + n;
   b.input_ids = ids;
   b.positions.resize(size_t(n));
@@ -36,6 +42,7 @@ ForwardContext Generator::context(const ForwardBatch& b, KvCache& kv, std::vecto
   ForwardContext ctx{b, kv, bf16_, trace};
   ctx.device = model_.device;
   ctx.act_dtype = model_.act_dtype;
+  ctx.parallel = model_.groups;
   return ctx;
 }
 

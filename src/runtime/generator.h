@@ -34,11 +34,14 @@ class Generator {
   // Prefill then decode one token at a time with the KV cache; stops at EOS unless ignored.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options);
 
- private:
-  // One forward of `ids` at positions [start, start + ids.size()) of the single sequence.
+  // One forward of `ids` at positions [start, start + ids.size()) of a single sequence whose
+  // position p lives in KV slot p; empty `ids` make an IDLE batch (a DP rank with no work).
   static ForwardBatch single_sequence_batch(const std::vector<int32_t>& ids, int start, bool all_logits);
-  void check_ids(const std::vector<int32_t>& ids) const;
+  // The context for one forward of this generator's model (device, dtype, parallel groups).
   ForwardContext context(const ForwardBatch& b, KvCache& kv, std::vector<Tensor>* trace = nullptr) const;
+
+ private:
+  void check_ids(const std::vector<int32_t>& ids) const;
 
   const CausalLM& model_;
   bool bf16_;

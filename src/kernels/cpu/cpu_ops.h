@@ -17,6 +17,7 @@ void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 void round_to_bf16(Tensor& x);
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
+void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src);
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
 void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
           const Tensor& sin, bool interleaved);

@@ -78,8 +78,19 @@ void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) 
   }
 }
 
+void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src) {
+  const int64_t W = dst.size(1);
+  MS_CHECK(src.size(0) == int64_t(rows.size()) && src.size(1) == W, "index_add_rows: ", src.describe(), " into ",
+           dst.describe());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    MS_CHECK(rows[i] >= 0 && rows[i] < dst.size(0), "index_add_rows: row ", rows[i], " of ", dst.describe());
+    axpy_f32(1.0f, row_ptr(src, int64_t(i)), row_ptr(dst, rows[i]), W);
+  }
+}
+
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) {
-  const int64_t W = src.numel() / std::max<int64_t>(src.size(0), 1);
+  int64_t W = 1;  // elements per row (from the shape: an IDLE batch has no rows)
+  for (int d = 1; d < src.dim(); ++d) W *= src.size(d);
   MS_CHECK(int64_t(slots.size()) == src.size(0) && dst.numel() / dst.size(0) == W,
            "scatter_rows: ", src.describe(), " into ", dst.describe());
   MS_CHECK(src.strides()[src.dim() - 1] == 1, "scatter_rows: source rows must be contiguous");

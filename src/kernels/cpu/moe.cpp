@@ -39,8 +39,9 @@ void mask_groups(float* choice, int64_t E, const RouterParams& p) {
 }  // namespace
 
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights) {
-  const int64_t T = logits.size(0), E = logits.size(1), K = p.top_k;
-  MS_CHECK(ids.size(1) == K && weights.size(1) == K && K <= E, "moe_topk: top_k ", K, " of ", E, " experts");
+  const int64_t T = logits.size(0), E = logits.size(1), K = p.top_k, C = p.columns();
+  MS_CHECK(ids.size(1) == C && weights.size(1) == C && K <= E, "moe_topk: top_k ", K, " of ", E, " experts into ",
+           ids.describe());
   MS_CHECK(p.group_rank == GroupRank::None || (E % p.n_group == 0 && p.topk_group <= p.n_group),
            "moe_topk: ", E, " experts do not split into ", p.n_group, " groups");
   std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
@@ -52,25 +53,29 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + K, order.end(),
                       [&](int a, int b) { return choice[a] > choice[b] || (choice[a] == choice[b] && a < b); });
-    int32_t* id = ids.data<int32_t>() + t * K;
-    float* w = weights.data<float>() + t * K;
+    int32_t* id = ids.data<int32_t>() + t * C;
+    float* w = weights.data<float>() + t * C;
     float sum = 0.f;
     for (int64_t j = 0; j < K; ++j) sum += (w[j] = s[id[j] = order[j]]);
     float norm = p.renormalize ? 1.0f / (sum + 1e-20f) : 1.0f;
     for (int64_t j = 0; j < K; ++j) w[j] *= norm * p.scale;
+    if (p.fused_shared_replicas > 0) {
+      id[K] = int32_t(E + t % p.fused_shared_replicas);
+      w[K] = 1.0f;
+    }
   }
 }
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
-  const int E = experts.num_experts();
-  // Tokens per expert (counting sort), then one small GEMM chain per selected expert.
+  const int E = experts.num_experts(), first = experts.first_expert;
+  // Tokens per local expert (counting sort), then one small GEMM chain per selected expert.
   std::vector<std::vector<std::pair<int32_t, float>>> routed(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < K; ++j) {
       int32_t e = ids.data<int32_t>()[t * K + j];
-      MS_CHECK(e >= 0 && e < E, "moe: expert id ", e, " outside 0..", E - 1);
-      routed[e].push_back({int32_t(t), weights.data<float>()[t * K + j]});
+      MS_CHECK(e >= 0 && e < experts.total(), "moe: expert id ", e, " outside 0..", experts.total() - 1);
+      if (e >= first && e < first + E) routed[e - first].push_back({int32_t(t), weights.data<float>()[t * K + j]});
     }
   for (int64_t t = 0; t < T; ++t) std::fill_n(out.data<float>() + t * out.strides()[0], H, 0.f);
   for (int e = 0; e < E; ++e) {

@@ -60,7 +60,7 @@ void decode_weight_row(const Weight& w, int64_t row, float* out) {
     case DType::F8_E4M3: {
       const float* table = fp8_e4m3_table();
       const auto* s = reinterpret_cast<const uint8_t*>(base);
-      const float* scales = w.scale_inv.data<float>() + (row / w.block_n) * w.scale_inv.size(1);
+      const float* scales = w.scale_inv.data<float>() + (row / w.block_n) * w.scale_inv.strides()[0];
       for (int64_t kb = 0; kb * w.block_k < k; ++kb) {
         float sc = scales[kb];
         int64_t end = std::min<int64_t>(k, (kb + 1) * w.block_k);

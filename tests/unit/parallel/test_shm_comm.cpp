@@ -128,6 +128,25 @@ TEST(ShmComm, MismatchedAllReduceIsAnError) {
   EXPECT_NE(err1.find("all_reduce"), std::string::npos);
 }
 
+TEST(ShmComm, AbortReleasesRanksWaitingForAFailedPeer) {
+  auto comms = ShmComm::create_group(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 1; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Tensor x = rank_rows(r, 1);
+        comms[r]->all_reduce(x);  // rank 0 never comes
+      } catch (const PeerAborted& e) {
+        errors[r] = e.what();
+      }
+    });
+  static_cast<ShmComm*>(comms[0].get())->abort();  // what a failing rank's runner does
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[1].find("peer rank failed"), std::string::npos);
+  EXPECT_NE(errors[2].find("peer rank failed"), std::string::npos);
+}
+
 TEST(ParallelGroups, FollowSglangRankLayout) {
   ParallelConfig c;
   c.tp_size = 4, c.dp_size = 2, c.enable_dp_attention = true, c.ep_size = 2;

@@ -1,0 +1,19 @@
+#include "models/sharding.h"
+
+#include "core/check.h"
+
+namespace ms {
+
+std::pair<int, int> Sharding::local_experts(int total) const {
+  const int ep = c_.ep_size;
+  MS_CHECK(total % ep == 0, total, " experts do not split evenly over --ep-size ", ep,
+           ep > 1 ? " (with fusion, --n-share-experts-fusion sets the shared expert's replicas)" : "");
+  return {l_.ep_rank * (total / ep), total / ep};
+}
+
+int Sharding::fused_shared_replicas(bool valid) const {
+  if (!valid || c_.disable_shared_experts_fusion) return 0;
+  return c_.n_share_experts_fusion > 0 ? c_.n_share_experts_fusion : c_.ep_size;
+}
+
+}  // namespace ms

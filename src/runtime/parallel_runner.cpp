@@ -1,0 +1,106 @@
+#include "runtime/parallel_runner.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "core/check.h"
+#include "runtime/generator.h"
+
+namespace ms {
+
+ParallelRunner::ParallelRunner(const std::string& model_dir, const ParallelConfig& config, const LoadOptions& base)
+    : config_(config), groups_(LocalGroups::create_shm(config)), models_(size_t(config.tp_size)) {
+  on_all_ranks([&](int r) {
+    LoadOptions o = base;
+    o.parallel = config_;
+    o.groups = &groups_->rank(r);
+    models_[r] = load_model(model_dir, o);
+  });
+}
+
+void ParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
+  const int n = config_.tp_size;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        groups_->abort();  // peers waiting in a collective for this rank give up instead of hanging
+      }
+    });
+  for (auto& t : threads) t.join();
+  // The first failure that is not a peer giving up is the cause.
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const PeerAborted&) {
+    }
+  }
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// Inputs are checked before any rank starts: a rank failing alone would leave the others
+// waiting in a collective.
+void ParallelRunner::check_prompts(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens) const {
+  MS_CHECK(int(prompts.size()) == dp_size(), prompts.size(), " prompts for ", dp_size(), " DP groups");
+  const ModelConfig& c = models_[0]->config;
+  for (auto& p : prompts) {
+    for (int32_t id : p)
+      MS_CHECK(id >= 0 && id < c.vocab_size, "token id ", id, " is out of range (vocab_size ", c.vocab_size, ")");
+    MS_CHECK(int(p.size()) + max_new_tokens <= c.max_position_embeddings, "prompt + new tokens exceed max_position_embeddings");
+  }
+}
+
+std::vector<Tensor> ParallelRunner::prompt_logits(const std::vector<std::vector<int32_t>>& prompts) {
+  check_prompts(prompts, 0);
+  std::vector<Tensor> out(prompts.size());
+  on_all_ranks([&](int r) {
+    const CausalLM& m = *models_[r];
+    const int g = groups_->rank(r).layout.attn_dp_rank % dp_size();
+    KvCache kv = m.make_kv_cache(std::max<int64_t>(1, int64_t(prompts[g].size())));
+    Generator gen(m);
+    ForwardBatch b = Generator::single_sequence_batch(prompts[g], 0, true);
+    Tensor logits = m.forward(gen.context(b, kv)).to_f32();
+    if (groups_->rank(r).layout.attn_tp_rank == 0) out[g] = logits;
+  });
+  return out;
+}
+
+std::vector<std::vector<int32_t>> ParallelRunner::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                           int max_new_tokens, bool ignore_eos) {
+  check_prompts(prompts, max_new_tokens);
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  on_all_ranks([&](int r) {
+    const CausalLM& m = *models_[r];
+    const ParallelGroups& pg = groups_->rank(r);
+    const int g = pg.layout.attn_dp_rank % dp_size();
+    KvCache kv = m.make_kv_cache(std::max<int64_t>(1, int64_t(prompts[g].size()) + max_new_tokens));
+    Generator gen(m);
+    const auto& eos = m.config.eos_token_ids;
+    std::vector<int32_t> produced, step = prompts[g];
+    int pos = 0;
+    bool active = !step.empty();
+    for (int s = 0; s < max_new_tokens; ++s) {
+      // Every rank steps until no DP group has work left.
+      auto busy = pg.world->all_gather_values(active ? 1 : 0);
+      if (std::none_of(busy.begin(), busy.end(), [](int64_t v) { return v != 0; })) break;
+      ForwardBatch b = Generator::single_sequence_batch(active ? step : std::vector<int32_t>{}, pos, false);
+      Tensor logits = m.forward(gen.context(b, kv)).to_f32();
+      if (!active) continue;
+      pos += int(step.size());
+      int32_t next = ops::argmax_rows(logits)[0];
+      produced.push_back(next);
+      step = {next};
+      if (!ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) active = false;
+    }
+    if (pg.layout.attn_tp_rank == 0) out[g] = produced;
+  });
+  return out;
+}
+
+}  // namespace ms

@@ -1,0 +1,38 @@
+// Runs a model over several ranks in this process — one thread per rank, each with its own
+// shard of the weights and its own KV cache, joined by shared-memory communicators — for the
+// simple one-sequence-per-DP-group jobs of `moeserve logits` / `generate` and the parallelism
+// tests. With DP attention each DP group runs its own prompt; a group without one runs IDLE
+// batches so that it joins every collective.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "models/causal_lm.h"
+#include "parallel/groups.h"
+
+namespace ms {
+
+class ParallelRunner {
+ public:
+  ParallelRunner(const std::string& model_dir, const ParallelConfig& config, const LoadOptions& base = {});
+  int dp_size() const { return config_.enable_dp_attention ? config_.dp_size : 1; }
+  const CausalLM& model(int rank) const { return *models_.at(size_t(rank)); }
+
+  // One forward per DP group over prompts[g] (empty: IDLE); logits [n_g, vocab] per group.
+  std::vector<Tensor> prompt_logits(const std::vector<std::vector<int32_t>>& prompts);
+  // Greedy decoding per DP group; groups that finish early (EOS) idle until all are done.
+  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                                             bool ignore_eos);
+
+ private:
+  // Runs fn(rank) on every rank's thread; rethrows the first failure.
+  void on_all_ranks(const std::function<void(int)>& fn);
+  void check_prompts(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens) const;
+
+  ParallelConfig config_;
+  std::unique_ptr<LocalGroups> groups_;
+  std::vector<std::unique_ptr<CausalLM>> models_;
+};
+
+}  // namespace ms
