@@ -9,10 +9,12 @@
 #include "commands.h"
 #include "core/check.h"
 #include "generate_input.h"
+#include "parallel_args.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/parallel_runner.h"
 
 namespace ms::cli {
 
@@ -37,7 +39,9 @@ namespace {
 
 struct ModelArgs {
   std::string model_path, ids, dtype = "float32", device = "cpu";
+  ParallelArgs parallel;
   CLI::Option* add(CLI::App* cmd) {
+    parallel.add(cmd);
     cmd->add_option("--model-path", model_path, "Hugging Face checkpoint directory")->required();
     auto* ids_opt = cmd->add_option("--ids", ids, "prompt token ids, comma-separated (e.g. 5,17,3)");
     cmd->add_option("--dtype", dtype, "activation precision on the CPU (the GPU computes in bfloat16)")
@@ -46,11 +50,29 @@ struct ModelArgs {
     return ids_opt;
   }
   bool bf16() const { return dtype == "bfloat16" && device == "cpu"; }
-  std::unique_ptr<CausalLM> load() const {
+  LoadOptions options() const {
     LoadOptions o;
     o.device = device == "cuda" ? Device::CUDA : Device::CPU;
     o.act_dtype = device == "cuda" ? DType::BF16 : DType::F32;
-    return load_model(model_path, o);
+    o.parallel = parallel.resolved();
+    return o;
+  }
+  std::unique_ptr<CausalLM> load() const {
+    MS_CHECK(!parallel.multi_rank(), "this command runs on one rank (use --tp 1)");
+    return load_model(model_path, options());
+  }
+  // Ranks as threads of this process (CPU, shared-memory collectives); the prompt runs on DP
+  // group 0 and the other groups idle.
+  std::unique_ptr<ParallelRunner> load_ranks() const {
+    MS_CHECK(device == "cpu", "--tp > 1 runs on the CPU backend; several GPUs need the NCCL backend, not built yet");
+    MS_CHECK(!bf16(), "--tp > 1 computes in float32");
+    LoadOptions o = options();
+    return std::make_unique<ParallelRunner>(model_path, o.parallel, o);
+  }
+  static std::vector<std::vector<int32_t>> on_group_0(const ParallelRunner& r, std::vector<int32_t> ids) {
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(r.dp_size()));
+    prompts[0] = std::move(ids);
+    return prompts;
   }
 };
 
@@ -62,9 +84,14 @@ void add_logits(CLI::App& app) {
   cmd->add_option("--out", *out, "output .safetensors file (tensor `logits`, F32 [n, vocab])")->required();
   cmd->callback([args, out] {
     auto ids = parse_ids(args->ids, "--ids");
-    auto model = args->load();
-    Generator gen(*model, args->bf16());
-    Tensor logits = gen.prompt_logits(ids).to_f32();
+    Tensor logits;
+    if (args->parallel.multi_rank()) {
+      auto runner = args->load_ranks();
+      logits = runner->prompt_logits(ModelArgs::on_group_0(*runner, ids))[0];
+    } else {
+      auto model = args->load();
+      logits = Generator(*model, args->bf16()).prompt_logits(ids).to_f32();
+    }
     write_safetensors(*out, {{"logits", logits}});
   });
 }
@@ -115,9 +142,22 @@ std::vector<InputLine> read_inputs(const ModelArgs& args, const SamplingParams& 
   return read_generate_requests(in, input_file, defaults, encode);
 }
 
+// Greedy decoding of one prompt over several ranks.
+void run_generate_ranks(const ModelArgs& args, const SamplingParams& p) {
+  MS_CHECK(p.temperature == 0.0f, "--tp > 1 with generate decodes greedily (--temperature 0)");
+  auto runner = args.load_ranks();
+  auto out = runner->generate(ModelArgs::on_group_0(*runner, parse_ids(args.ids, "--ids")), p.max_new_tokens, p.ignore_eos);
+  std::cout << nlohmann::json{{"output_ids", out[0]}}.dump() << std::endl;
+}
+
 void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const SamplingParams& defaults,
                   const std::string& input_file) {
   MS_CHECK(args.ids.empty() != input_file.empty(), "generate: give exactly one of --ids and --input-file");
+  if (args.parallel.multi_rank()) {
+    MS_CHECK(input_file.empty(), "--input-file runs the batching engine on one rank; a scheduler per DP rank is not "
+                                 "built yet (use --tp 1)");
+    return run_generate_ranks(args, defaults);
+  }
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_if_present(args.model_path);
   std::vector<InputLine> inputs = read_inputs(args, defaults, input_file, tokenizer.get());
   Detokenizer detok;

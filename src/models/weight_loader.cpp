@@ -1,5 +1,8 @@
 #include "models/weight_loader.h"
 
+#include <map>
+#include <regex>
+
 #include "core/check.h"
 
 namespace ms {
@@ -76,8 +79,12 @@ void WeightLoader::ignore_prefix(const std::string& prefix) {
 
 void WeightLoader::finish() const {
   if (!fp8_violations_.empty()) {
+    // One entry per kind of weight: layer and expert indices become '*', with a count.
+    std::map<std::string, int> kinds;
+    static const std::regex index(R"(\.(layers|experts)\.\d+\.)");
+    for (auto& v : fp8_violations_) ++kinds[std::regex_replace(v, index, ".$1.*.")];
     std::string all;
-    for (auto& v : fp8_violations_) all += (all.empty() ? "" : "; ") + v;
+    for (auto& [k, n] : kinds) all += (all.empty() ? "" : "; ") + k + (n > 1 ? fmt(" [", n, " weights]") : "");
     fail("FP8 block weights cannot be sharded this way: ", all);
   }
   std::string unknown;

@@ -121,7 +121,7 @@ TEST(Fp8Sharding, PlainTp4IsRefusedNamingEveryShardAndItsFix) {
   ParallelConfig c;
   c.tp_size = 4;
   std::string err = load_error("deepseek-v3-fp8-tiny", c);
-  for (const char* needle : {"q_b_proj", "o_proj", "experts.0.gate_proj", "split into 96", "split into 64",
+  for (const char* needle : {"q_b_proj", "o_proj", "experts.*.gate_proj", "split into 96", "split into 64",
                              "--enable-dp-attention", "--ep-size", "block 128"})
     EXPECT_NE(err.find(needle), std::string::npos) << "missing " << needle << " in: " << err;
   EXPECT_EQ(err.find("--moe-dense-tp-size"), std::string::npos) << "512 / 4 = 128 is fine: " << err;
@@ -137,7 +137,7 @@ TEST(Fp8Sharding, Tp8DenseLayerNeedsDenseTpSize1) {
   ParallelConfig c;
   c.tp_size = 8, c.dp_size = 8, c.enable_dp_attention = true, c.ep_size = 8;
   std::string err = load_error("deepseek-v3-fp8-tiny", c);
-  EXPECT_NE(err.find("model.layers.0.mlp.gate_proj"), std::string::npos) << err;
+  EXPECT_NE(err.find("model.layers.*.mlp.gate_proj"), std::string::npos) << err;
   EXPECT_NE(err.find("--moe-dense-tp-size 1"), std::string::npos) << err;
   c.moe_dense_tp_size = 1;
   check_against_reference("deepseek-v3-fp8-tiny", c);

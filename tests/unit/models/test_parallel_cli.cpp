@@ -1,0 +1,60 @@
+// The parallelism flags through `moeserve generate` / `logits` (ranks as threads of one process).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "test_support.h"
+
+namespace ms {
+namespace {
+
+std::string csv(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (auto id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
+TEST(ParallelCli, DpAttentionWithExpertParallelismGivesTheReferenceIds) {
+  const std::string dir = test::fixture_dir("deepseek-v3-fp8-tiny");
+  auto ref = WeightStore::open_file(dir + "/reference.safetensors");
+  auto ids = test::to_ids(ref.get("prompt.1.input_ids"));
+  std::string out;
+  ASSERT_EQ(test::run_command(test::moeserve_bin() + " generate --model-path " + dir + " --ids " + csv(ids) +
+                                  " --max-new-tokens 16 --ignore-eos --tp 4 --dp 4 --enable-dp-attention --ep-size 4",
+                              out),
+            0)
+      << out;
+  // This prompt's smallest reference margin is 7.4e-3: every step must match.
+  EXPECT_EQ(nlohmann::json::parse(out)["output_ids"].get<std::vector<int32_t>>(), test::to_ids(ref.get("prompt.1.greedy_ids")));
+}
+
+TEST(ParallelCli, LogitsOverTensorParallelRanksMatchTheReference) {
+  const std::string dir = test::fixture_dir("qwen3-moe-tiny"), file = test::temp_dir() + "/l.safetensors";
+  auto ref = WeightStore::open_file(dir + "/reference.safetensors");
+  std::string out;
+  ASSERT_EQ(test::run_command(test::moeserve_bin() + " logits --model-path " + dir + " --ids " +
+                                  csv(test::to_ids(ref.get("prompt.2.input_ids"))) + " --tp 4 --enable-ep-moe --out " + file,
+                              out),
+            0)
+      << out;
+  EXPECT_LT(test::rel_error(SafetensorsFile(file).get("logits"), ref.get("prompt.2.logits")), 1e-4);
+}
+
+TEST(ParallelCli, Fp8ShardingRefusalNamesTheFixes) {
+  std::string out;
+  int rc = test::run_command(test::moeserve_bin() + " generate --model-path " + test::fixture_dir("deepseek-v3-fp8-tiny") +
+                                 " --ids 5,17,3 --tp 8 --dp 8 --enable-dp-attention --ep-size 8",
+                             out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("--moe-dense-tp-size 1"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  rc = test::run_command(test::moeserve_bin() + " generate --model-path " + test::fixture_dir("qwen3-moe-tiny") +
+                             " --ids 5 --tp 3 --dp 2 --enable-dp-attention",
+                         out);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("--dp 2 must divide --tp 3"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ms
