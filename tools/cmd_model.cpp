@@ -64,7 +64,7 @@ struct ModelArgs {
   // Ranks as threads of this process (CPU, shared-memory collectives); the prompt runs on DP
   // group 0 and the other groups idle.
   std::unique_ptr<ParallelRunner> load_ranks() const {
-    MS_CHECK(device == "cpu", "--tp > 1 runs on the CPU backend; several GPUs need the NCCL backend, not built yet");
+    MS_CHECK(device == "cpu", "--tp > 1 and --nnodes run on the CPU backend; several GPUs need the NCCL backend, not built yet");
     MS_CHECK(!bf16(), "--tp > 1 computes in float32");
     LoadOptions o = options();
     return std::make_unique<ParallelRunner>(model_path, o.parallel, o);
@@ -92,7 +92,7 @@ void add_logits(CLI::App& app) {
       auto model = args->load();
       logits = Generator(*model, args->bf16()).prompt_logits(ids).to_f32();
     }
-    write_safetensors(*out, {{"logits", logits}});
+    if (args->parallel.config.node_rank == 0) write_safetensors(*out, {{"logits", logits}});
   });
 }
 
@@ -116,6 +116,14 @@ struct RuntimeArgs {
                     "how much decode memory to keep free when admitting requests (lower: more retraction)");
     cmd->add_flag("--disable-radix-cache", disable_radix_cache, "no prefix reuse across requests");
     cmd->add_option("--random-seed", engine.random_seed, "seed for requests without their own seed");
+    SpeculativeOptions& spec = engine.speculative;
+    cmd->add_option("--speculative-algorithm", spec.algorithm,
+                    "draft with the checkpoint's MTP layer and verify in one forward (NEXTN and EAGLE are the same here)")
+        ->check(CLI::IsMember({"NEXTN", "EAGLE"}));
+    cmd->add_option("--speculative-num-steps", spec.num_steps, "draft tokens per verify (a chain)");
+    cmd->add_option("--speculative-eagle-topk", spec.eagle_topk, "draft branching; only 1 (a chain)");
+    cmd->add_option("--speculative-num-draft-tokens", spec.num_draft_tokens,
+                    "tokens per verify, the verified one included (num-steps + 1 with a chain)");
   }
   EngineOptions options(bool bf16) const {
     EngineOptions o = engine;
@@ -142,12 +150,21 @@ std::vector<InputLine> read_inputs(const ModelArgs& args, const SamplingParams& 
   return read_generate_requests(in, input_file, defaults, encode);
 }
 
+// One line on stderr, so that stdout stays one JSON result per request.
+void print_speculative_stats(const SpeculativeStats& s) {
+  std::cerr << "speculative: verify_forwards=" << s.verify_forwards << " accept_length=" << s.mean_accept_length()
+            << " acceptance_rate=" << s.acceptance_rate() << " drafted=" << s.drafted_tokens
+            << " accepted=" << s.accepted_tokens << " draft_forwards=" << s.draft_forwards
+            << " draft_overhead=" << s.draft_overhead() << std::endl;
+}
+
 // Greedy decoding of one prompt over several ranks.
 void run_generate_ranks(const ModelArgs& args, const SamplingParams& p) {
   MS_CHECK(p.temperature == 0.0f, "--tp > 1 with generate decodes greedily (--temperature 0)");
   auto runner = args.load_ranks();
   auto out = runner->generate(ModelArgs::on_group_0(*runner, parse_ids(args.ids, "--ids")), p.max_new_tokens, p.ignore_eos);
-  std::cout << nlohmann::json{{"output_ids", out[0]}}.dump() << std::endl;
+  if (args.parallel.config.node_rank == 0)  // DP group 0 lives on node 0; the other nodes only serve ranks
+    std::cout << nlohmann::json{{"output_ids", out[0]}}.dump() << std::endl;
 }
 
 void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const SamplingParams& defaults,
@@ -156,6 +173,8 @@ void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const Sampl
   if (args.parallel.multi_rank()) {
     MS_CHECK(input_file.empty(), "--input-file runs the batching engine on one rank; a scheduler per DP rank is not "
                                  "built yet (use --tp 1)");
+    MS_CHECK(!runtime.engine.speculative.enabled(), "--speculative-algorithm runs on the batching engine on one rank "
+                                                    "(use --tp 1)");
     return run_generate_ranks(args, defaults);
   }
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_if_present(args.model_path);
@@ -184,6 +203,7 @@ void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const Sampl
     std::cout << result_json(results[i], requests[i].sampling, inputs[i].text ? &text : nullptr) << "\n";
   }
   std::cout << std::flush;
+  if (runtime.engine.speculative.enabled()) print_speculative_stats(engine.stats().spec);
 }
 
 void add_generate(CLI::App& app) {

@@ -36,11 +36,9 @@ struct ParallelArgs {
     if (enable_ep_moe) c.ep_size = c.tp_size;
     c.moe_dense_tp_size = moe_dense_tp_size;
     c.validate();
-    MS_CHECK(c.nnodes == 1, "--nnodes ", c.nnodes,
-             ": multi-node runs need the NCCL backend and its TCP rendezvous, which this build does not have yet");
     return c;
   }
-  bool multi_rank() const { return config.tp_size > 1; }
+  bool multi_rank() const { return config.tp_size > 1 || config.nnodes > 1; }
 };
 
 }  // namespace ms::cli

@@ -12,24 +12,33 @@ namespace ms {
 
 struct ParallelGroups {
   ParallelConfig config;
-  RankLayout layout;
+  RankLayout layout;  // global rank and its place in every group
   DeviceComm* world = nullptr;
   DeviceComm* attn_tp = nullptr;
   DeviceComm* dp = nullptr;
 };
 
-// Owns the communicators of all local ranks (threads of this process).
+class TcpHub;
+
+// Owns the communicators of this process's ranks (threads): all tp_size ranks on one node
+// (shared memory), or this node's tp_size / nnodes ranks (TCP through node 0's hub).
 class LocalGroups {
  public:
-  // Shared-memory communicators for config.tp_size ranks in this process.
-  static std::unique_ptr<LocalGroups> create_shm(const ParallelConfig& config);
-  const ParallelGroups& rank(int r) const { return ranks_.at(size_t(r)); }
+  static std::unique_ptr<LocalGroups> create(const ParallelConfig& config);
+  ~LocalGroups();
+  // Local rank i (global rank node_rank * size() + i).
+  const ParallelGroups& rank(int i) const { return ranks_.at(size_t(i)); }
   int size() const { return int(ranks_.size()); }
   // Every collective of every group throws PeerAborted from now on (a rank failed).
   void abort();
 
  private:
-  std::vector<std::vector<std::unique_ptr<DeviceComm>>> owned_;  // each group's per-rank comms
+  void create_shm();
+  void create_tcp();
+
+  ParallelConfig config_;
+  std::unique_ptr<TcpHub> hub_;                                   // node 0 of a multi-node run
+  std::vector<std::vector<std::unique_ptr<DeviceComm>>> owned_;  // each group's comms held here
   std::vector<ParallelGroups> ranks_;
 };
 

@@ -9,7 +9,7 @@
 namespace ms {
 
 ParallelRunner::ParallelRunner(const std::string& model_dir, const ParallelConfig& config, const LoadOptions& base)
-    : config_(config), groups_(LocalGroups::create_shm(config)), models_(size_t(config.tp_size)) {
+    : config_(config), groups_(LocalGroups::create(config)), models_(size_t(groups_->size())) {
   on_all_ranks([&](int r) {
     LoadOptions o = base;
     o.parallel = config_;
@@ -19,7 +19,7 @@ ParallelRunner::ParallelRunner(const std::string& model_dir, const ParallelConfi
 }
 
 void ParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
-  const int n = config_.tp_size;
+  const int n = groups_->size();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)

@@ -1,5 +1,6 @@
-// Runs a model over several ranks in this process — one thread per rank, each with its own
-// shard of the weights and its own KV cache, joined by shared-memory communicators — for the
+// Runs a model over the ranks of this process — one thread per rank, each with its own shard of
+// the weights and its own KV cache, joined by shared-memory communicators (or, with --nnodes,
+// by TCP through node 0, this process holding its node's ranks) — for the
 // simple one-sequence-per-DP-group jobs of `moeserve logits` / `generate` and the parallelism
 // tests. With DP attention each DP group runs its own prompt; a group without one runs IDLE
 // batches so that it joins every collective.
@@ -17,9 +18,10 @@ class ParallelRunner {
  public:
   ParallelRunner(const std::string& model_dir, const ParallelConfig& config, const LoadOptions& base = {});
   int dp_size() const { return config_.enable_dp_attention ? config_.dp_size : 1; }
-  const CausalLM& model(int rank) const { return *models_.at(size_t(rank)); }
+  const CausalLM& model(int local_rank) const { return *models_.at(size_t(local_rank)); }
 
-  // One forward per DP group over prompts[g] (empty: IDLE); logits [n_g, vocab] per group.
+  // One forward per DP group over prompts[g] (empty: IDLE); logits [n_g, vocab] per group
+  // (for the groups whose first attention-TP rank lives in this process; others undefined).
   std::vector<Tensor> prompt_logits(const std::vector<std::vector<int32_t>>& prompts);
   // Greedy decoding per DP group; groups that finish early (EOS) idle until all are done.
   std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,

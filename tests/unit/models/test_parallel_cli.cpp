@@ -1,6 +1,8 @@
 // The parallelism flags through `moeserve generate` / `logits` (ranks as threads of one process).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -39,6 +41,25 @@ TEST(ParallelCli, LogitsOverTensorParallelRanksMatchTheReference) {
             0)
       << out;
   EXPECT_LT(test::rel_error(SafetensorsFile(file).get("logits"), ref.get("prompt.2.logits")), 1e-4);
+}
+
+// Two processes as two nodes on loopback give what one process with the same ranks gives.
+TEST(ParallelCli, TwoNodesOnLoopbackMatchOneProcess) {
+  const std::string dir = test::fixture_dir("deepseek-v3-tiny");
+  auto ref = WeightStore::open_file(dir + "/reference.safetensors");
+  const std::string gen = test::moeserve_bin() + " generate --model-path " + dir + " --ids " +
+                          csv(test::to_ids(ref.get("prompt.2.input_ids"))) +
+                          " --max-new-tokens 8 --ignore-eos --tp 4 --dp 2 --enable-dp-attention --ep-size 2";
+  std::string one, two;
+  ASSERT_EQ(test::run_command(gen, one), 0) << one;
+  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  const std::string nodes = " --nnodes 2 --dist-init-addr 127.0.0.1:" + port;
+  ASSERT_EQ(test::run_command("(" + gen + nodes + " --node-rank 1 > /dev/null & " + gen + nodes +
+                                  " --node-rank 0; status=$?; wait $!; exit $((status | $?)))",
+                              two),
+            0)
+      << two;
+  EXPECT_EQ(nlohmann::json::parse(two)["output_ids"], nlohmann::json::parse(one)["output_ids"]) << two;
 }
 
 TEST(ParallelCli, Fp8ShardingRefusalNamesTheFixes) {

@@ -150,7 +150,7 @@ TEST(ShmComm, AbortReleasesRanksWaitingForAFailedPeer) {
 TEST(ParallelGroups, FollowSglangRankLayout) {
   ParallelConfig c;
   c.tp_size = 4, c.dp_size = 2, c.enable_dp_attention = true, c.ep_size = 2;
-  auto g = LocalGroups::create_shm(c);
+  auto g = LocalGroups::create(c);
   EXPECT_EQ(c.attn_tp_size(), 2);
   EXPECT_EQ(c.moe_tp_size(), 2);
   const auto& r3 = g->rank(3);
