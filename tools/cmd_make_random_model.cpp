@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "io/model_config.h"
 #include "model_shapes.h"
+#include "random_checkpoint.h"
 
 namespace ms::cli {
 namespace {
@@ -168,10 +169,11 @@ void write_shard(const std::string& path, const std::vector<const Spec*>& specs,
   MS_CHECK(out.good(), "failed writing ", path);
 }
 
-void make_random_model(const std::string& shape, int layers, bool fp8, uint64_t seed, const std::string& dir) {
+}  // namespace
+
+void write_random_checkpoint(const json& cfg, uint64_t seed, const std::string& dir, const std::string& label) {
   namespace fs = std::filesystem;
-  json cfg = shape_config(shape, layers, fp8);
-  ModelConfig c = parse_model_config(cfg.dump(), shape);
+  ModelConfig c = parse_model_config(cfg.dump(), label);
   auto specs = all_specs(c);
   fs::create_directories(dir);
   std::ofstream(fs::path(dir) / "config.json") << cfg.dump(2);
@@ -195,11 +197,9 @@ void make_random_model(const std::string& shape, int layers, bool fp8, uint64_t 
     write_shard((fs::path(dir) / name).string(), shards[i], seed + i);
   }
   std::ofstream(fs::path(dir) / "model.safetensors.index.json") << index.dump(2);
-  std::cerr << "wrote " << shape << " (" << c.num_hidden_layers << " layers, " << double(total) / 1e9 << " GB) to "
+  std::cerr << "wrote " << label << " (" << c.num_hidden_layers << " layers, " << double(total) / 1e9 << " GB) to "
             << dir << "\n";
 }
-
-}  // namespace
 
 void add_make_random_model(CLI::App& app) {
   auto* cmd = app.add_subcommand("make-random-model", "write a random-weight checkpoint of a published model's shapes");
@@ -216,7 +216,7 @@ void add_make_random_model(CLI::App& app) {
   cmd->add_flag("--fp8", a->fp8, "DeepSeek FP8 128x128 block weights");
   cmd->add_option("--seed", a->seed, "random seed");
   cmd->add_option("dir", a->dir, "output directory")->required();
-  cmd->callback([a] { make_random_model(a->shape, a->layers, a->fp8, a->seed, a->dir); });
+  cmd->callback([a] { write_random_checkpoint(shape_config(a->shape, a->layers, a->fp8), a->seed, a->dir, a->shape); });
 }
 
 }  // namespace ms::cli

@@ -11,6 +11,8 @@ void add_model_commands(CLI::App& app);  // logits, generate
 void add_text_commands(CLI::App& app);   // tokenize, detokenize, chat-template, bench-tokenizer
 void add_make_random_model(CLI::App& app);
 void add_bench_one_batch(CLI::App& app);
+void add_serve(CLI::App& app);            // serve (src/server: the OpenAI-compatible HTTP server)
+void add_make_demo_model(CLI::App& app);  // make-demo-model (demo_model.h)
 
 // "5,17,3" -> {5, 17, 3}; throws naming the flag on anything else.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);

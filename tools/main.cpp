@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   ms::cli::add_text_commands(app);
   ms::cli::add_make_random_model(app);
   ms::cli::add_bench_one_batch(app);
+  ms::cli::add_serve(app);
+  ms::cli::add_make_demo_model(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
