@@ -15,6 +15,7 @@
 #include "runtime/engine.h"
 #include "runtime/generator.h"
 #include "runtime/parallel_runner.h"
+#include "speculative_args.h"
 
 namespace ms::cli {
 
@@ -116,14 +117,7 @@ struct RuntimeArgs {
                     "how much decode memory to keep free when admitting requests (lower: more retraction)");
     cmd->add_flag("--disable-radix-cache", disable_radix_cache, "no prefix reuse across requests");
     cmd->add_option("--random-seed", engine.random_seed, "seed for requests without their own seed");
-    SpeculativeOptions& spec = engine.speculative;
-    cmd->add_option("--speculative-algorithm", spec.algorithm,
-                    "draft with the checkpoint's MTP layer and verify in one forward (NEXTN and EAGLE are the same here)")
-        ->check(CLI::IsMember({"NEXTN", "EAGLE"}));
-    cmd->add_option("--speculative-num-steps", spec.num_steps, "draft tokens per verify (a chain)");
-    cmd->add_option("--speculative-eagle-topk", spec.eagle_topk, "draft branching; only 1 (a chain)");
-    cmd->add_option("--speculative-num-draft-tokens", spec.num_draft_tokens,
-                    "tokens per verify, the verified one included (num-steps + 1 with a chain)");
+    add_speculative_flags(cmd, engine.speculative);
   }
   EngineOptions options(bool bf16) const {
     EngineOptions o = engine;
@@ -148,14 +142,6 @@ std::vector<InputLine> read_inputs(const ModelArgs& args, const SamplingParams& 
   TextEncoder encode;
   if (tokenizer) encode = [tokenizer](const std::string& text) { return tokenizer->encode(text, true); };
   return read_generate_requests(in, input_file, defaults, encode);
-}
-
-// One line on stderr, so that stdout stays one JSON result per request.
-void print_speculative_stats(const SpeculativeStats& s) {
-  std::cerr << "speculative: verify_forwards=" << s.verify_forwards << " accept_length=" << s.mean_accept_length()
-            << " acceptance_rate=" << s.acceptance_rate() << " drafted=" << s.drafted_tokens
-            << " accepted=" << s.accepted_tokens << " draft_forwards=" << s.draft_forwards
-            << " draft_overhead=" << s.draft_overhead() << std::endl;
 }
 
 // Greedy decoding of one prompt over several ranks.
@@ -203,7 +189,7 @@ void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const Sampl
     std::cout << result_json(results[i], requests[i].sampling, inputs[i].text ? &text : nullptr) << "\n";
   }
   std::cout << std::flush;
-  if (runtime.engine.speculative.enabled()) print_speculative_stats(engine.stats().spec);
+  if (runtime.engine.speculative.enabled()) print_speculative_stats(std::cerr, engine.stats().spec);
 }
 
 void add_generate(CLI::App& app) {

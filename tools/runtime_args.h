@@ -4,6 +4,7 @@
 #include <string>
 
 #include "runtime/engine.h"
+#include "speculative_args.h"
 
 namespace ms::cli {
 
@@ -26,6 +27,7 @@ struct RuntimeArgs {
                     "how much decode memory to keep free when admitting requests (lower: more retraction)");
     cmd->add_flag("--disable-radix-cache", disable_radix_cache, "no prefix reuse across requests");
     cmd->add_option("--random-seed", engine.random_seed, "seed for requests without their own seed");
+    add_speculative_flags(cmd, engine.speculative);
   }
   EngineOptions options(bool bf16) const {
     EngineOptions o = engine;

@@ -48,6 +48,11 @@ Tensor CausalLM::logits(const Tensor& hidden) const {
 Tensor CausalLM::forward(const ForwardContext& ctx) const { return logits(select_rows(forward_hidden(ctx), ctx)); }
 
 Tensor CausalLM::mtp_forward(const ForwardContext& ctx, const Tensor& hidden) const {
+  Tensor h = mtp_hidden(ctx, hidden);  // checks that there is an MTP layer
+  return mtp->head(h);
+}
+
+Tensor CausalLM::mtp_hidden(const ForwardContext& ctx, const Tensor& hidden) const {
   MS_CHECK(mtp != nullptr, "this model has no MTP (NextN) layer");
   const auto& b = ctx.batch;
   const int64_t T = b.num_tokens(), H = config.hidden_size;
@@ -64,7 +69,7 @@ Tensor CausalLM::mtp_forward(const ForwardContext& ctx, const Tensor& hidden) co
   mtp->block->forward(h, 0, ctx);
   mtp->final_norm.inplace(h);
   ctx.round(h);
-  return mtp->head(h);
+  return h;
 }
 
 Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& embed, const Sharding& sharding) {

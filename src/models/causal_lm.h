@@ -50,6 +50,9 @@ class CausalLM {
   // those of `hidden` [T, H] (the main model's final hidden states); ctx.kv is the MTP's own
   // one-layer cache. Returns logits for every token.
   Tensor mtp_forward(const ForwardContext& ctx, const Tensor& hidden) const;
+  // mtp_forward without the head: the MTP layer's normalised output [T, H], which a chain
+  // draft feeds back as the next step's `hidden` (EAGLE: the target's hidden is not known yet).
+  Tensor mtp_hidden(const ForwardContext& ctx, const Tensor& hidden) const;
 
   KvCache make_kv_cache(int64_t slots) const {
     return KvCache(int(layers.size()), kv_shapes, slots, act_dtype, device);

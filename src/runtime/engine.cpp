@@ -6,17 +6,19 @@
 
 #include "core/check.h"
 #include "runtime/sampler.h"
+#include "runtime/spec_mtp_draft.h"
 
 namespace ms {
 namespace {
 
-int64_t pool_slots(const CausalLM& model, const EngineOptions& o) {
+// The draft pays its KV from the same budget: every slot holds the target's and the draft's.
+int64_t pool_slots(const CausalLM& model, const EngineOptions& o, const DraftModel* draft) {
   KvBudget b;
   b.max_total_tokens = o.max_total_tokens;
   b.mem_fraction_static = o.mem_fraction_static > 0 ? o.mem_fraction_static : model.device == Device::CPU ? 0.3 : 0.88;
   b.max_running_requests = o.scheduler.max_running_requests;
   b.context_len = model.config.max_position_embeddings;
-  const size_t per_slot = ModelRunner::bytes_per_slot(model);
+  const size_t per_slot = ModelRunner::bytes_per_slot(model) + (draft ? draft->kv_bytes_per_slot() : 0);
   return kv_pool_slots(b, per_slot, o.max_total_tokens > 0 ? MemoryInfo{} : device_memory_info(model.device));
 }
 
@@ -26,15 +28,36 @@ uint64_t mix_seed(uint64_t seed, uint64_t id) {
   return x ^ (x >> 29);
 }
 
+std::unique_ptr<DraftModel> make_draft(const CausalLM& model, const EngineOptions& o, std::unique_ptr<DraftModel> given) {
+  o.speculative.validate();
+  if (!o.speculative.enabled()) {
+    MS_CHECK(!given, "a draft model was given but speculative decoding is off (set --speculative-algorithm)");
+    return nullptr;
+  }
+  return given ? std::move(given) : std::make_unique<MtpDraft>(model, o.bf16_activations);
+}
+
+SchedulerOptions scheduler_options(const EngineOptions& o) {
+  SchedulerOptions s = o.scheduler;
+  s.speculative_num_steps = o.speculative.enabled() ? o.speculative.num_steps : 0;
+  return s;
+}
+
 }  // namespace
 
-Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer detokenizer)
+Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer detokenizer,
+               std::unique_ptr<DraftModel> draft)
     : model_(model),
       options_(options),
       detok_(std::move(detokenizer)),
-      runner_(model, pool_slots(model, options), options.bf16_activations),
-      scheduler_(options.scheduler, runner_.num_slots(),
-                 int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {}
+      draft_(make_draft(model, options, std::move(draft))),
+      runner_(model, pool_slots(model, options, draft_.get()), options.bf16_activations),
+      scheduler_(scheduler_options(options), runner_.num_slots(),
+                 int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {
+  if (!draft_) return;
+  draft_->attach(runner_.num_slots(), scheduler_.kv().table().rows());
+  spec_ = std::make_unique<SpeculativeWorker>(runner_, *draft_);
+}
 
 Engine::~Engine() { stop(); }
 
@@ -128,22 +151,34 @@ bool Engine::step() {
   drain_inbox();
   ScheduleBatch batch = scheduler_.next_batch();
   if (batch.empty()) return false;
-  Tensor logits = runner_.forward(batch, scheduler_.kv().table());
-  const int64_t V = logits.size(1);
-  for (size_t i = 0; i < batch.seqs.size(); ++i) {
-    if (!batch.seqs[i].sample) continue;
-    Request& r = *batch.seqs[i].req;
-    SampleResult s = sample_next(std::span<const float>(logits.data<float>() + int64_t(i) * V, size_t(V)), r);
-    r.output_ids.push_back(s.token);
-    if (r.sampling.return_logprob || r.sampling.top_logprobs_num > 0) r.output_logprobs.push_back(std::move(s));
-    check_finish(r, model_.config.eos_token_ids, detok_);
-    ++generated_;
+  const ReqToTokenTable& table = scheduler_.kv().table();
+  auto append = [this](Request& r, SampleResult s) { return append_token(r, std::move(s)); };
+  if (spec_ && batch.mode == ForwardMode::Extend) {
+    spec_->run_extend(batch, table, append);
+  } else if (spec_) {
+    spec_->run_verify(batch, table, append);
+  } else {
+    Tensor logits = runner_.forward(batch, table);
+    const int64_t V = logits.size(1);
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      if (!batch.seqs[i].sample) continue;
+      Request& r = *batch.seqs[i].req;
+      append_token(r, sample_next(std::span<const float>(logits.data<float>() + int64_t(i) * V, size_t(V)), r));
+    }
   }
   std::vector<std::unique_ptr<Request>> done = scheduler_.finish_step(batch);
   for (const ScheduledSeq& s : batch.seqs)
     if (s.sample && !s.req->finished()) report(*s.req);
   for (auto& r : done) report(*r);
   return true;
+}
+
+bool Engine::append_token(Request& r, SampleResult s) {
+  r.output_ids.push_back(s.token);
+  if (r.sampling.return_logprob || r.sampling.top_logprobs_num > 0) r.output_logprobs.push_back(std::move(s));
+  check_finish(r, model_.config.eos_token_ids, detok_);
+  ++generated_;
+  return !r.finished();
 }
 
 void Engine::run_until_idle() {
@@ -255,6 +290,8 @@ EngineStats Engine::stats() {
   s.pool_used = scheduler_.kv().pool().used();
   s.cached_slots = scheduler_.kv().radix() ? scheduler_.kv().radix()->total_size() : 0;
   s.generated_tokens = generated_;
+  s.speculative = spec_ != nullptr;
+  if (spec_) s.spec = spec_->stats();
   return s;
 }
 

@@ -16,6 +16,8 @@
 #include "runtime/model_runner.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
+#include "runtime/spec_draft.h"
+#include "runtime/spec_worker.h"
 
 namespace ms {
 
@@ -25,6 +27,7 @@ struct EngineOptions {
   double mem_fraction_static = 0;   // 0: the device's default (0.88 on GPUs, 0.3 of host RAM)
   bool bf16_activations = false;    // CPU: round activations as bf16 storage would
   uint64_t random_seed = 0;         // seeds requests that bring no seed of their own
+  SpeculativeOptions speculative;   // draft-then-verify decoding (off unless an algorithm is set)
 };
 
 struct GenerateRequest {
@@ -58,11 +61,16 @@ struct EngineStats {
   int waiting = 0, running = 0;
   int64_t pool_capacity = 0, pool_used = 0, cached_slots = 0;
   int64_t generated_tokens = 0;
+  bool speculative = false;  // speculative decoding is on; `spec` counts its work
+  SpeculativeStats spec;
 };
 
 class Engine {
  public:
-  Engine(const CausalLM& model, const EngineOptions& options, Detokenizer detokenizer = {});
+  // With options.speculative set, `draft` proposes the tokens to verify (null: the model's own
+  // MTP layer); a draft without options.speculative is an error.
+  Engine(const CausalLM& model, const EngineOptions& options, Detokenizer detokenizer = {},
+         std::unique_ptr<DraftModel> draft = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -97,13 +105,16 @@ class Engine {
   };
   void drain_inbox();
   void report(Request& r);
+  bool append_token(Request& r, SampleResult s);  // false once r finished
   void loop();
 
   const CausalLM& model_;
   EngineOptions options_;
   Detokenizer detok_;
+  std::unique_ptr<DraftModel> draft_;  // null without speculative decoding
   ModelRunner runner_;
   Scheduler scheduler_;
+  std::unique_ptr<SpeculativeWorker> spec_;
 
   std::mutex step_mu_;  // one step at a time; guards scheduler_, callbacks_, stats
   std::unordered_map<RequestId, StreamCallback> callbacks_;

@@ -29,6 +29,23 @@ void KvManager::admit(Request& r) {
 
 bool KvManager::extend(Request& r, int n, std::vector<int32_t>& out) {
   MS_ASSERT(r.row >= 0 && n >= 0 && r.kv_len + n <= r.fill_len());
+  return take_slots(r, n, out);
+}
+
+bool KvManager::extend_speculative(Request& r, int n, std::vector<int32_t>& out) {
+  MS_ASSERT(r.row >= 0 && n >= 1 && r.kv_len + 1 == r.fill_len() && r.kv_len + n <= table_.context_len());
+  return take_slots(r, n, out);
+}
+
+void KvManager::rollback(Request& r, int kv_len) {
+  MS_ASSERT(r.row >= 0 && kv_len >= r.prefix_len && kv_len <= r.kv_len);
+  int32_t* row = table_.row(r.row);
+  pool_.free(std::span<const int32_t>(row + kv_len, size_t(r.kv_len - kv_len)));
+  std::fill(row + kv_len, row + r.kv_len, -1);
+  r.kv_len = kv_len;
+}
+
+bool KvManager::take_slots(Request& r, int n, std::vector<int32_t>& out) {
   if (n > pool_.available() && radix_) radix_->evict(n - pool_.available());
   const size_t before = out.size();
   if (!pool_.alloc(n, out)) return false;

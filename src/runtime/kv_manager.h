@@ -28,6 +28,11 @@ class KvManager {
   // Appends n fresh slots for positions [kv_len, kv_len + n) to r's row and to `out`, evicting
   // cached prefixes when needed; false (nothing taken) when even that is not enough.
   bool extend(Request& r, int n, std::vector<int32_t>& out);
+  // extend for a speculative verify: slots for r's last token and n - 1 draft tokens that are
+  // not among its tokens yet (up to the end of its row).
+  bool extend_speculative(Request& r, int n, std::vector<int32_t>& out);
+  // Frees the slots of positions [kv_len, r.kv_len) (rejected drafts) and sets r.kv_len.
+  void rollback(Request& r, int kv_len);
   // After a chunk of r was computed (kv_len advanced): caches its tokens so far, so the next
   // chunk and other requests can match them, and locks the new prefix in place of the old.
   void cache_chunk(Request& r);
@@ -43,6 +48,8 @@ class KvManager {
   RadixCache* radix() { return radix_.get(); }
 
  private:
+  bool take_slots(Request& r, int n, std::vector<int32_t>& out);
+
   SlotAllocator pool_;
   ReqToTokenTable table_;
   std::unique_ptr<RadixCache> radix_;

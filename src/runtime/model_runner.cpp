@@ -50,6 +50,13 @@ Tensor ModelRunner::forward(const ScheduleBatch& batch, const ReqToTokenTable& t
   return model_.forward(ctx).to_f32();
 }
 
+Tensor ModelRunner::forward_hidden(const ForwardBatch& fb) {
+  ForwardContext ctx{fb, kv_, bf16_};
+  ctx.device = model_.device;
+  ctx.act_dtype = model_.act_dtype;
+  return model_.forward_hidden(ctx);
+}
+
 MemoryInfo device_memory_info(Device device) {
   if (device == Device::CPU) return host_memory_info();
   fail("sizing the KV pool from --mem-fraction-static needs the device's free memory, which this backend does "

@@ -17,6 +17,9 @@ class ModelRunner {
 
   // Host F32 logits [sequences, vocab]: the last token of each sequence of the batch.
   Tensor forward(const ScheduleBatch& batch, const ReqToTokenTable& table);
+  // Final hidden states [T, H] of every token of a built batch, on the model's device (the
+  // speculative path takes logits of chosen rows and hands the rest to its draft model).
+  Tensor forward_hidden(const ForwardBatch& fb);
 
   static ForwardBatch build_forward_batch(const ScheduleBatch& batch, const ReqToTokenTable& table);
   // KV bytes of one token slot (all layers) for this model.

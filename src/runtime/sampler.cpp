@@ -127,6 +127,21 @@ SampleResult sample_token(const SampleInput& in) {
   return out;
 }
 
+std::vector<float> penalized_logits(const SampleInput& in) {
+  MS_ASSERT(in.params && !in.logits.empty());
+  std::vector<float> x(in.logits.begin(), in.logits.end());
+  apply_penalties(x, in);
+  return x;
+}
+
+SampleResult chosen_token(const std::vector<float>& penalized, const SamplingParams& p, int32_t token) {
+  MS_ASSERT(token >= 0 && size_t(token) < penalized.size());
+  SampleResult out;
+  out.token = token;
+  if (p.return_logprob || p.top_logprobs_num > 0) fill_logprobs(penalized, p, out);
+  return out;
+}
+
 SampleResult sample_next(std::span<const float> logits, const Request& r) {
   return sample_token({logits, &r.sampling, r.input_ids, r.output_ids, r.rng_seed, r.output_ids.size()});
 }

@@ -25,6 +25,12 @@ SampleResult sample_token(const SampleInput& in);
 // Shorthand for a request's next token.
 SampleResult sample_next(std::span<const float> logits, const Request& r);
 
+// The logits after the penalties of `in` (what the distribution and the logprobs come from).
+std::vector<float> penalized_logits(const SampleInput& in);
+// The result sample_token would report had it chosen `token` from these penalised logits
+// (speculative verification chooses tokens itself): the token and, when asked, its logprobs.
+SampleResult chosen_token(const std::vector<float>& penalized, const SamplingParams& p, int32_t token);
+
 // Uniform in [0, 1) from (seed, step): splitmix64 of the pair.
 double uniform_draw(uint64_t seed, uint64_t step);
 

@@ -164,13 +164,27 @@ ScheduleBatch Scheduler::decode_batch() {
   }
   MS_CHECK(kv_.available() >= int64_t(running_.size()), "KV pool exhausted: request ", running_[0]->id,
            " cannot decode alone in ", kv_.capacity(), " slots");
+  int64_t draft_budget = kv_.available() - int64_t(running_.size());
   for (Request* r : running_) {
     MS_ASSERT(r->kv_len == r->fill_len() - 1);
-    MS_ASSERT(kv_.extend(*r, 1, b.out_cache_loc));
-    b.seqs.push_back({r, r->kv_len, 1, true});
+    const int drafts = draft_count(*r, draft_budget);
+    MS_ASSERT(kv_.extend_speculative(*r, 1 + drafts, b.out_cache_loc));
+    b.seqs.push_back({r, r->kv_len, 1 + drafts, true});
   }
   new_token_ratio_ = std::max(min_token_ratio_, new_token_ratio_ - token_ratio_decay_);
   return b;
+}
+
+// No more than the request can still emit after its verified token, than its row and the
+// context hold, or than the slots left once every running request has its own.
+int Scheduler::draft_count(const Request& r, int64_t& budget) const {
+  if (options_.speculative_num_steps <= 0) return 0;
+  const int remaining = r.sampling.max_new_tokens - int(r.output_ids.size());
+  const int64_t n = std::min<int64_t>({options_.speculative_num_steps, remaining - 1,
+                                       kv_.context_len() - r.fill_len(), budget});
+  if (n <= 0) return 0;
+  budget -= n;
+  return int(n);
 }
 
 void Scheduler::retract(Request& r) {
@@ -192,6 +206,12 @@ std::vector<std::unique_ptr<Request>> Scheduler::finish_step(const ScheduleBatch
     if (!s.sample) {
       kv_.cache_chunk(*r);
       continue;
+    }
+    if (batch.mode == ForwardMode::Decode && s.num_tokens > 1) {
+      // A speculative verify: keep the KV of the tokens before the newest one, free the rest.
+      MS_CHECK(r->fill_len() - 1 > s.start && r->fill_len() - 1 <= r->kv_len, "request ", r->id, ": ",
+               r->fill_len() - 1 - s.start, " tokens appended after verifying ", s.num_tokens);
+      kv_.rollback(*r, r->fill_len() - 1);
     }
     MS_CHECK(r->kv_len == r->fill_len() - 1, "request ", r->id, ": no token was appended after its step");
     if (r == chunked_) chunked_ = nullptr;

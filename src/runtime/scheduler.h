@@ -28,11 +28,16 @@ struct SchedulerOptions {
   // decoding when admitting new requests (SGLang's --schedule-conservativeness); lower
   // admits more and retracts more.
   double conservativeness = 1.0;
+  // Speculative decoding: draft tokens per request in a decode (verify) step, each taking a
+  // slot for that step only; fewer near max_new_tokens, the context end, or when memory is
+  // short. 0: plain decoding.
+  int speculative_num_steps = 0;
 };
 
 enum class ForwardMode { Extend, Decode };
 
-// One sequence of a step: tokens [start, start + num_tokens) of the request's fill_ids().
+// One sequence of a step: tokens [start, start + num_tokens) of the request's fill_ids(); in
+// a speculative decode step, its last token and num_tokens - 1 draft tokens after it.
 struct ScheduledSeq {
   Request* req;
   int start;
@@ -63,7 +68,8 @@ class Scheduler {
   // The next step's batch (empty when there is nothing to do).
   ScheduleBatch next_batch();
   // After the batch ran and each sampled token was appended and checked (check_finish):
-  // advances the requests' KV, caches chunk boundaries, and hands back the finished requests.
+  // advances the requests' KV, caches chunk boundaries, frees the slots of rejected draft
+  // tokens, and hands back the finished requests.
   std::vector<std::unique_ptr<Request>> finish_step(const ScheduleBatch& batch);
   // Empties the radix cache; only while idle.
   void flush_cache();
@@ -83,6 +89,7 @@ class Scheduler {
   void retract(Request& r);
   int64_t decode_reserve() const;  // slots kept for running requests' future tokens
   int64_t reserve_of(const Request& r) const;
+  int draft_count(const Request& r, int64_t& budget) const;  // drafts r verifies this step
   void enqueue(Request* r);  // waiting queue, kept in arrival order
 
   SchedulerOptions options_;

@@ -1,0 +1,43 @@
+// The engine's step when speculative decoding is on. An extend (prefill) batch runs the target,
+// samples each finished prompt's first token, and lets the draft model observe the chunk. A
+// decode batch comes from the scheduler with 1 + k slots per request (k drafts, chosen by the
+// scheduler under the memory budget): the draft proposes k tokens, one target forward verifies
+// all of them, the accepted ones and the target's next token are appended, and the draft
+// observes the kept positions. The scheduler's finish_step then frees the rejected slots.
+#pragma once
+#include <functional>
+
+#include "runtime/model_runner.h"
+#include "runtime/scheduler.h"
+#include "runtime/spec_draft.h"
+
+namespace ms {
+
+// Appends a chosen token to a request and checks whether it finished; false once it has (the
+// tokens after it are dropped).
+using AppendToken = std::function<bool(Request&, SampleResult)>;
+
+class SpeculativeWorker {
+ public:
+  SpeculativeWorker(ModelRunner& runner, DraftModel& draft) : runner_(runner), draft_(draft) {}
+
+  void run_extend(const ScheduleBatch& batch, const ReqToTokenTable& table, const AppendToken& append);
+  void run_verify(const ScheduleBatch& batch, const ReqToTokenTable& table, const AppendToken& append);
+
+  SpeculativeStats stats() const;
+
+ private:
+  // The verify forward's batch: each request's last token then its drafts, at positions
+  // [start, start + k], in the slots the scheduler allocated.
+  static ForwardBatch verify_batch(const ScheduleBatch& batch, const std::vector<std::vector<int32_t>>& drafts,
+                                   const ReqToTokenTable& table);
+  // Rows `rows` of hidden [T, H] (a new tensor on its device).
+  static Tensor take_rows(const Tensor& hidden, const std::vector<int32_t>& rows);
+  void record(int drafted, int accepted, int emitted);
+
+  ModelRunner& runner_;
+  DraftModel& draft_;
+  SpeculativeStats stats_;
+};
+
+}  // namespace ms
