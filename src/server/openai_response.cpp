@@ -92,8 +92,7 @@ Json CompletionWriter::chunk(Json choice) const {
 std::vector<Json> CompletionWriter::apply(const ChoiceEvent& e) {
   Choice& c = *choices_[e.index];
   const StreamOutput& o = e.output;
-  std::string text = c.text.push(o.new_ids);
-  if (o.finished) text += c.text.finish(stop_string_of(o, e.index));
+  std::string text = o.finished ? c.text.finish(o.new_ids, stop_string_of(o, e.index)) : c.text.push(o.new_ids);
   c.last = o;
   c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
   const size_t offset = c.text_offset;

@@ -126,13 +126,12 @@ void apply(NativeChoice& c, const NativeJob& job, const StreamOutput& o) {
   c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
   c.last = o;
   if (!c.text) return;
-  c.text->push(o.new_ids);
-  if (!o.finished) return;
+  if (!o.finished) return (void)c.text->push(o.new_ids);
   const auto& stops = job.sampling.stop;
   const bool string_stop = o.finish_reason == FinishReason::Stop &&
                            std::find(stops.begin(), stops.end(), o.matched_stop) != stops.end() &&
                            !(o.new_ids.size() && std::to_string(o.new_ids.back()) == o.matched_stop);
-  c.text->finish(string_stop ? o.matched_stop : std::string());
+  c.text->finish(o.new_ids, string_stop ? o.matched_stop : std::string());
 }
 
 void run_generate(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {

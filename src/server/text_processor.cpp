@@ -65,7 +65,8 @@ std::string ChoiceText::push(std::span<const int32_t> ids) {
   return out;
 }
 
-std::string ChoiceText::finish(const std::string& stop_string) {
+std::string ChoiceText::finish(std::span<const int32_t> ids, const std::string& stop_string) {
+  for (int32_t id : ids) pending_ += decoder_.push(id);
   pending_ += decoder_.finish();
   if (!stop_string.empty()) {
     // The stop string starts inside pending_: every suffix that could begin one was held.

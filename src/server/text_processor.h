@@ -48,9 +48,9 @@ class ChoiceText {
   ChoiceText(const TextProcessor& text, bool skip_special_tokens, std::vector<std::string> stop);
   // Text that is now safe to show after `ids`.
   std::string push(std::span<const int32_t> ids);
-  // The rest, at the end of the request; `stop_string` is the stop string that ended it (cut
-  // from the text with all that follows), or empty.
-  std::string finish(const std::string& stop_string);
+  // The rest, at the end of the request, with its last `ids`; `stop_string` is the stop string
+  // that ended it (cut from the text with all that follows), or empty.
+  std::string finish(std::span<const int32_t> ids, const std::string& stop_string);
   const std::string& shown() const { return shown_; }  // everything returned so far
 
  private:
