@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   ms::cli::add_bench_one_batch(app);
   ms::cli::add_serve(app);
   ms::cli::add_make_demo_model(app);
+  ms::cli::add_bench_serving(app);
+  ms::cli::add_bench_offline(app);
+  ms::cli::add_eval_gsm8k(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
