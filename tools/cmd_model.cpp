@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "demo_model.h"
 #include "core/check.h"
 #include "generate_input.h"
 #include "parallel_args.h"
@@ -43,7 +44,7 @@ struct ModelArgs {
   ParallelArgs parallel;
   CLI::Option* add(CLI::App* cmd) {
     parallel.add(cmd);
-    cmd->add_option("--model-path", model_path, "Hugging Face checkpoint directory")->required();
+    cmd->add_option("--model-path", model_path, "Hugging Face checkpoint directory (generate: the demo model if omitted)");
     auto* ids_opt = cmd->add_option("--ids", ids, "prompt token ids, comma-separated (e.g. 5,17,3)");
     cmd->add_option("--dtype", dtype, "activation precision on the CPU (the GPU computes in bfloat16)")
         ->check(CLI::IsMember({"float32", "bfloat16"}));
@@ -84,6 +85,7 @@ void add_logits(CLI::App& app) {
   args->add(cmd)->required();
   cmd->add_option("--out", *out, "output .safetensors file (tensor `logits`, F32 [n, vocab])")->required();
   cmd->callback([args, out] {
+    MS_CHECK(!args->model_path.empty(), "logits: --model-path is required");
     auto ids = parse_ids(args->ids, "--ids");
     Tensor logits;
     if (args->parallel.multi_rank()) {
@@ -212,7 +214,10 @@ void add_generate(CLI::App& app) {
   cmd->add_option_function<uint64_t>("--seed", [opt](const uint64_t& seed) { opt->seed = seed; }, "sampling seed");
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "keep going past the end-of-sequence token");
   runtime->add(cmd);
-  cmd->callback([args, runtime, opt, input_file] { run_generate(*args, *runtime, *opt, *input_file); });
+  cmd->callback([args, runtime, opt, input_file] {
+    if (args->model_path.empty()) args->model_path = ensure_demo_model();  // random weights: noise
+    run_generate(*args, *runtime, *opt, *input_file);
+  });
 }
 
 }  // namespace
