@@ -30,6 +30,15 @@ std::string cut_at_stop(std::string text) {
   return text;
 }
 
+// A model's vocabulary may be larger than the tokenizer given here (padding rows, or another
+// model's tokenizer on a test checkpoint); ids past the tokenizer's have no text.
+std::string decode_known(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  std::vector<int32_t> known;
+  for (int32_t id : ids)
+    if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+  return tok.decode(known, true);
+}
+
 // Prompts go as text, or as ids when the client tokenizes (--tokenizer): a server without a
 // tokenizer takes ids only, and then cannot apply stop strings, so they are applied here.
 std::vector<BenchPrompt> make_prompts(const Gsm8kArgs& a, const std::vector<Gsm8kItem>& items, const Tokenizer* tok) {
@@ -70,7 +79,7 @@ void run_eval(const Gsm8kArgs& a) {
   int failed = 0;
   for (const RequestOutcome& r : run.outcomes) {
     if (!r.success && failed++ == 0) std::fprintf(stderr, "first failed request: %s\n", r.error.c_str());
-    std::string text = r.generated_text.empty() && tok ? tok->decode(r.output_ids, true) : r.generated_text;
+    std::string text = r.generated_text.empty() && tok ? decode_known(*tok, r.output_ids) : r.generated_text;
     generations.push_back(tok ? cut_at_stop(std::move(text)) : std::move(text));
     output_tokens += r.success ? r.output_len : 0;
   }
