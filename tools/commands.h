@@ -16,6 +16,7 @@ void add_make_demo_model(CLI::App& app);  // make-demo-model (demo_model.h)
 void add_bench_serving(CLI::App& app);  // bench-serving (tools/bench/: the HTTP benchmark client)
 void add_bench_offline(CLI::App& app);
 void add_eval_gsm8k(CLI::App& app);
+void add_bench_speculative(CLI::App& app);  // bench-speculative (decode speed-up at set acceptance)
 
 // "5,17,3" -> {5, 17, 3}; throws naming the flag on anything else.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& flag);

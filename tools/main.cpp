@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   ms::cli::add_bench_serving(app);
   ms::cli::add_bench_offline(app);
   ms::cli::add_eval_gsm8k(app);
+  ms::cli::add_bench_speculative(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
