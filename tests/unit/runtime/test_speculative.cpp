@@ -314,5 +314,29 @@ TEST(SpeculativeCli, GenerateReportsAcceptLengthAndMatchesPlain) {
   EXPECT_NE(bad.find("--speculative-eagle-topk"), std::string::npos) << bad;
 }
 
+// bench-speculative: with every draft right, each verify of 3 drafts emits 4 tokens, so the
+// 8 tokens after the prefill take 2 target forwards instead of 8; with every draft wrong, 8.
+TEST(SpeculativeCli, BenchSpeculativeCountsForwards) {
+  std::string output;
+  const std::string cmd = test::moeserve_bin() + " bench-speculative --model-path " +
+                          test::fixture_dir("deepseek-v3-tiny") +
+                          " --batch-size 2 --input-len 5 --output-len 9 --speculative-num-steps 3 --error-rates 0,1 --mtp";
+  ASSERT_EQ(test::run_command(cmd, output), 0) << output;
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 4u) << output;
+  EXPECT_EQ(lines[0].at("draft"), "none");
+  EXPECT_EQ(lines[0].at("decode_batches"), 8);
+  EXPECT_EQ(lines[1].at("error_rate"), 0.0);
+  EXPECT_EQ(lines[1].at("decode_batches"), 2);
+  EXPECT_DOUBLE_EQ(lines[1].at("accept_length").get<double>(), 4.0);
+  EXPECT_EQ(lines[2].at("decode_batches"), 8);
+  EXPECT_DOUBLE_EQ(lines[2].at("accept_length").get<double>(), 1.0);
+  EXPECT_EQ(lines[3].at("draft"), "mtp");
+  EXPECT_GT(lines[3].at("decode_tokens_per_s").get<double>(), 0.0);
+}
+
 }  // namespace
 }  // namespace ms
