@@ -1,6 +1,8 @@
 // `moeserve bench-one-batch`: SGLang's bench_one_batch for a static batch — one prefill of
 // B prompts of I tokens, then O decode steps — reporting latency and throughput of each, and
-// the bytes of weights a decode step must read (the roofline of a weight-bound step).
+// the bytes of weights a decode step must read (the roofline of a weight-bound step). On the GPU
+// one untimed prefill warms up first, and decode steps replay CUDA graphs unless
+// --disable-cuda-graph.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,6 +15,7 @@
 #include "commands.h"
 #include "core/check.h"
 #include "models/causal_lm.h"
+#include "runtime/cuda_graph_runner.h"
 
 namespace ms::cli {
 namespace {
@@ -21,6 +24,8 @@ struct BenchArgs {
   std::string model_path, device = "cpu", result_file;
   int batch_size = 1, input_len = 256, output_len = 16;
   uint64_t seed = 0;
+  int cuda_graph_max_bs = 160;
+  bool disable_cuda_graph = false;
 };
 
 // B sequences; sequence b owns slots [b * cap, (b + 1) * cap). `lens[b]` tokens are cached.
@@ -71,7 +76,12 @@ void bench(const BenchArgs& a) {
   auto model = load_model(a.model_path, o);
   const int B = a.batch_size, cap = a.input_len + a.output_len;
   MS_CHECK(cap <= model->config.max_position_embeddings, "input + output length exceeds max_position_embeddings");
-  KvCache kv = model->make_kv_cache(int64_t(B) * cap);
+  // One slot beyond the sequences' own: padded CUDA-graph batches write their dummies there.
+  KvCache kv = model->make_kv_cache(int64_t(B) * cap + 1);
+  std::unique_ptr<CudaGraphRunner> graphs;
+  if (o.device == Device::CUDA && !a.disable_cuda_graph && a.cuda_graph_max_bs > 0)
+    graphs = std::make_unique<CudaGraphRunner>(
+        *model, kv, CudaGraphOptions{a.cuda_graph_max_bs, int32_t(int64_t(B) * cap), cap, false});
   std::mt19937 rng(uint32_t(a.seed));
   std::uniform_int_distribution<int32_t> tok(0, model->config.vocab_size - 1);
   std::vector<std::vector<int32_t>> ids(static_cast<size_t>(B), std::vector<int32_t>(static_cast<size_t>(a.input_len)));
@@ -81,12 +91,18 @@ void bench(const BenchArgs& a) {
   using clock = std::chrono::steady_clock;
   auto step = [&](const std::vector<std::vector<int32_t>>& step_ids) {
     ForwardBatch fb = make_batch(step_ids, cached, cap);
+    std::optional<Tensor> replayed = graphs ? graphs->decode(fb) : std::nullopt;
     ForwardContext ctx{fb, kv};
     ctx.device = model->device, ctx.act_dtype = model->act_dtype;
-    Tensor logits = model->forward(ctx).to_f32();  // the copy to the host waits for the device
+    // The copy to the host waits for the device.
+    Tensor logits = (replayed ? *replayed : model->forward(ctx)).to_f32();
     for (int b = 0; b < B; ++b) cached[b] += int(step_ids[b].size());
     return ops::argmax_rows(logits);
   };
+  if (o.device == Device::CUDA) {  // as SGLang's warm-up: plans and allocations stay out of the timing
+    step(ids);
+    std::fill(cached.begin(), cached.end(), 0);
+  }
   auto t0 = clock::now();
   auto next = step(ids);
   double prefill = std::chrono::duration<double>(clock::now() - t0).count();
@@ -116,7 +132,7 @@ void bench(const BenchArgs& a) {
                         {"input_len", a.input_len},   {"output_len", a.output_len},
                         {"prefill_latency", prefill}, {"prefill_throughput", double(B) * a.input_len / prefill},
                         {"median_decode_latency", median}, {"median_decode_throughput", median > 0 ? B / median : 0.0},
-                        {"decode_weight_bytes", bytes}};
+                        {"decode_weight_bytes", bytes}, {"cuda_graph", graphs != nullptr}};
     std::ofstream(a.result_file, std::ios::app) << r.dump() << "\n";
   }
 }
@@ -132,6 +148,8 @@ void add_bench_one_batch(CLI::App& app) {
   cmd->add_option("--input-len", a->input_len, "prompt tokens per sequence")->check(CLI::PositiveNumber);
   cmd->add_option("--output-len", a->output_len, "tokens generated per sequence")->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "seed of the random prompts");
+  cmd->add_option("--cuda-graph-max-bs", a->cuda_graph_max_bs, "largest decode batch replayed from a CUDA graph");
+  cmd->add_flag("--disable-cuda-graph", a->disable_cuda_graph, "run decode steps op by op");
   cmd->add_option("--result-file", a->result_file, "append a JSON line with the results");
   cmd->callback([a] { bench(*a); });
 }

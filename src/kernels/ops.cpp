@@ -1,6 +1,7 @@
 // Device dispatch of the op interface. CPU tensors go to kernels/cpu; CUDA tensors to
 // kernels/cuda when the CUDA backend is compiled in.
 #include "kernels/ops.h"
+#include "kernels/step_graph.h"
 
 #include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -15,6 +16,17 @@
 #endif
 
 namespace ms::ops {
+
+std::unique_ptr<StepGraph> capture_step(Device device, const StepArrays& arrays, int64_t kv_capacity, int max_kv,
+                                        const std::function<void()>& body) {
+  MS_CHECK(device == Device::CUDA, "captured steps (CUDA graphs) need a CUDA device");
+#if MOESERVE_WITH_CUDA
+  return ::ms::cuda::capture_step(arrays, kv_capacity, max_kv, body);
+#else
+  (void)arrays, (void)kv_capacity, (void)max_kv, (void)body;
+  fail("this build has no CUDA backend (nvcc was not found): no CUDA graphs");
+#endif
+}
 
 void init_backend(Device device) {
   if (device == Device::CPU) return;

@@ -20,7 +20,7 @@ Tensor cpu_linear(const Tensor& x, const ops::Weight& w, const Tensor* bias) {
 
 TEST(CudaOps, LinearBf16MatchesCpu) {
   MS_REQUIRE_CUDA();
-  for (int64_t T : {1, 77, 512}) {
+  for (int64_t T : {1, 5, 8, 77, 512}) {  // up to 8 rows: the weight-streaming kernel
     const int64_t K = 2048, N = 768;
     Tensor x = randn({T, K}), w = randn({N, K}, 0.02f);
     ops::Weight wc{host_as(w, DType::BF16)}, wg{gpu(w)};
@@ -33,7 +33,8 @@ TEST(CudaOps, LinearBf16MatchesCpu) {
 // Column slices in and out (row stride != width), a bias, and F32 output (router logits).
 TEST(CudaOps, LinearStridedBiasAndF32Output) {
   MS_REQUIRE_CUDA();
-  const int64_t T = 45, K = 1024, N = 320;
+  for (int64_t T : {3, 45}) {
+  const int64_t K = 1024, N = 320;
   Tensor xw = randn({T, K + 64}), w = randn({N, K}, 0.03f), b = randn({N}, 0.5f);
   Tensor x = xw.slice(1, 32, 32 + K).clone();
   ops::Weight wc{host_as(w, DType::BF16)}, wg{gpu(w)};
@@ -45,13 +46,14 @@ TEST(CudaOps, LinearStridedBiasAndF32Output) {
   EXPECT_LT(rel_error(host_block(big, 64, N), ref), kBf16Tol);
   Tensor out32 = poisoned(DType::F32, {T, N});
   cuda::linear(xg, wg, &bg, out32);
-  EXPECT_LT(rel_error(out32, ref), 1e-3);  // no output rounding: only bf16 inputs, f32 sums
+  EXPECT_LT(rel_error(out32, ref), 1e-3) << "T=" << T;  // no output rounding: bf16 inputs, f32 sums
+  }
 }
 
 // FP8 128x128 blocks with partial edge blocks in both dimensions.
 TEST(CudaOps, LinearFp8BlocksMatchCpu) {
   MS_REQUIRE_CUDA();
-  for (int64_t T : {1, 130}) {
+  for (int64_t T : {1, 7, 130}) {
     const int64_t K = 1600, N = 704;
     Tensor x = randn({T, K});
     Fp8Weight w = random_fp8(N, K);

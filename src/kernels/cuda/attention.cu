@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
 namespace {
@@ -64,8 +65,12 @@ __global__ void attention_kernel(AttnParams p) {
       q_s[warp * dk + i] = i < p.da ? __bfloat162float(p.qa[t * p.qa_s0 + h * p.qa_s1 + i])
                                     : __bfloat162float(p.qb[t * p.qb_s0 + h * p.qb_s1 + i - p.da]);
   }
-  const int visible = p.q_visible[t], begin = blockIdx.z * p.split_len;
-  const int end = min(visible, begin + p.split_len);
+  // split_len 0: each query divides its own keys over the splits (captured steps, whose key
+  // counts change from replay to replay); a split left with none reports an empty partial.
+  const int visible = p.q_visible[t];
+  const int split_len =
+      p.split_len > 0 ? p.split_len : ((visible + p.splits - 1) / p.splits + kChunk - 1) / kChunk * kChunk;
+  const int begin = blockIdx.z * split_len, end = min(visible, begin + split_len);
   const int32_t* slots = p.slots + p.q_kv_begin[t];
   float m = -INFINITY, l = 0.f, acc[NCH][2] = {};
   for (int c0 = begin; c0 < end; c0 += kChunk) {
@@ -155,8 +160,30 @@ void launch(const AttnParams& p, int kv_heads, size_t smem) {
   MS_CUDA_LAUNCHED("attention_kernel");
 }
 
+void launch_all(AttnParams p, int kv_heads, const char* op);
+
+// Splits of the keys per query: enough blocks to fill the GPU twice, at least 64 keys each.
+int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
+  p.warps = std::min(p.group, 16);
+  p.hgroups = (p.group + p.warps - 1) / p.warps;
+  const int64_t blocks = int64_t(p.T) * kv_heads * p.hgroups, want = 2 * int64_t(sm_count());
+  const int splits = blocks >= want ? 1 : int(std::min<int64_t>((want + blocks - 1) / blocks, (max_visible + 63) / 64));
+  return std::max(splits, 1);
+}
+
+// A captured step: the layout's arrays are on the device already, and the splits are sized
+// from the step's max_kv so that any replay fits the same launch.
+void run_staged(AttnParams p, int kv_heads, const StagedStep& st, const char* op) {
+  p.slots = st.arrays[3].device.data<int32_t>(), p.q_kv_begin = st.begin.data<int32_t>();
+  p.q_visible = st.visible.data<int32_t>();
+  p.splits = choose_splits(p, kv_heads, st.max_kv);
+  p.split_len = p.splits > 1 ? 0 : (1 << 30);  // one split: every key, however many
+  launch_all(p, kv_heads, op);
+}
+
 // Fills the layout part of `p` (uploads, split-KV choice), launches, and merges the splits.
 void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& layout, const char* op) {
+  if (const StagedStep* st = staged_step(); st && st->layout == &layout) return run_staged(p, kv_heads, *st, op);
   std::vector<int32_t> begin, visible;
   int max_visible = 0;
   for (int s = 0; s < layout.num_seqs(); ++s) {
@@ -170,13 +197,14 @@ void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
   if (p.T == 0) return;
   Tensor d_slots = upload_i32(layout.kv_slots), d_begin = upload_i32(begin), d_visible = upload_i32(visible);
   p.slots = d_slots.data<int32_t>(), p.q_kv_begin = d_begin.data<int32_t>(), p.q_visible = d_visible.data<int32_t>();
-  p.warps = std::min(p.group, 16);
-  p.hgroups = (p.group + p.warps - 1) / p.warps;
-  const int64_t blocks = int64_t(p.T) * kv_heads * p.hgroups, want = 2 * int64_t(sm_count());
-  int splits = blocks >= want ? 1 : int(std::min<int64_t>((want + blocks - 1) / blocks, (max_visible + 63) / 64));
-  splits = std::max(splits, 1);
+  const int splits = choose_splits(p, kv_heads, max_visible);
   p.split_len = ((max_visible + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
   p.splits = (max_visible + p.split_len - 1) / p.split_len;
+  launch_all(p, kv_heads, op);
+}
+
+// Launches the attention kernel for p's value width and merges the splits.
+void launch_all(AttnParams p, int kv_heads, const char* op) {
   Tensor part_acc, part_ml;
   if (p.splits > 1) {
     part_acc = scratch(DType::F32, {p.splits, p.T, p.hq, p.dv});

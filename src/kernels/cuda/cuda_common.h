@@ -35,6 +35,8 @@ Tensor scratch(DType dtype, Shape shape);
 
 // A device I32 copy of host metadata, staged through pinned memory (stream-ordered).
 Tensor upload_i32(std::span<const int32_t> host);
+// Whether this thread's stream is being captured into a CUDA graph (no host syncs allowed).
+bool capturing();
 // Copies `bytes` from device memory to host memory and waits for it.
 void download(void* host, const void* device, size_t bytes);
 

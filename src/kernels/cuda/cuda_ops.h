@@ -3,6 +3,7 @@
 // host-side metadata (token ids, positions, slots, layouts) is uploaded inside each op.
 #pragma once
 #include "kernels/ops.h"
+#include "kernels/step_graph.h"
 
 namespace ms::cuda {
 using ops::AttentionLayout;
@@ -36,5 +37,7 @@ void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Ten
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
+std::unique_ptr<ops::StepGraph> capture_step(const ops::StepArrays& arrays, int64_t kv_capacity, int max_kv,
+                                             const std::function<void()>& body);
 
 }  // namespace ms::cuda

@@ -1,7 +1,10 @@
-// Linear layers and the MLA absorptions on the GPU, all through gemm.h: the weight is read as
-// BF16 (fp8 blocks dequantised into scratch first), activations are BF16, accumulation f32.
+// Linear layers and the MLA absorptions on the GPU. Up to kGemvMaxRows rows (decode) stream
+// the weight through the CUDA-core product of gemv.h, FP8 blocks dequantised in registers;
+// more rows go through gemm.h (cuBLASLt on BF16, fp8 blocks dequantised into scratch first).
+// Activations are BF16, accumulation f32.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 
 namespace ms::cuda {
 namespace {
@@ -15,6 +18,31 @@ __global__ void add_bias(const float* tmp, const float* bias, int64_t T, int64_t
   store_f(out + t * os + n, tmp[idx] + bias[n]);
 }
 
+// Beyond 8 rows the CUDA-core FMAs, not the weight bytes, bound the product: tensor cores win.
+constexpr int64_t kGemvMaxRows = 8;
+
+bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out) {
+  const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
+  const Tensor& wt = w.w;
+  if (T > kGemvMaxRows || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
+    return false;
+  if (w.is_fp8() && (w.block_k % 16 != 0 || w.scale_inv.dtype() != DType::F32)) return false;
+  if (!w.is_fp8() && wt.dtype() != DType::BF16) return false;
+  GemvWeights gw;
+  gw.w_one = wt.raw(), gw.ld = wt.strides()[0], gw.fp8 = w.is_fp8();
+  if (gw.fp8) {
+    check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
+    gw.s_one = w.scale_inv.data<float>(), gw.scale_ld = w.scale_inv.strides()[0];
+    gw.block_n = w.block_n, gw.block_k = w.block_k;
+  }
+  GemvRows rows;
+  rows.rows = int(T);
+  GemvInput in{xb.data<bf16>(), xb.strides()[0]};
+  GemvOutput o{out.raw(), out.dtype(), out.strides()[0], bias ? bias->data<float>() : nullptr};
+  gemv(N, K, gw, rows, in, o, false);
+  return true;
+}
+
 }  // namespace
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
@@ -26,13 +54,16 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
   MS_CHECK(out.strides()[1] == 1, "linear: output rows must be contiguous");
   if (T == 0) return;
   Tensor xb = rows_bf16(x);
+  if (bias) {
+    check_device_tensor(*bias, {DType::F32}, "linear", "bias");
+    MS_CHECK(bias->numel() == N, "linear: bias ", bias->describe(), " for ", N, " outputs");
+  }
+  if (try_gemv(xb, w, bias, out)) return;
   Tensor wb = weight_bf16(w);
   if (!bias) {
     gemm_xwT(xb, wb, out.raw(), out.dtype(), out.strides()[0]);
     return;
   }
-  check_device_tensor(*bias, {DType::F32}, "linear", "bias");
-  MS_CHECK(bias->numel() == N, "linear: bias ", bias->describe(), " for ", N, " outputs");
   // The bias is added in f32 before the one rounding, as a fused epilogue would.
   Tensor tmp = scratch(DType::F32, {T, N});
   gemm_xwT(xb, wb, tmp.raw(), DType::F32, N);

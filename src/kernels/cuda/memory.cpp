@@ -9,6 +9,7 @@
 #include "core/device_memory.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
 
@@ -182,10 +183,38 @@ Tensor scratch(DType dtype, Shape shape) {
   return Tensor::from_buffer(std::move(buf), 0, dtype, std::move(shape));
 }
 
+namespace {
+
+// Under capture: the step's own arrays are already on the device (the staged arena); anything
+// else is a constant of this step shape (e.g. last-token rows), copied at every replay from
+// pinned memory the captured step keeps.
+Tensor staged_upload(StagedStep& s, std::span<const int32_t> host) {
+  for (const auto& a : s.arrays)
+    if (a.host == host.data() && int64_t(host.size()) <= a.device.numel()) return a.device.slice(0, 0, int64_t(host.size()));
+  const size_t bytes = host.size_bytes();
+  MS_CHECK(s.pinned_used + bytes <= s.pinned_capacity, "captured step: ", s.pinned_used + bytes,
+           " bytes of constant metadata exceed the step's pinned buffer");
+  char* src = s.pinned + s.pinned_used;
+  s.pinned_used += (bytes + 15) / 16 * 16;
+  std::memcpy(src, host.data(), bytes);
+  Tensor t = scratch(DType::I32, {int64_t(host.size())});
+  MS_CUDA(cudaMemcpyAsync(t.raw(), src, bytes, cudaMemcpyHostToDevice, stream()));
+  return t;
+}
+
+}  // namespace
+
 Tensor upload_i32(std::span<const int32_t> host) {
+  if (StagedStep* s = staged_step(); s && !host.empty()) return staged_upload(*s, host);
   Tensor t = scratch(DType::I32, {int64_t(host.size())});
   if (!host.empty()) runtime().staging->upload(t.raw(), host.data(), host.size_bytes());
   return t;
+}
+
+bool capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MS_CUDA(cudaStreamIsCapturing(stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 void download(void* host, const void* device, size_t bytes) {

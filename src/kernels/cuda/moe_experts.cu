@@ -1,10 +1,18 @@
-// Routed experts on the GPU: sort the (token, slot) pairs by expert on the host (the ids are
-// small and the per-expert row counts size the GEMMs), gather the tokens once, run each selected
-// expert's gate/up and down projections through cuBLASLt over its contiguous rows, and sum each
-// token's k outputs with their router weights in a fixed slot order.
+// Routed experts on the GPU. Up to kGroupedMaxTokens tokens (decode, and always under graph
+// capture) stay on the device: one block sorts the (token, slot) pairs by expert (count, prefix
+// sum, scatter) and lists the experts that have rows; one grouped product streams each listed
+// expert's gate and up rows once and writes silu(gate) * up, a second its down rows; no host
+// sync. More tokens (prefill) sort the pairs on the host and run each selected expert's
+// projections through cuBLASLt over its contiguous rows. Both end in the same kernel that sums
+// each token's k outputs with their router weights in a fixed slot order.
+#include <map>
+#include <mutex>
+
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/moe_grouped.h"
 
 namespace ms::cuda {
 namespace {
@@ -70,6 +78,33 @@ Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K
   return p;
 }
 
+void combine(const Tensor& ye, const Tensor& row_of, const Tensor& weights, int64_t T, int64_t K, int64_t H,
+             Tensor& out) {
+  const int threads = 256;
+  MS_FLOAT_DISPATCH(out.dtype(), TO,
+    combine_experts<TO><<<blocks_for(T * H, threads), threads, 0, stream()>>>(
+        ye.data<float>(), row_of.data<int32_t>(), weights.data<float>(), T, int(K), H, out.data<TO>(),
+        out.strides()[0]));
+  MS_CUDA_LAUNCHED("combine_experts");
+}
+
+void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
+                     int first, Tensor& out) {
+  const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
+  const int E = table.experts;
+  Permuted perm = permute_on_device(ids, first, E);
+  Tensor act = scratch(DType::BF16, {pairs, I}), ye = scratch(DType::F32, {pairs, H});
+  GemvRows rows;
+  rows.rows = int(pairs), rows.offsets = perm.offsets.data<int32_t>(), rows.active = perm.active.data<int32_t>();
+  rows.n_active = perm.n_active.data<int32_t>();
+  rows.max_groups = rows.expected_groups = int(std::min<int64_t>(E, pairs));
+  GemvInput xin{x.data<bf16>(), x.strides()[0], perm.token_of_row.data<int32_t>()};
+  gemv(I, H, table.gate_up, rows, xin, GemvOutput{act.raw(), DType::BF16, I}, true);
+  GemvInput ain{act.data<bf16>(), I};
+  gemv(H, I, table.down, rows, ain, GemvOutput{ye.raw(), DType::F32, H}, false);
+  combine(ye, perm.row_of, weights, T, K, H, out);
+}
+
 }  // namespace
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
@@ -85,9 +120,14 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
            "moe_experts: ", x.describe(), " ", ids.describe(), " ", weights.describe(), " -> ", out.describe());
   MS_CHECK(E > 0, "moe_experts: no experts");
   if (T == 0) return;
+  const auto [first, total] = local_range(experts);
+  const ExpertTable* table = expert_table(experts);
+  if (table && (T <= kGroupedMaxTokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
+      gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
+    return grouped_experts(x, ids, weights, *table, first, out);
+  MS_CHECK(!capturing(), "moe_experts: these expert weights need the host-sorted path, which cannot be captured");
   std::vector<int32_t> host_ids(size_t(T * K));
   download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));
-  const auto [first, total] = local_range(experts);
   Permutation perm = sort_by_expert(host_ids, T, K, first, E, total);
   const int64_t rows = perm.offsets[E], I = experts.gate[0].out_features();
   Tensor token_of_row = upload_i32(perm.token_of_row), row_of = upload_i32(perm.row_of);
@@ -119,11 +159,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
     if (n == 0) continue;
     gemm_xwT(act.narrow_rows(off, n), weight_bf16(experts.down[e]), ye.data<float>() + off * H, DType::F32, H);
   }
-  MS_FLOAT_DISPATCH(out.dtype(), TO,
-    combine_experts<TO><<<blocks_for(T * H, threads), threads, 0, stream()>>>(
-        ye.data<float>(), row_of.data<int32_t>(), weights.data<float>(), T, int(K), H, out.data<TO>(),
-        out.strides()[0]));
-  MS_CUDA_LAUNCHED("combine_experts");
+  combine(ye, row_of, weights, T, K, H, out);
 }
 
 }  // namespace ms::cuda

@@ -1,0 +1,60 @@
+// Weight-streaming products for few rows (decode): out[r, n] = x[r] . W[n] on CUDA cores, each
+// weight element read once per step at full memory bandwidth, for BF16 or FP8-block weights
+// (dequantised in registers, no scratch copy). Rows come in groups (the experts of a MoE
+// layer), each with its own weights; a group that no row chose costs nothing.
+#pragma once
+#include "kernels/cuda/cuda_common.h"
+
+namespace ms::cuda {
+
+// Device arrays describing the weights of `count` groups, all [N, K] with the same row stride:
+// w[g] (and w2[g], the up projection of a SwiGLU pair), FP8 scales s[g] / s2[g] or null.
+// A single group (dense) passes its pointers directly in w_one / w2_one / s_one / s2_one.
+struct GemvWeights {
+  const void* const* w = nullptr;
+  const void* const* w2 = nullptr;
+  const float* const* s = nullptr;
+  const float* const* s2 = nullptr;
+  const void* w_one = nullptr;
+  const void* w2_one = nullptr;
+  const float* s_one = nullptr;
+  const float* s2_one = nullptr;
+  int64_t ld = 0, scale_ld = 0;
+  int block_n = 128, block_k = 128;
+  bool fp8 = false;
+};
+
+// Which rows each group owns. Dense: one group, rows [0, rows). Grouped: group g owns rows
+// [offsets[g], offsets[g + 1]); block b of the grid serves group active[b] when b < *n_active.
+struct GemvRows {
+  int rows = 0;
+  const int32_t* offsets = nullptr;
+  const int32_t* active = nullptr;
+  const int32_t* n_active = nullptr;
+  int max_groups = 1;  // grid size over groups (a bound on *n_active, fixed for graph capture)
+  int expected_groups = 1;  // groups likely active: sizes the grid over output tiles
+};
+
+// Input rows: row r of the product reads x[x_rows ? x_rows[r] : r] (row stride x_ld, BF16).
+struct GemvInput {
+  const bf16* x;
+  int64_t x_ld;
+  const int32_t* x_rows = nullptr;
+};
+
+// out[r, n] (row stride out_ld, BF16 or F32) = x_r . w[n] (+ bias[n]); with `swiglu`,
+// out[r, n] = silu(x_r . w[n]) * (x_r . w2[n]).
+struct GemvOutput {
+  void* out;
+  DType dtype;
+  int64_t out_ld;
+  const float* bias = nullptr;
+};
+
+// Whether the kernel takes this shape: K a multiple of the 16-byte chunk, rows 16-byte aligned.
+bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_ld);
+
+void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
+          const GemvOutput& out, bool swiglu);
+
+}  // namespace ms::cuda

@@ -1,0 +1,160 @@
+#include "kernels/cuda/moe_grouped.h"
+
+#include <map>
+#include <mutex>
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kAlignThreads = 1024;
+
+// One block: count the pairs of each local expert, scan the counts (warp 0, 32 experts a step)
+// into row offsets and the list of experts with rows, then place every pair at its expert's next
+// row. Rows of one expert come in any order; each row is computed on its own and the combine
+// reads them through row_of, so the result does not depend on that order.
+__global__ void align_kernel(const int32_t* ids, int pairs, int K, int first, int E, int32_t* offsets, int32_t* active,
+                             int32_t* n_active, int32_t* token_of_row, int32_t* row_of) {
+  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
+  int32_t* cursor = counts + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = ids[i] - first;
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int base = 0, abase = 0;
+    for (int c = 0; c < E; c += 32) {
+      const int e = c + lane, cnt = e < E ? counts[e] : 0;
+      int incl = cnt;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const unsigned has = __ballot_sync(0xffffffffu, cnt > 0);
+      if (e < E) offsets[e] = cursor[e] = base + incl - cnt;
+      if (cnt > 0) active[abase + __popc(has & ((1u << lane) - 1))] = e;
+      base += __shfl_sync(0xffffffffu, incl, 31);
+      abase += __popc(has);
+    }
+    if (lane == 0) offsets[E] = base, *n_active = abase;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = ids[i] - first;
+    int32_t r = -1;
+    if (e >= 0 && e < E) {
+      r = atomicAdd(&cursor[e], 1);
+      token_of_row[r] = i / K;
+    }
+    row_of[i] = r;
+  }
+}
+
+// The pointer arrays of one matrix kind, or false when an expert does not fit the kernels.
+bool collect(const std::vector<ops::Weight>& ws, int64_t rows, int64_t cols, bool fp8, std::vector<uint64_t>& ptrs,
+             std::vector<uint64_t>& scales, int64_t& ld, int64_t& scale_ld, int& bn, int& bk) {
+  ld = ws[0].w.strides()[0];
+  scale_ld = fp8 ? ws[0].scale_inv.strides()[0] : 0;
+  bn = ws[0].block_n, bk = ws[0].block_k;
+  for (const auto& w : ws) {
+    if (w.out_features() != rows || w.in_features() != cols || w.w.device() != Device::CUDA ||
+        w.w.strides()[1] != 1 || w.w.strides()[0] != ld || w.is_fp8() != fp8 ||
+        reinterpret_cast<uintptr_t>(w.w.raw()) % 16 != 0)
+      return false;
+    if (!fp8 && w.w.dtype() != DType::BF16) return false;
+    if (fp8 && (w.scale_inv.dtype() != DType::F32 || w.scale_inv.device() != Device::CUDA ||
+                w.scale_inv.strides()[0] != scale_ld || w.block_n != bn || w.block_k != bk || bk % 16 != 0))
+      return false;
+    ptrs.push_back(reinterpret_cast<uint64_t>(w.w.raw()));
+    scales.push_back(fp8 ? reinterpret_cast<uint64_t>(w.scale_inv.raw()) : 0);
+  }
+  return true;
+}
+
+std::unique_ptr<ExpertTable> build_table(const ops::ExpertWeights& ex) {
+  auto t = std::make_unique<ExpertTable>();
+  t->experts = ex.num_experts();
+  t->intermediate = ex.gate[0].out_features(), t->hidden = ex.gate[0].in_features();
+  t->fp8 = ex.gate[0].is_fp8();
+  std::vector<uint64_t> p[3], s[3];
+  int64_t ld[3], sld[3];
+  int bn[3], bk[3];
+  const std::vector<ops::Weight>* mats[3] = {&ex.gate, &ex.up, &ex.down};
+  for (int m = 0; m < 3; ++m) {
+    const int64_t rows = m < 2 ? t->intermediate : t->hidden, cols = m < 2 ? t->hidden : t->intermediate;
+    if (!collect(*mats[m], rows, cols, t->fp8, p[m], s[m], ld[m], sld[m], bn[m], bk[m])) return nullptr;
+  }
+  if (ld[0] != ld[1] || sld[0] != sld[1]) return nullptr;
+  const int64_t E = t->experts;
+  Tensor host = Tensor::empty(DType::I64, {6 * E});
+  auto* h = host.data<int64_t>();
+  for (int m = 0; m < 3; ++m)
+    for (int64_t e = 0; e < E; ++e) h[m * E + e] = int64_t(p[m][e]), h[(3 + m) * E + e] = int64_t(s[m][e]);
+  t->pointers = host.to(Device::CUDA);
+  t->host_pointers.assign(reinterpret_cast<uint64_t*>(h), reinterpret_cast<uint64_t*>(h) + 6 * E);
+  auto* d = reinterpret_cast<const void* const*>(t->pointers.raw());
+  auto* ds = reinterpret_cast<const float* const*>(t->pointers.raw());
+  t->gate_up.w = d, t->gate_up.w2 = d + E, t->down.w = d + 2 * E;
+  if (t->fp8) t->gate_up.s = ds + 3 * E, t->gate_up.s2 = ds + 4 * E, t->down.s = ds + 5 * E;
+  t->gate_up.ld = ld[0], t->gate_up.scale_ld = sld[0], t->gate_up.block_n = bn[0], t->gate_up.block_k = bk[0];
+  t->down.ld = ld[2], t->down.scale_ld = sld[2], t->down.block_n = bn[2], t->down.block_k = bk[2];
+  t->gate_up.fp8 = t->down.fp8 = t->fp8;
+  return t;
+}
+
+}  // namespace
+
+namespace {
+
+// Whether the table still describes these weights: freed weights' memory can come back at the
+// same address for other experts, so every pointer (and the dtype) is compared.
+bool matches(const ExpertTable& t, const ops::ExpertWeights& ex) {
+  const int64_t E = t.experts;
+  if (ex.num_experts() != E || ex.gate[0].is_fp8() != t.fp8 || ex.gate[0].w.dtype() != (t.fp8 ? DType::F8_E4M3 : DType::BF16))
+    return false;
+  const std::vector<ops::Weight>* mats[3] = {&ex.gate, &ex.up, &ex.down};
+  for (int m = 0; m < 3; ++m)
+    for (int64_t e = 0; e < E; ++e) {
+      const ops::Weight& w = (*mats[m])[size_t(e)];
+      if (t.host_pointers[size_t(m * E + e)] != reinterpret_cast<uint64_t>(w.w.raw()) ||
+          (t.fp8 && t.host_pointers[size_t((3 + m) * E + e)] != reinterpret_cast<uint64_t>(w.scale_inv.raw())))
+        return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+const ExpertTable* expert_table(const ops::ExpertWeights& experts) {
+  static std::mutex mu;
+  // Keyed by the first expert's address; a copy of ExpertWeights shares the table.
+  static std::map<const void*, std::unique_ptr<ExpertTable>> tables;
+  if (experts.gate.empty()) return nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = tables[experts.gate[0].w.raw()];
+  if (slot && matches(*slot, experts)) return slot.get();
+  MS_CHECK(!capturing(), "moe_experts: the expert table must be built before graph capture");
+  slot = build_table(experts);
+  return slot.get();
+}
+
+Permuted permute_on_device(const Tensor& ids, int first, int E) {
+  const int64_t pairs = ids.numel();
+  Permuted p;
+  p.offsets = scratch(DType::I32, {E + 1}), p.active = scratch(DType::I32, {E});
+  p.n_active = scratch(DType::I32, {1});
+  p.token_of_row = scratch(DType::I32, {pairs}), p.row_of = scratch(DType::I32, {pairs});
+  const size_t smem = size_t(2) * E * sizeof(int32_t);
+  MS_CHECK(smem <= 48 * 1024, "moe: ", E, " local experts exceed the sort kernel's shared memory");
+  align_kernel<<<1, kAlignThreads, smem, stream()>>>(ids.data<int32_t>(), int(pairs), int(ids.size(1)), first, E,
+                                                     p.offsets.data<int32_t>(), p.active.data<int32_t>(),
+                                                     p.n_active.data<int32_t>(), p.token_of_row.data<int32_t>(),
+                                                     p.row_of.data<int32_t>());
+  MS_CUDA_LAUNCHED("align_kernel");
+  return p;
+}
+
+}  // namespace ms::cuda
