@@ -115,6 +115,15 @@ std::string Metrics::render(const EngineStats& s, const std::string& model_name)
   gauge(out, "moeserve:cache_hit_rate", "Prompt tokens served from the radix cache / prompt tokens scheduled.", l,
         looked_up > 0 ? double(sc.cached_tokens) / looked_up : 0.0);
   gauge(out, "moeserve:gen_throughput", "Generated tokens per second over the last 10 s.", l, throughput);
+  if (s.speculative) {
+    gauge(out, "moeserve:spec_accept_length", "Tokens a request gains per verify forward (mean; 1 = no gain).", l,
+          s.spec.mean_accept_length());
+    gauge(out, "moeserve:spec_acceptance_rate", "Accepted draft tokens / drafted tokens.", l, s.spec.acceptance_rate());
+    gauge(out, "moeserve:spec_draft_overhead", "Share of model time spent in the draft model.", l,
+          s.spec.draft_overhead());
+    gauge(out, "moeserve:spec_verify_forwards_total", "Target forwards that verified drafts.", l,
+          double(s.spec.verify_forwards), "counter");
+  }
   std::lock_guard lk(mu_);
   gauge(out, "moeserve:num_requests_total", "Requests received.", l, double(received_), "counter");
   gauge(out, "moeserve:num_finished_requests_total", "Requests finished (any reason).", l, double(finished_), "counter");

@@ -20,9 +20,9 @@ function check(cond, what) {
   if (!cond) throw new Error(`check failed: ${what}`);
 }
 
-async function startServer(extra = []) {
-  execFileSync(bin, ['make-demo-model', model], { stdio: 'ignore' });
-  server = spawn(bin, ['serve', '--model-path', model, '--port', '0', '--max-total-tokens', '65536',
+async function startServer(extra = [], modelPath = null) {
+  if (!modelPath) execFileSync(bin, ['make-demo-model', model], { stdio: 'ignore' });
+  server = spawn(bin, ['serve', '--model-path', modelPath ?? model, '--port', '0', '--max-total-tokens', '65536',
                        '--max-running-requests', '256', ...extra], { stdio: ['ignore', 'pipe', 'inherit'] });
   const url = await new Promise((resolve, reject) => {
     let out = '';
@@ -252,10 +252,30 @@ async function loadTest(url, clients, tokens) {
   check(info.kv_used_tokens === 0 && info.num_running_reqs === 0, 'idle after the load');
 }
 
+// MTP speculative decoding through the server (a DeepSeek fixture: token ids only): the same
+// ids as `moeserve generate` without speculation, and the acceptance metrics exported.
+const fixture = join(import.meta.dirname, '../fixtures/deepseek-v3-tiny');
+async function speculativeTests(url) {
+  const ids = [5, 17, 3, 99, 410, 7];
+  const plain = JSON.parse(execFileSync(bin, ['generate', '--model-path', fixture, '--ids', ids.join(','),
+                                              '--max-new-tokens', '12', '--ignore-eos']).toString());
+  const res = await raw(url, '/generate', { input_ids: ids, sampling_params: { max_new_tokens: 12, temperature: 0, ignore_eos: true } });
+  check(res.status === 200, `generate: ${res.status} ${res.text}`);
+  check(JSON.stringify(JSON.parse(res.text).output_ids) === JSON.stringify(plain.output_ids),
+        `speculative ids ${res.text} equal plain ${JSON.stringify(plain)}`);
+  const metrics = (await raw(url, '/metrics', undefined, { method: 'GET' })).text;
+  const m = metrics.match(/moeserve:spec_accept_length\{[^}]*\} ([0-9.e+-]+)/);
+  check(m && Number(m[1]) >= 1, `spec_accept_length exported: ${m && m[1]}`);
+  check(/moeserve:spec_verify_forwards_total\{[^}]*\} [1-9]/.test(metrics), 'verify forwards counted');
+}
+
 async function main() {
   const extra = mode === 'bad' ? ['--api-key', 'sekret'] : [];
-  const url = await startServer(extra);
-  if (mode === 'api') await apiTests(url);
+  const spec = mode === 'speculative';
+  const specFlags = ['--speculative-algorithm', 'NEXTN', '--speculative-num-steps', '3', '--speculative-num-draft-tokens', '4'];
+  const url = await startServer(spec ? specFlags : extra, spec ? fixture : null);
+  if (spec) await speculativeTests(url);
+  else if (mode === 'api') await apiTests(url);
   else if (mode === 'bad') await badInputTests(url);
   else if (mode === 'disconnect') await disconnectTests(url);
   else if (mode === 'load') await loadTest(url, Number(arg1 ?? 64), Number(arg2 ?? 16));
