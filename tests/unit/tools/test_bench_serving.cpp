@@ -12,6 +12,7 @@
 #include "bench/gsm8k.h"
 #include "bench/metrics.h"
 #include "fake_llm_server.h"
+#include "io/tokenizer.h"
 #include "test_support.h"
 
 namespace ms {
@@ -156,7 +157,7 @@ TEST(BenchServing, CompletionsBackendAndTheServersModelDirectory) {
   const std::string out_file = test::temp_dir() + "/result.jsonl";
   const CliRun r = run_cli("bench-serving --backend vllm --base-url " + server.url() +
                                " --num-prompts 12 --random-input-len 16 --random-output-len 8 --random-range-ratio 1 "
-                               "--max-concurrency 12 --warmup-requests 1 --output-file " + out_file,
+                               "--max-concurrency 4 --warmup-requests 1 --output-file " + out_file,
                            out_file);
   ASSERT_EQ(r.status, 0) << r.output;
   const auto seen = server.seen();
@@ -173,6 +174,48 @@ TEST(BenchServing, CompletionsBackendAndTheServersModelDirectory) {
   EXPECT_FALSE(r.record.contains("itls"));  // details only when asked
 }
 
+// ShareGPT prompts go as text and are measured with the model's tokenizer; the random dataset
+// over the same file cuts the tokenized texts to its drawn lengths.
+TEST(BenchServing, ShareGptLengthsComeFromTheTokenizer) {
+  const std::string dir = test::temp_dir();
+  std::string out;
+  ASSERT_EQ(test::run_command(test::moeserve_bin() + " make-demo-model " + dir + "/demo", out), 0) << out;
+  json convs = json::array();
+  for (int i = 0; i < 6; ++i)
+    convs.push_back({{"conversations",
+                      {{{"from", "human"}, {"value", "How do experts route tokens, case " + std::to_string(i) + "?"}},
+                       {{"from", "gpt"}, {"value", "A router picks the top experts for every token."}}}}});
+  convs.push_back({{"conversations", {{{"from", "human"}, {"value", "one turn only"}}}}});  // skipped
+  std::ofstream(dir + "/sharegpt.json") << convs.dump();
+  const Tokenizer tok = Tokenizer::load(dir + "/demo");
+  const int reply_len = int(tok.encode("A router picks the top experts for every token.").size());
+  test::FakeLlmServer server(std::chrono::milliseconds(1));
+  const std::string common = " --base-url " + server.url() + " --tokenizer " + dir + "/demo --dataset-path " + dir +
+                             "/sharegpt.json --num-prompts 6 --warmup-requests 0 --output-file ";
+  CliRun r = run_cli("bench-serving --dataset-name sharegpt" + common + dir + "/a.jsonl", dir + "/a.jsonl");
+  ASSERT_EQ(r.status, 0) << r.output;
+  int64_t expect_in = 0;
+  for (const auto& s : server.seen()) {
+    expect_in += int64_t(tok.encode(s.body["text"].get<std::string>()).size());
+    EXPECT_EQ(s.body["sampling_params"]["max_new_tokens"], reply_len);  // the reply's length
+  }
+  EXPECT_EQ(server.seen().size(), 6u);
+  EXPECT_EQ(r.record["total_input_tokens"], expect_in);
+  EXPECT_EQ(r.record["total_output_tokens"], 6 * reply_len);
+  r = run_cli("bench-serving --dataset-name random --random-input-len 40 --random-output-len 4 --random-range-ratio 1" + common + dir +
+                  "/b.jsonl",
+              dir + "/b.jsonl");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto seen = server.seen();
+  ASSERT_EQ(seen.size(), 12u);
+  for (size_t i = 6; i < 12; ++i) {  // ids of the ShareGPT prompts, repeated to length
+    const auto ids = seen[i].body["input_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(ids.size(), 40u);
+    const std::string text = tok.decode(ids);
+    EXPECT_NE(text.find("How do experts route tokens"), std::string::npos) << text;
+  }
+}
+
 TEST(BenchServing, UnreachableServerFailsWithTheReason) {
   const std::string out_file = test::temp_dir() + "/result.jsonl";
   const CliRun r = run_cli("bench-serving --base-url http://127.0.0.1:1 --tokenizer " +
@@ -187,15 +230,17 @@ TEST(EvalGsm8k, AccuracyAgainstAStubAnswerList) {
   const std::string dir = test::temp_dir();
   std::ofstream data(dir + "/gsm8k.jsonl");
   const int labels[] = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38};
-  for (int i = 0; i < 10; ++i)
-    data << json{{"question", "Q" + std::to_string(i) + "?"}, {"answer", "so\n#### " + std::to_string(labels[i])}}.dump()
+  for (int i = 0; i < 10; ++i) {
+    const std::string n = std::to_string(i), label = std::to_string(labels[i]);
+    data << json{{"question", std::string("Q").append(n).append("?")}, {"answer", std::string("so\n#### ").append(label)}}
          << "\n";
+  }
   data.close();
   // Replies: right for Q0..Q5, wrong for Q6 and Q7, no number for Q8 and Q9.
   auto script = [&](const std::string& prompt) -> std::vector<std::string> {
     const size_t at = prompt.rfind("Question: Q");
     const int q = std::stoi(prompt.substr(at + 11));
-    if (q < 6) return {" The", " answer", " is", " " + std::to_string(labels[q]), "."};
+    if (q < 6) return {" The", " answer", " is", std::string(" ").append(std::to_string(labels[q])), "."};
     if (q < 8) return {" 1,000", " and", " 7"};
     return {" I", " cannot", " tell"};
   };
