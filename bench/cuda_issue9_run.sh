@@ -15,7 +15,7 @@ command -v pkg-config > /dev/null || export PATH=$PATH:$ROOT/.deps/usr/bin
 sed -i "s|^prefix=/usr\$|prefix=$ROOT/.deps/usr|" .deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc .deps/usr/share/pkgconfig/*.pc
 export PKG_CONFIG_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu/pkgconfig:$ROOT/.deps/usr/share/pkgconfig
 for s in .devsrc .devsrc-before; do [ -e "$s/tests/fixtures" ] || ln -s "$ROOT/tests/fixtures" "$s/tests/fixtures"; done
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >> "$OUT/summary.log" 2>&1
 build() {  # src build-dir jobs targets...
   local src=$1 dir=$2 jobs=$3; shift 3
   cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
@@ -30,9 +30,10 @@ fi
 log "after built"
 A=/tmp/after
 for t in test_cuda_ops test_cuda_attention_moe test_cuda_graphs test_cuda_fixtures; do
-  timeout 300 $A/tests/$t > "$OUT/$t.log" 2>&1; rc=$?
-  log "$t rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
-  grep -E "FAILED|Failure|error" "$OUT/$t.log" | head -8
+  timeout 300 $A/tests/$t > /tmp/$t.log 2>&1; rc=$?
+  log "$t rc=$rc $(grep -E '^\[  (PASSED|FAILED)' /tmp/$t.log | tr '\n' ' ')"
+  grep -E "FAILED|Failure|error" /tmp/$t.log | head -8
+  cat /tmp/$t.log >> "$OUT/tests.log"
 done
 timeout 120 $A/ms_cuda_ceilings > "$OUT/ceilings.json" 2>&1; log "ceilings $(tr -d '\n' < "$OUT/ceilings.json")"
 bench() {  # label binary model B I O [flags]
@@ -52,8 +53,7 @@ for m in qwen3:qwen3-30b-a3b:12 v2lite:deepseek-v2-lite:9; do
   bench after $A/moeserve /tmp/$name 64 256 16
   bench before $B /tmp/$name 1 4096 8
   bench before $B /tmp/$name 64 256 8
-  bench after-nograph $A/moeserve /tmp/$name 1 4096 16 --disable-cuda-graph
-  bench after $A/moeserve /tmp/$name 1 8192 2
+  bench ${EXTRA_LABEL:-after-nograph} $A/moeserve /tmp/$name ${EXTRA_RUN:-1 4096 16 --disable-cuda-graph}
   rm -rf /tmp/$name
 done
 log done

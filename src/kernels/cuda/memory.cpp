@@ -78,13 +78,23 @@ class CachingAllocator final : public DeviceMemory {
     return block;
   }
 
+  // cudaMalloc counts as unsafe during a thread-local stream capture and would invalidate it;
+  // a capture's new blocks are ordinary device memory, so relax the mode around the call.
+  static cudaError_t malloc_relaxed(void** p, size_t bytes) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    MS_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+    const cudaError_t err = cudaMalloc(p, bytes);
+    MS_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+    return err;
+  }
+
   void* malloc_or_flush(size_t rounded) {
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, rounded);
+    cudaError_t err = malloc_relaxed(&p, rounded);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // clear the sticky-free error state before retrying
       release_cache();
-      err = cudaMalloc(&p, rounded);
+      err = malloc_relaxed(&p, rounded);
     }
     if (err != cudaSuccess) {
       size_t free_b = 0, total_b = 0;
