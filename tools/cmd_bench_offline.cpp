@@ -64,15 +64,20 @@ std::vector<BenchPrompt> make_prompts(const OfflineArgs& a, int32_t vocab_size, 
   std::unique_ptr<Tokenizer> tok;
   if (std::filesystem::exists(std::filesystem::path(a.model_path) / "tokenizer.json"))
     tok = std::make_unique<Tokenizer>(Tokenizer::load(a.model_path));
+  if (a.dataset_name == "sharegpt") {
+    MS_CHECK(tok, "--dataset-name sharegpt needs the checkpoint's tokenizer.json in ", a.model_path);
+    MS_CHECK(!a.dataset_path.empty(), "--dataset-name sharegpt needs --dataset-path");
+    auto prompts = sharegpt_dataset(read_sharegpt(a.dataset_path, a.seed), num, *tok, 0, 0);
+    for (auto& p : prompts) {  // the engine takes ids: encode as the server would, BOS included
+      p.ids = tok->encode(p.text, true);
+      p.text.clear();
+      p.prompt_len = int(p.ids.size());
+    }
+    return prompts;
+  }
   std::vector<std::string> texts;
   if (!a.dataset_path.empty())
     for (auto& [prompt, reply] : read_sharegpt(a.dataset_path, a.seed)) texts.push_back(std::move(prompt));
-  if (a.dataset_name == "sharegpt") {
-    MS_CHECK(tok, "--dataset-name sharegpt needs the checkpoint's tokenizer.json in ", a.model_path);
-    auto prompts = sharegpt_dataset(read_sharegpt(a.dataset_path, a.seed), num, *tok, 0, 0);
-    for (auto& p : prompts) p.ids = tok->encode(p.text, true), p.text.clear();
-    return prompts;
-  }
   return random_dataset({num, in, out, a.range_ratio, a.seed, vocab_size}, tok.get(), texts);
 }
 
