@@ -33,7 +33,7 @@ std::string request_body(const RequestSpec& spec, const BenchPrompt& prompt, boo
   else body["prompt"] = prompt.ids;  // OpenAI's completions take a prompt of token ids as well
   body["temperature"] = spec.temperature;
   body["max_tokens"] = prompt.output_len;
-  body["ignore_eos"] = spec.ignore_eos;
+  if (spec.ignore_eos) body["ignore_eos"] = true;  // an extension: OpenAI's own API refuses it
   if (!spec.stop.empty()) body["stop"] = spec.stop;
   body["stream"] = stream;
   if (stream) body["stream_options"] = {{"include_usage", true}};

@@ -78,6 +78,38 @@ TEST(BenchHttp, BaseUrlSplitsOriginAndPrefix) {
   EXPECT_THROW(parse_base_url("127.0.0.1:30000"), Error);
 }
 
+TEST(BenchRequest, BodiesFollowEachApi) {
+  BenchPrompt ids;
+  ids.ids = {5, 6, 7};
+  ids.prompt_len = 3;
+  ids.output_len = 9;
+  RequestSpec native;
+  auto b = nlohmann::json::parse(request_body(native, ids, true));
+  EXPECT_EQ(b["input_ids"], nlohmann::json({5, 6, 7}));
+  EXPECT_FALSE(b.contains("text"));
+  EXPECT_EQ(b["sampling_params"], nlohmann::json({{"temperature", 0.0}, {"max_new_tokens", 9}, {"ignore_eos", true}}));
+  EXPECT_EQ(b["stream"], true);
+  BenchPrompt text;
+  text.text = "Question: 1+1?\nAnswer:";
+  text.output_len = 4;
+  RequestSpec oai;
+  oai.api = Api::Completions;
+  oai.model = "m";
+  oai.ignore_eos = false;
+  oai.stop = {"Question"};
+  b = nlohmann::json::parse(request_body(oai, text, true));
+  EXPECT_EQ(b["prompt"], text.text);
+  EXPECT_EQ(b["max_tokens"], 4);
+  EXPECT_EQ(b["model"], "m");
+  EXPECT_EQ(b["stop"], nlohmann::json({"Question"}));
+  EXPECT_FALSE(b.contains("ignore_eos"));  // not sent unless asked: OpenAI's API refuses it
+  EXPECT_EQ(b["stream_options"]["include_usage"], true);
+  EXPECT_EQ(std::string(api_path(Api::Completions)), "/v1/completions");
+  EXPECT_EQ(api_for_backend("sglang"), Api::Native);
+  EXPECT_EQ(api_for_backend("vllm"), Api::Completions);
+  EXPECT_THROW(api_for_backend("trt"), Error);
+}
+
 TEST(BenchRequest, NativeStreamSpreadsItlOverTokensOfOneEvent) {
   StreamAccumulator acc(Api::Native);
   ASSERT_TRUE(acc.feed(R"({"text":"a","output_ids":[5],"meta_info":{"completion_tokens":1}})", 0.5));
@@ -181,7 +213,11 @@ TEST(Gsm8k, AnswerExtractionTakesTheLastIntegerWithoutCommas) {
 
 TEST(Gsm8k, ScoresAgainstAStubAnswerList) {
   std::vector<Gsm8kItem> items;
-  for (int i = 0; i < 5; ++i) items.push_back({"q" + std::to_string(i), "work\n#### " + std::to_string(10 * i + 1)});
+  for (int i = 0; i < 5; ++i) {
+    // append(), not "literal" + string: GCC 12 warns falsely (-Wrestrict) on the latter here.
+    const std::string label = std::to_string(10 * i + 1);
+    items.push_back({std::string("q").append(std::to_string(i)), std::string("work\n#### ").append(label)});
+  }
   const std::vector<std::string> gens = {"so 1", "it is 11.", "22", "I do not know", "#### 41 then Question"};
   const Gsm8kScore s = score_gsm8k(items, gens);
   EXPECT_EQ(s.questions, 5);
