@@ -85,11 +85,16 @@ int64_t retokenized(const std::vector<RequestOutcome>& outcomes, const Tokenizer
 }
 
 nlohmann::json record(const ServingArgs& a, double rate, const ServingMetrics& m, const DriverRun& run) {
-  nlohmann::json r = {{"backend", a.backend},          {"dataset_name", a.dataset_name},
-                      {"num_prompts", a.num_prompts},  {"request_rate", std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate)},
-                      {"max_concurrency", a.max_concurrency > 0 ? nlohmann::json(a.max_concurrency) : nlohmann::json()},
-                      {"random_input_len", a.input_len}, {"random_output_len", a.output_len},
-                      {"random_range_ratio", a.range_ratio}, {"seed", a.seed}};
+  using nlohmann::json;
+  json r = {{"backend", a.backend},
+            {"dataset_name", a.dataset_name},
+            {"num_prompts", a.num_prompts},
+            {"request_rate", std::isinf(rate) ? json("inf") : json(rate)},
+            {"max_concurrency", a.max_concurrency > 0 ? json(a.max_concurrency) : json()},
+            {"random_input_len", a.input_len},
+            {"random_output_len", a.output_len},
+            {"random_range_ratio", a.range_ratio},
+            {"seed", a.seed}};
   r.update(metrics_json(m));
   if (a.output_details) r.update(details_json(run.outcomes));
   return r;

@@ -85,10 +85,10 @@ void StreamAccumulator::completions_event(const json& event, double t) {
   const auto choices = event.find("choices");
   if (choices == event.end() || !choices->is_array() || choices->empty()) return;
   const auto& choice = (*choices)[0];
-  if (auto text = choice.find("text"); text != choice.end() && text->is_string() && !text->get_ref<const std::string&>().empty()) {
-    text_ += text->get<std::string>();
-    tokens(count_ + 1, t);
-  }
+  const auto text = choice.find("text");
+  if (text == choice.end() || !text->is_string() || text->get_ref<const std::string&>().empty()) return;
+  text_ += text->get_ref<const std::string&>();
+  tokens(count_ + 1, t);
 }
 
 bool StreamAccumulator::feed(std::string_view data, double t) {

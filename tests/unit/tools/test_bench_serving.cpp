@@ -202,9 +202,9 @@ TEST(BenchServing, ShareGptLengthsComeFromTheTokenizer) {
   EXPECT_EQ(server.seen().size(), 6u);
   EXPECT_EQ(r.record["total_input_tokens"], expect_in);
   EXPECT_EQ(r.record["total_output_tokens"], 6 * reply_len);
-  r = run_cli("bench-serving --dataset-name random --random-input-len 40 --random-output-len 4 --random-range-ratio 1" + common + dir +
-                  "/b.jsonl",
-              dir + "/b.jsonl");
+  const std::string random = "bench-serving --dataset-name random --random-input-len 40 --random-output-len 4 "
+                             "--random-range-ratio 1";
+  r = run_cli(random + common + dir + "/b.jsonl", dir + "/b.jsonl");
   ASSERT_EQ(r.status, 0) << r.output;
   const auto seen = server.seen();
   ASSERT_EQ(seen.size(), 12u);
