@@ -31,7 +31,7 @@ Tensor CudaGraphRunner::run_eager(const ForwardBatch& b) const {
 ForwardBatch CudaGraphRunner::padded(const ForwardBatch& b, int bs) const {
   ForwardBatch p = b;
   if (p.attn.q_start.empty()) p.attn.q_start = {0}, p.attn.kv_start = {0};
-  for (int s = b.num_seqs(); s < bs; ++s) {
+  for (int s = p.num_seqs(); s < bs; ++s) {
     p.input_ids.push_back(0), p.positions.push_back(0), p.out_cache_loc.push_back(options_.pad_slot);
     p.attn.kv_slots.push_back(options_.pad_slot);
     p.attn.q_start.push_back(p.attn.q_start.back() + 1);

@@ -6,6 +6,8 @@
 // a transpose (31 shuffles for 32 sums) and across the S splits through shared memory.
 #include "kernels/cuda/gemv.h"
 
+#include <algorithm>
+
 namespace ms::cuda {
 namespace {
 
@@ -217,8 +219,11 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   const int rw = swiglu ? 2 : 4;
   p.tiles = int((N + int64_t(p.G) * rw - 1) / (int64_t(p.G) * rw));
   const int fit = int(kSmemBudget / (size_t(K) * sizeof(float)));
-  p.rows_cap = std::min(rows.rows, fit >= kMR ? fit / kMR * kMR : fit);
-  const int per_group = std::max(1, (4 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
+  // At most kMR staged rows: decode groups rarely have more, and small staging lets several
+  // blocks share a multiprocessor; many blocks per group keep the tiles a block walks through
+  // in sequence (one memory round trip each) few.
+  p.rows_cap = std::min({rows.rows, fit, kMR});
+  const int per_group = std::max(1, (16 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.tiles, per_group)));
   const size_t smem = size_t(p.rows_cap) * K * sizeof(float) + kWarps * 32 * sizeof(float);
   if (w.fp8) {
