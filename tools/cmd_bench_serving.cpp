@@ -2,6 +2,7 @@
 // /generate or OpenAI's /v1/completions. Every request streams; the "Serving Benchmark Result"
 // block goes to stdout and one JSON record is appended to --output-file.
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -101,6 +102,9 @@ nlohmann::json record(const ServingArgs& a, double rate, const ServingMetrics& m
 }
 
 void run_bench_serving(const ServingArgs& a) {
+  // cpp-httplib writes without MSG_NOSIGNAL: a server that closes mid-request must be an error
+  // return on that request, not the end of the run.
+  std::signal(SIGPIPE, SIG_IGN);
   HttpTarget target = parse_base_url(a.base_url);
   if (const char* key = std::getenv("OPENAI_API_KEY")) target.api_key = key;
   const double rate = parse_rate(a.request_rate);

@@ -1,5 +1,6 @@
 // `moeserve eval-gsm8k`: few-shot GSM8K accuracy of a served model (SGLang's
 // benchmark/gsm8k): greedy answers, the last integer of each compared with the label.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -56,6 +57,9 @@ std::vector<BenchPrompt> make_prompts(const Gsm8kArgs& a, const std::vector<Gsm8
 }
 
 void run_eval(const Gsm8kArgs& a) {
+  // cpp-httplib writes without MSG_NOSIGNAL: a server that closes mid-request must be an error
+  // return on that request, not the end of the run.
+  std::signal(SIGPIPE, SIG_IGN);
   HttpTarget target = parse_base_url(a.base_url);
   if (const char* key = std::getenv("OPENAI_API_KEY")) target.api_key = key;
   const std::vector<Gsm8kItem> items = read_gsm8k(a.data_path);

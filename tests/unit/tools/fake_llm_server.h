@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -29,6 +30,7 @@ class FakeLlmServer {
 
   explicit FakeLlmServer(std::chrono::milliseconds per_token, Script script = {}, std::string model_dir = {})
       : per_token_(per_token), script_(std::move(script)), model_dir_(std::move(model_dir)) {
+    std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-stream: a failed write, not death
     server_.new_task_queue = [] { return new httplib::ThreadPool(96); };
     server_.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) { serve(req, res, true); });
     server_.Post("/v1/completions",
@@ -52,6 +54,8 @@ class FakeLlmServer {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int max_in_flight() const { return max_in_flight_.load(); }
   int in_flight() const { return in_flight_.load(); }
+  // Requests whose arrival index (0-based, in order of arrival) satisfies `refuse` get a 400.
+  void refuse_when(std::function<bool(int)> refuse) { refuse_ = std::move(refuse); }
   std::vector<Seen> seen() const {
     std::lock_guard<std::mutex> lock(mu_);
     return seen_;
@@ -70,9 +74,18 @@ class FakeLlmServer {
     for (int m = max_in_flight_.load(); now > m && !max_in_flight_.compare_exchange_weak(m, now);) {
     }
     auto body = nlohmann::json::parse(req.body);
+    int index = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      index = int(seen_.size());
       seen_.push_back({req.path, body, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()});
+    }
+    if (refuse_ && refuse_(index)) {
+      --in_flight_;
+      res.status = 400;
+      res.set_content(R"({"error":{"message":"refused by the test","type":"invalid_request_error","code":400}})",
+                      "application/json");
+      return;
     }
     auto s = std::make_shared<Stream>();
     s->native = native;
@@ -122,6 +135,7 @@ class FakeLlmServer {
 
   std::chrono::milliseconds per_token_;
   Script script_;
+  std::function<bool(int)> refuse_;
   std::string model_dir_;
   httplib::Server server_;
   int port_ = 0;

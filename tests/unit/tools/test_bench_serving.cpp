@@ -216,6 +216,32 @@ TEST(BenchServing, ShareGptLengthsComeFromTheTokenizer) {
   }
 }
 
+TEST(BenchServing, RefusedRequestsAreCountedAsFailedWithTheirError) {
+  test::FakeLlmServer server(std::chrono::milliseconds(1));
+  server.refuse_when([](int index) { return index % 3 == 2; });  // index 0 is the warmup
+  const std::string out_file = test::temp_dir() + "/result.jsonl";
+  const CliRun r = run_cli("bench-serving --base-url " + server.url() + " --tokenizer " +
+                               test::fixture_dir("qwen3-moe-tiny") +
+                               " --num-prompts 12 --random-input-len 8 --random-output-len 4 --random-range-ratio 1"
+                               " --max-concurrency 1 --output-details --output-file " + out_file,
+                           out_file);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.record["completed"], 8);  // arrivals 1..12: 2, 5, 8, 11 refused
+  EXPECT_EQ(r.record["failed"], 4);
+  EXPECT_EQ(r.record["total_input_tokens"], 8 * 8);
+  EXPECT_EQ(r.record["total_output_tokens"], 8 * 4);
+  int refused = 0;
+  for (const auto& e : r.record["errors"]) {
+    const std::string error = e.get<std::string>();
+    if (error.empty()) continue;
+    ++refused;
+    EXPECT_NE(error.find("HTTP 400"), std::string::npos) << error;
+    EXPECT_NE(error.find("refused by the test"), std::string::npos) << error;
+  }
+  EXPECT_EQ(refused, 4);
+  EXPECT_EQ(printed(r.output, "Failed requests:"), 4);
+}
+
 TEST(BenchServing, UnreachableServerFailsWithTheReason) {
   const std::string out_file = test::temp_dir() + "/result.jsonl";
   const CliRun r = run_cli("bench-serving --base-url http://127.0.0.1:1 --tokenizer " +
