@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "generate_input.h"
 #include "parallel_args.h"
+#include "runtime_args.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
@@ -98,37 +99,6 @@ void add_logits(CLI::App& app) {
     if (args->parallel.config.node_rank == 0) write_safetensors(*out, {{"logits", logits}});
   });
 }
-
-// The engine's flags, with SGLang's names.
-struct RuntimeArgs {
-  EngineOptions engine;
-  std::string policy = "fcfs";
-  bool disable_radix_cache = false;
-  void add(CLI::App* cmd) {
-    SchedulerOptions& s = engine.scheduler;
-    cmd->add_option("--max-total-tokens", engine.max_total_tokens, "KV pool size in tokens (default: from memory)");
-    cmd->add_option("--mem-fraction-static", engine.mem_fraction_static,
-                    "share of device memory for weights and KV when --max-total-tokens is not given");
-    cmd->add_option("--chunked-prefill-size", s.chunked_prefill_size, "largest prefill chunk in tokens (<= 0: off)");
-    cmd->add_option("--max-running-requests", s.max_running_requests, "requests decoded together")
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--max-prefill-tokens", s.max_prefill_tokens, "tokens of one prefill batch")
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--schedule-policy", policy, "order of waiting requests")->check(CLI::IsMember({"fcfs", "lpm"}));
-    cmd->add_option("--schedule-conservativeness", s.conservativeness,
-                    "how much decode memory to keep free when admitting requests (lower: more retraction)");
-    cmd->add_flag("--disable-radix-cache", disable_radix_cache, "no prefix reuse across requests");
-    cmd->add_option("--random-seed", engine.random_seed, "seed for requests without their own seed");
-    add_speculative_flags(cmd, engine.speculative);
-  }
-  EngineOptions options(bool bf16) const {
-    EngineOptions o = engine;
-    o.scheduler.policy = policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
-    o.scheduler.enable_radix_cache = !disable_radix_cache;
-    o.bf16_activations = bf16;
-    return o;
-  }
-};
 
 // The checkpoint's tokenizer when it has one: "text" lines and stop strings need it.
 std::unique_ptr<Tokenizer> load_tokenizer_if_present(const std::string& model_path) {

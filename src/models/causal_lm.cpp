@@ -80,6 +80,24 @@ Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& em
   return Linear(ops::Weight{vocab.whole() ? embed : embed.slice(0, vocab.begin, vocab.begin + vocab.count).clone()});
 }
 
+ops::ExpertWeights load_experts(WeightLoader& w, const Sharding& s, const std::string& prefix, int n_routed,
+                                int fused_replicas, const std::string& fused_source, int64_t hidden, int64_t inter) {
+  const int total = n_routed + fused_replicas;
+  auto [first, count] = s.local_experts(total);
+  auto shard = [&](int dim, int64_t full) { return s.expert(dim, full); };
+  ops::ExpertWeights experts;
+  experts.first_expert = first, experts.total_experts = total;
+  for (int e = 0; e < n_routed; ++e)  // other ranks' experts are theirs to load
+    if (e < first || e >= first + count) w.ignore_prefix(prefix + "experts." + std::to_string(e) + ".");
+  for (int e = first; e < first + count; ++e) {
+    std::string ep = e < n_routed ? prefix + "experts." + std::to_string(e) + "." : fused_source;
+    GatedMlp mlp = load_gated_mlp(w, ep, hidden, inter, shard);
+    experts.gate.push_back(mlp.gate().weight()), experts.up.push_back(mlp.up().weight());
+    experts.down.push_back(mlp.down().weight());
+  }
+  return experts;
+}
+
 std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& options) {
   ops::init_backend(options.device);
   auto model = std::make_unique<CausalLM>();

@@ -75,6 +75,11 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& 
 // The lm head: `lm_head.weight`, or the embedding itself when tie_word_embeddings is set; its
 // vocabulary rows split over the attention-TP group.
 Linear load_lm_head(WeightLoader& loader, const ModelConfig& config, const Tensor& embed, const Sharding& sharding);
+// This rank's experts of an MoE block under `prefix` (".../mlp."): routed expert e reads
+// `experts.e.`, the fused shared expert's replicas (ids n_routed..) read `fused_source`; the
+// experts other ranks hold are skipped.
+ops::ExpertWeights load_experts(WeightLoader& w, const Sharding& s, const std::string& prefix, int n_routed,
+                                int fused_replicas, const std::string& fused_source, int64_t hidden, int64_t inter);
 // gate/up split on the intermediate dimension and down on its input, by `shard(dim, full)`.
 template <class ShardFn>
 GatedMlp load_gated_mlp(WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, ShardFn shard) {

@@ -56,21 +56,10 @@ struct Builder {
   SparseMoe moe(const std::string& p) const {
     const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
     const int replicas = s.fused_shared_replicas(c.model_type == "deepseek_v3" && c.n_shared_experts == 1);
-    auto expert_shard = [&](int dim, int64_t full) { return s.expert(dim, full); };
     MoeWeights m;
     m.gate = w.linear(p + "gate", c.n_routed_experts, hidden);
     if (c.topk_method == "noaux_tc") m.correction_bias = w.tensor(p + "gate.e_score_correction_bias", {c.n_routed_experts});
-    const int total = c.n_routed_experts + replicas;
-    auto [first, count] = s.local_experts(total);
-    m.experts.first_expert = first, m.experts.total_experts = total;
-    for (int e = first; e < first + count; ++e) {
-      std::string ep = e < c.n_routed_experts ? p + "experts." + std::to_string(e) + "." : p + "shared_experts.";
-      GatedMlp mlp = load_gated_mlp(w, ep, hidden, inter, expert_shard);
-      m.experts.gate.push_back(mlp.gate().weight()), m.experts.up.push_back(mlp.up().weight());
-      m.experts.down.push_back(mlp.down().weight());
-    }
-    for (int e = 0; e < c.n_routed_experts; ++e)  // other ranks' experts are theirs to load
-      if (e < first || e >= first + count) w.ignore_prefix(p + "experts." + std::to_string(e) + ".");
+    m.experts = load_experts(w, s, p, c.n_routed_experts, replicas, p + "shared_experts.", hidden, inter);
     if (replicas > 0) {
       w.ignore_prefix(p + "shared_experts.");  // loaded above, or by the ranks holding a replica
     } else if (c.n_shared_experts > 0) {

@@ -45,21 +45,9 @@ struct Builder {
 
   SparseMoe moe(const std::string& p) const {
     const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
-    auto expert_shard = [&](int dim, int64_t full) { return s.expert(dim, full); };
     MoeWeights m;
     m.gate = w.linear(p + "gate", c.n_routed_experts, hidden);
-    auto [first, count] = s.local_experts(c.n_routed_experts);
-    m.experts.first_expert = first, m.experts.total_experts = c.n_routed_experts;
-    for (int e = 0; e < c.n_routed_experts; ++e) {
-      std::string ep = p + "experts." + std::to_string(e) + ".";
-      if (e < first || e >= first + count) {
-        w.ignore_prefix(ep);  // another rank's expert
-        continue;
-      }
-      GatedMlp mlp = load_gated_mlp(w, ep, hidden, inter, expert_shard);
-      m.experts.gate.push_back(mlp.gate().weight()), m.experts.up.push_back(mlp.up().weight());
-      m.experts.down.push_back(mlp.down().weight());
-    }
+    m.experts = load_experts(w, s, p, c.n_routed_experts, 0, "", hidden, inter);
     if (c.shared_expert_intermediate_size > 0) {  // gated by a per-token sigmoid: cannot be fused
       auto shared_shard = [&](int dim, int64_t full) { return s.shared_expert(dim, full); };
       m.shared = load_gated_mlp(w, p + "shared_expert.", hidden, c.shared_expert_intermediate_size, shared_shard);
