@@ -25,9 +25,9 @@ for t in test_cuda_ops test_cuda_attention_moe test_cuda_graphs test_cuda_fixtur
 done
 B=/tmp/b/moeserve F=tests/fixtures/deepseek-v3-tiny
 printf '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":32,"ignore_eos":true}\n{"input_ids":[11,12,13],"max_new_tokens":32,"ignore_eos":true}\n' > /tmp/p.jsonl
-$B generate --device cuda --model-path $F --input-file /tmp/p.jsonl > /tmp/plain.txt 2>&1
+$B generate --device cuda --model-path $F --max-total-tokens 4096 --input-file /tmp/p.jsonl > /tmp/plain.txt 2>&1
 for n in 1 3; do
-  $B generate --device cuda --model-path $F --input-file /tmp/p.jsonl --speculative-algorithm NEXTN \
+  $B generate --device cuda --model-path $F --max-total-tokens 4096 --input-file /tmp/p.jsonl --speculative-algorithm NEXTN \
     --speculative-num-steps $n --speculative-num-draft-tokens $((n + 1)) > /tmp/spec$n.txt 2> "$OUT/spec$n.err"
   if cmp -s /tmp/plain.txt /tmp/spec$n.txt; then log "speculative steps=$n: ids equal plain"; else log "speculative steps=$n: DIFFER"; fi
 done

@@ -74,7 +74,7 @@ void MtpDraft::observe(std::span<const DraftSeq> seqs, const Tensor& hidden, con
   Tensor last = ctx.empty({int64_t(last_rows.size()), h.size(1)});
   ops::gather_rows(h, last_rows, last);
   ops::scatter_rows(last, req_rows, last_hidden_);
-  const std::vector<int32_t> guesses = ops::argmax_rows(model_.mtp->head(last));
+  const std::vector<int32_t> guesses = ops::argmax_rows(model_.mtp->head(last).to_f32());
   for (size_t i = 0; i < req_rows.size(); ++i) next_guess_[size_t(req_rows[i])] = guesses[i];
 }
 
@@ -92,7 +92,7 @@ Tensor MtpDraft::chain_step(std::span<const DraftSeq> seqs, const std::vector<in
   ForwardContext ctx = context(b);
   Tensor h = model_.mtp_hidden(ctx, hidden);
   ++forwards_;
-  guesses = ops::argmax_rows(model_.mtp->head(h));
+  guesses = ops::argmax_rows(model_.mtp->head(h).to_f32());  // the draft picks on the host
   return h;
 }
 
