@@ -25,7 +25,7 @@ Address Address::parse(const std::string& text) {
   } catch (const std::exception&) {
     fail("--dist-init-addr \"", text, "\" has no numeric port");
   }
-  MS_CHECK(a.port > 0 && a.port < 65536, "--dist-init-addr port ", a.port, " is out of range");
+  MS_CHECK(a.port > 0 && a.port < 65536, "--dist-init-addr port ", a.port, " is out of range");  // 0 only in tests
   return a;
 }
 
@@ -58,6 +58,13 @@ int listen_on(const Address& a) {
     fail("cannot listen on ", a.host, ":", a.port, " (--dist-init-addr): ", std::strerror(err));
   }
   return fd;
+}
+
+int local_port(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  MS_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0, "getsockname: ", std::strerror(errno));
+  return ntohs(sa.sin_port);
 }
 
 int accept_one(int listener) {

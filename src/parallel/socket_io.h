@@ -13,7 +13,8 @@ struct Address {
   static Address parse(const std::string& text);  // "host:port"; throws naming --dist-init-addr
 };
 
-int listen_on(const Address& a);                    // a listening socket (SO_REUSEADDR)
+int listen_on(const Address& a);                    // a listening socket (SO_REUSEADDR); port 0: any free port
+int local_port(int fd);                             // the port a socket is bound to
 int accept_one(int listener);                       // -1 once the listener is closed
 int connect_to(const Address& a, double timeout_s);  // retries until the peer listens or time runs out
 void write_all(int fd, const void* data, size_t bytes);  // throws when the peer is gone

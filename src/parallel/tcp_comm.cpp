@@ -84,6 +84,8 @@ TcpHub::TcpHub(const net::Address& address) : listener_(net::listen_on(address))
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 
+int TcpHub::port() const { return net::local_port(listener_); }
+
 TcpHub::~TcpHub() {
   stopping_ = true;
   net::close_fd(listener_);

@@ -19,8 +19,9 @@ namespace ms {
 
 class TcpHub {
  public:
-  explicit TcpHub(const net::Address& address);
+  explicit TcpHub(const net::Address& address);  // port 0: any free port (tests)
   ~TcpHub();
+  int port() const;
   TcpHub(const TcpHub&) = delete;
   TcpHub& operator=(const TcpHub&) = delete;
 

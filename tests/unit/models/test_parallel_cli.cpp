@@ -1,11 +1,10 @@
 // The parallelism flags through `moeserve generate` / `logits` (ranks as threads of one process).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "parallel/socket_io.h"
 #include "test_support.h"
 
 namespace ms {
@@ -52,7 +51,10 @@ TEST(ParallelCli, TwoNodesOnLoopbackMatchOneProcess) {
                           " --max-new-tokens 8 --ignore-eos --tp 4 --dp 2 --enable-dp-attention --ep-size 2";
   std::string one, two;
   ASSERT_EQ(test::run_command(gen, one), 0) << one;
-  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  // A port that was free a moment ago (the two nodes must agree on it before either starts).
+  int probe = net::listen_on({"127.0.0.1", 0});
+  const std::string port = std::to_string(net::local_port(probe));
+  net::close_fd(probe);
   const std::string nodes = " --nnodes 2 --dist-init-addr 127.0.0.1:" + port;
   ASSERT_EQ(test::run_command("(" + gen + nodes + " --node-rank 1 > /dev/null & " + gen + nodes +
                                   " --node-rank 0; status=$?; wait $!; exit $((status | $?)))",
