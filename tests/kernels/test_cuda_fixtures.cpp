@@ -156,15 +156,7 @@ TEST_P(CudaFixtureTest, GreedyIdsMatchUpToAnUnresolvableMarginOrARoutingFlip) {
   EXPECT_GT(compared, 0) << "no greedy step was resolvable";
 }
 
-INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaFixtureTest,
-                         ::testing::Values("deepseek-v3-tiny", "deepseek-v3-fp8-tiny", "deepseek-v2-lite-tiny",
-                                           "qwen3-moe-tiny", "qwen2-moe-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n)
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaFixtureTest, ::testing::ValuesIn(test::all_fixtures()), test::FixtureName());
 
 // The MTP layer over the GPU's final hidden states, compared on the positions whose experts
 // (main model at that token, and the MTP block) match the fp32 CPU run.

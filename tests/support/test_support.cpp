@@ -14,6 +14,12 @@ namespace ms::test {
 std::string fixture_dir(const std::string& name) { return std::string(MOESERVE_FIXTURES) + "/" + name; }
 std::string moeserve_bin() { return MOESERVE_BIN; }
 
+const std::vector<std::string>& all_fixtures() {
+  static const std::vector<std::string> names = {"deepseek-v3-tiny", "deepseek-v3-fp8-tiny", "deepseek-v2-lite-tiny",
+                                                 "qwen3-moe-tiny", "qwen2-moe-tiny"};
+  return names;
+}
+
 double rel_error(const Tensor& a, const Tensor& b) {
   MS_CHECK(a.numel() == b.numel(), "rel_error: ", a.describe(), " vs ", b.describe());
   auto x = a.to_vector(), y = b.to_vector();

@@ -1,5 +1,7 @@
 // Shared helpers for the tests: fixture paths, reference tensors, error comparisons.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
 
@@ -8,6 +10,17 @@
 namespace ms::test {
 
 std::string fixture_dir(const std::string& name);  // tests/fixtures/<name>
+const std::vector<std::string>& all_fixtures();    // the five reference checkpoints
+// Test names from fixture names ("deepseek-v3-tiny" -> "deepseek_v3_tiny").
+struct FixtureName {
+  template <class Param>
+  std::string operator()(const ::testing::TestParamInfo<Param>& info) const {
+    std::string n = info.param;
+    for (auto& ch : n)
+      if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    return n;
+  }
+};
 std::string moeserve_bin();
 // ||a - b|| / ||b|| over all elements (both converted to f32).
 double rel_error(const Tensor& a, const Tensor& b);

@@ -11,13 +11,8 @@
 namespace ms {
 namespace {
 
-struct FixtureCase {
-  std::string name;
-};
-
 class FixtureTest : public ::testing::TestWithParam<std::string> {
  protected:
-  static void SetUpTestSuite() {}
   void SetUp() override {
     dir_ = test::fixture_dir(GetParam());
     model_ = load_model(dir_);
@@ -103,15 +98,7 @@ TEST_P(FixtureTest, GreedyIdsMatchUpToAnUnresolvableMargin) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllFamilies, FixtureTest,
-                         ::testing::Values("deepseek-v3-tiny", "deepseek-v3-fp8-tiny", "deepseek-v2-lite-tiny",
-                                           "qwen3-moe-tiny", "qwen2-moe-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n)
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllFamilies, FixtureTest, ::testing::ValuesIn(test::all_fixtures()), test::FixtureName());
 
 TEST(MtpLayer, MatchesReferenceMtpLogits) {
   const std::string dir = test::fixture_dir("deepseek-v3-tiny");

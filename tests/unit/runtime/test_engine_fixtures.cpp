@@ -130,15 +130,7 @@ TEST_P(EngineFixtureTest, RadixCacheReusesPrefixes) {
   EXPECT_EQ(engine.stats().pool_used, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllFamilies, EngineFixtureTest,
-                         ::testing::Values("deepseek-v3-tiny", "deepseek-v3-fp8-tiny", "deepseek-v2-lite-tiny",
-                                           "qwen3-moe-tiny", "qwen2-moe-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n)
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllFamilies, EngineFixtureTest, ::testing::ValuesIn(test::all_fixtures()), test::FixtureName());
 
 }  // namespace
 }  // namespace ms
