@@ -80,6 +80,21 @@ Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& em
   return Linear(ops::Weight{vocab.whole() ? embed : embed.slice(0, vocab.begin, vocab.begin + vocab.count).clone()});
 }
 
+DecoderLayer load_decoder_layer(WeightLoader& w, const ModelConfig& c, const Sharding& s, int layer,
+                                const std::function<std::variant<GqaAttention, MlaAttention>(const std::string&)>& attention,
+                                const std::function<SparseMoe(const std::string&)>& moe) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  const float eps = float(c.rms_norm_eps);
+  const bool sparse = c.is_moe_layer(layer);
+  auto dense_shard = [&](int dim, int64_t full) { return s.dense(dim, full); };
+  auto ffn = sparse ? std::variant<GatedMlp, SparseMoe>(moe(p + "mlp."))
+                    : std::variant<GatedMlp, SparseMoe>(
+                          load_gated_mlp(w, p + "mlp.", c.hidden_size, c.intermediate_size, dense_shard));
+  return DecoderLayer{RmsNorm(w.tensor(p + "input_layernorm.weight", {c.hidden_size}), eps),
+                      RmsNorm(w.tensor(p + "post_attention_layernorm.weight", {c.hidden_size}), eps),
+                      attention(p + "self_attn."), std::move(ffn), sparse ? s.moe_mode() : s.dense_mode()};
+}
+
 ops::ExpertWeights load_experts(WeightLoader& w, const Sharding& s, const std::string& prefix, int n_routed,
                                 int fused_replicas, const std::string& fused_source, int64_t hidden, int64_t inter) {
   const int total = n_routed + fused_replicas;

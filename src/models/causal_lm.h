@@ -2,6 +2,7 @@
 // qwen_moe.cpp): embedding, decoder layers, final norm, lm head, and optionally DeepSeek's
 // multi-token-prediction (NextN) layer.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +81,11 @@ Linear load_lm_head(WeightLoader& loader, const ModelConfig& config, const Tenso
 // experts other ranks hold are skipped.
 ops::ExpertWeights load_experts(WeightLoader& w, const Sharding& s, const std::string& prefix, int n_routed,
                                 int fused_replicas, const std::string& fused_source, int64_t hidden, int64_t inter);
+// Layer `layer` of a family: its norms, the attention `attention(prefix)` builds, and a dense
+// MLP (intermediate_size) or the MoE `moe(prefix)` builds, as the config's layer rule says.
+DecoderLayer load_decoder_layer(WeightLoader& w, const ModelConfig& c, const Sharding& s, int layer,
+                                const std::function<std::variant<GqaAttention, MlaAttention>(const std::string&)>& attention,
+                                const std::function<SparseMoe(const std::string&)>& moe);
 // gate/up split on the intermediate dimension and down on its input, by `shard(dim, full)`.
 template <class ShardFn>
 GatedMlp load_gated_mlp(WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, ShardFn shard) {

@@ -73,16 +73,8 @@ struct Builder {
   }
 
   DecoderLayer layer(int i) const {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    const float eps = float(c.rms_norm_eps);
-    const bool sparse = c.is_moe_layer(i);
-    auto dense_shard = [&](int dim, int64_t full) { return s.dense(dim, full); };
-    auto ffn = sparse ? std::variant<GatedMlp, SparseMoe>(moe(p + "mlp."))
-                      : std::variant<GatedMlp, SparseMoe>(
-                            load_gated_mlp(w, p + "mlp.", c.hidden_size, c.intermediate_size, dense_shard));
-    return DecoderLayer{RmsNorm(w.tensor(p + "input_layernorm.weight", {c.hidden_size}), eps),
-                        RmsNorm(w.tensor(p + "post_attention_layernorm.weight", {c.hidden_size}), eps),
-                        mla(p + "self_attn."), std::move(ffn), sparse ? s.moe_mode() : s.dense_mode()};
+    return load_decoder_layer(w, c, s, i, [&](const std::string& p) { return mla(p); },
+                              [&](const std::string& p) { return moe(p); });
   }
 
   std::unique_ptr<MtpLayer> mtp() const {
