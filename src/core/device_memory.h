@@ -15,6 +15,9 @@ class DeviceMemory {
   virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
   // Copies between host and this device (either direction) or within the device.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
+  // Free and total bytes of the device (free counts memory the backend caches for reuse);
+  // false when the backend cannot tell. Sizes the KV pool from --mem-fraction-static.
+  virtual bool memory_info(size_t* free_bytes, size_t* total_bytes) { return false; }
 };
 
 void register_device_memory(Device device, DeviceMemory* memory);

@@ -1,6 +1,7 @@
 #include "runtime/model_runner.h"
 
 #include "core/check.h"
+#include "core/device_memory.h"
 
 namespace ms {
 
@@ -59,8 +60,11 @@ Tensor ModelRunner::forward_hidden(const ForwardBatch& fb) {
 
 MemoryInfo device_memory_info(Device device) {
   if (device == Device::CPU) return host_memory_info();
-  fail("sizing the KV pool from --mem-fraction-static needs the device's free memory, which this backend does "
-       "not report; pass --max-total-tokens");
+  MemoryInfo m;
+  MS_CHECK(device_memory(device)->memory_info(&m.free_bytes, &m.total_bytes),
+           "sizing the KV pool from --mem-fraction-static needs the device's free memory, which this backend does "
+           "not report; pass --max-total-tokens");
+  return m;
 }
 
 }  // namespace ms

@@ -63,6 +63,13 @@ class CachingAllocator final : public DeviceMemory {
     if (kind == cudaMemcpyDeviceToHost) MS_CUDA(cudaStreamSynchronize(stream()));
   }
 
+  bool memory_info(size_t* free_bytes, size_t* total_bytes) override {
+    MS_CUDA(cudaMemGetInfo(free_bytes, total_bytes));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& block : free_) *free_bytes += block.first;  // cached blocks are ours to reuse
+    return true;
+  }
+
  private:
   static size_t round_up(size_t bytes) {
     const size_t unit = bytes < (size_t(1) << 20) ? 512 : (size_t(1) << 17);
