@@ -37,28 +37,6 @@ class CudaFixtureTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<WeightStore> ref_;
 };
 
-// Tokens whose experts are the same in every MoE layer of two runs.
-std::vector<bool> same_routing(const std::vector<Tensor>& a, const std::vector<Tensor>& b, int64_t T) {
-  std::vector<bool> same(static_cast<size_t>(T), true);
-  EXPECT_EQ(a.size(), b.size());
-  for (size_t l = 0; l < std::min(a.size(), b.size()); ++l) {
-    const int64_t k = a[l].size(1);
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int32_t> x(a[l].data<int32_t>() + t * k, a[l].data<int32_t>() + (t + 1) * k);
-      std::vector<int32_t> y(b[l].data<int32_t>() + t * k, b[l].data<int32_t>() + (t + 1) * k);
-      std::sort(x.begin(), x.end()), std::sort(y.begin(), y.end());
-      if (x != y) same[t] = false;
-    }
-  }
-  return same;
-}
-
-Tensor rows(const Tensor& t, const std::vector<int64_t>& keep) {
-  const int64_t V = t.size(1);
-  Tensor out = Tensor::empty(DType::F32, {int64_t(keep.size()), V});
-  for (size_t r = 0; r < keep.size(); ++r) std::copy_n(t.data<float>() + keep[r] * V, V, out.data<float>() + r * V);
-  return out;
-}
 
 TEST_P(CudaFixtureTest, LogitsMatchReferenceOnStablyRoutedTokens) {
   Generator cpu_gen(*cpu_), gpu_gen(*gpu_);
@@ -77,7 +55,7 @@ TEST_P(CudaFixtureTest, LogitsMatchReferenceOnStablyRoutedTokens) {
     }
     total += T;
     ASSERT_FALSE(keep.empty()) << "every token changed experts";
-    double err = rel_error(rows(out, keep), rows(ref, keep));
+    double err = rel_error(select_rows(out, keep), select_rows(ref, keep));
     EXPECT_LT(err, tolerance()) << GetParam() << " prompt " << i;
     std::printf("[ fixture ] %s prompt %d: %lld tokens, rel error %.3e on %zu stably routed\n", GetParam().c_str(), i,
                 static_cast<long long>(T), err, keep.size());
@@ -193,7 +171,7 @@ TEST(CudaMtpLayer, MatchesReferenceMtpLogitsOnStablyRoutedPositions) {
     ASSERT_GE(keep.size() * 10, size_t(n) * 8) << p << ": too many positions changed experts";
     Tensor expected = ref.get(p + ".mtp_logits");
     ASSERT_EQ(logits[1].shape(), expected.shape());
-    EXPECT_LT(rel_error(rows(logits[1], keep), rows(expected, keep)), 2e-2) << p;
+    EXPECT_LT(rel_error(select_rows(logits[1], keep), select_rows(expected, keep)), 2e-2) << p;
     ++checked;
   }
   EXPECT_EQ(checked, 2);

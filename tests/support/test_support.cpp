@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +36,28 @@ std::vector<int32_t> to_ids(const Tensor& t) {
   std::vector<int32_t> out;
   for (int64_t i = 0; i < t.numel(); ++i)
     out.push_back(t.dtype() == DType::I64 ? int32_t(t.data<int64_t>()[i]) : t.data<int32_t>()[i]);
+  return out;
+}
+
+std::vector<bool> same_routing(const std::vector<Tensor>& a, const std::vector<Tensor>& b, int64_t T) {
+  std::vector<bool> same(static_cast<size_t>(T), true);
+  EXPECT_EQ(a.size(), b.size()) << "the two runs went through different numbers of MoE layers";
+  for (size_t l = 0; l < std::min(a.size(), b.size()); ++l) {
+    const int64_t k = a[l].size(1);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> x(a[l].data<int32_t>() + t * k, a[l].data<int32_t>() + (t + 1) * k);
+      std::vector<int32_t> y(b[l].data<int32_t>() + t * k, b[l].data<int32_t>() + (t + 1) * k);
+      std::sort(x.begin(), x.end()), std::sort(y.begin(), y.end());
+      if (x != y) same[t] = false;
+    }
+  }
+  return same;
+}
+
+Tensor select_rows(const Tensor& t, const std::vector<int64_t>& keep) {
+  const int64_t V = t.size(1);
+  Tensor out = Tensor::empty(DType::F32, {int64_t(keep.size()), V});
+  for (size_t r = 0; r < keep.size(); ++r) std::copy_n(t.data<float>() + keep[r] * V, V, out.data<float>() + r * V);
   return out;
 }
 

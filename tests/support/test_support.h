@@ -25,6 +25,11 @@ std::string moeserve_bin();
 // ||a - b|| / ||b|| over all elements (both converted to f32).
 double rel_error(const Tensor& a, const Tensor& b);
 std::vector<int32_t> to_ids(const Tensor& t);  // I64/I32 tensor -> ids
+// Tokens whose experts are the same in every MoE layer of two routing traces ([T, k] ids per
+// layer): rounding that flips a near-tie legitimately moves a token far.
+std::vector<bool> same_routing(const std::vector<Tensor>& a, const std::vector<Tensor>& b, int64_t T);
+// The rows `keep` of a 2-D F32 host tensor.
+Tensor select_rows(const Tensor& t, const std::vector<int64_t>& keep);
 // Runs a shell command, returns its exit status and captures stdout+stderr into `output`.
 int run_command(const std::string& cmd, std::string& output);
 std::string temp_dir();  // a fresh directory under the test's temporary root

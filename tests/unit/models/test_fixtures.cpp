@@ -35,21 +35,6 @@ TEST_P(FixtureTest, LogitsMatchReferenceInFp32) {
   }
 }
 
-// Tokens whose experts are the same in every MoE layer of two runs.
-static std::vector<bool> same_routing(const std::vector<Tensor>& a, const std::vector<Tensor>& b, int64_t T) {
-  std::vector<bool> same(static_cast<size_t>(T), true);
-  for (size_t l = 0; l < a.size(); ++l) {
-    const int64_t k = a[l].size(1);
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int32_t> x(a[l].data<int32_t>() + t * k, a[l].data<int32_t>() + (t + 1) * k);
-      std::vector<int32_t> y(b[l].data<int32_t>() + t * k, b[l].data<int32_t>() + (t + 1) * k);
-      std::sort(x.begin(), x.end()), std::sort(y.begin(), y.end());
-      if (x != y) same[t] = false;
-    }
-  }
-  return same;
-}
-
 // bf16 activations: a token whose expert choice flips (a near-tie in the router, resolved
 // differently after rounding) legitimately moves far; every other token must stay within 2e-2,
 // and flips must stay rare.
@@ -62,18 +47,13 @@ TEST_P(FixtureTest, LogitsMatchReferenceWithBf16Activations) {
     Tensor out = gen16.prompt_logits(prompt(i), &route16);
     Tensor ref = ref_->get("prompt." + std::to_string(i) + ".logits");
     const int64_t T = ref.size(0);
-    auto stable = same_routing(route32, route16, T);
+    auto stable = test::same_routing(route32, route16, T);
     std::vector<int64_t> keep;
     for (int64_t t = 0; t < T; ++t) {
       if (stable[t]) keep.push_back(t); else ++flipped;
     }
     rows += T;
-    Tensor a = Tensor::empty(DType::F32, {int64_t(keep.size()), ref.size(1)}), b = a.clone();
-    for (size_t r = 0; r < keep.size(); ++r) {
-      std::copy_n(out.data<float>() + keep[r] * ref.size(1), ref.size(1), a.data<float>() + r * ref.size(1));
-      std::copy_n(ref.data<float>() + keep[r] * ref.size(1), ref.size(1), b.data<float>() + r * ref.size(1));
-    }
-    double err = test::rel_error(a, b);
+    double err = test::rel_error(test::select_rows(out, keep), test::select_rows(ref, keep));
     EXPECT_LT(err, 2e-2) << GetParam() << " prompt " << i;
     EXPECT_GT(err, 0.0) << "bf16 rounding had no effect";
   }
