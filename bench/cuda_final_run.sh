@@ -4,15 +4,7 @@
 # on the GPU — greedy ids with and without MTP drafting on the DeepSeek fixture, and
 # bench-speculative with the acceptance-controlled replay draft.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-ROOT=$PWD
-export LD_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0
-T0=$(date +%s)
-log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.log"; }
-command -v pkg-config > /dev/null || export PATH=$PATH:$ROOT/.deps/usr/bin
-sed -i "s|^prefix=/usr\$|prefix=$ROOT/.deps/usr|" .deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc .deps/usr/share/pkgconfig/*.pc
-export PKG_CONFIG_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu/pkgconfig:$ROOT/.deps/usr/share/pkgconfig
+source "$(dirname "$0")/device_env.sh"
 [ -e .devsrc/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" .devsrc/tests/fixtures
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 cmake -S .devsrc -B /tmp/b -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \

@@ -5,15 +5,7 @@
 # before and after on the random-weight Qwen3-30B-A3B (12 layers) and DeepSeek-V2-Lite (9 layers)
 # shapes.   bench/cuda_issue9_run.sh [stages...]   (default: all)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-ROOT=$PWD
-export LD_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0
-T0=$(date +%s)
-log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.log"; }
-command -v pkg-config > /dev/null || export PATH=$PATH:$ROOT/.deps/usr/bin
-sed -i "s|^prefix=/usr\$|prefix=$ROOT/.deps/usr|" .deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc .deps/usr/share/pkgconfig/*.pc
-export PKG_CONFIG_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu/pkgconfig:$ROOT/.deps/usr/share/pkgconfig
+source "$(dirname "$0")/device_env.sh"
 for s in .devsrc .devsrc-before; do [ -e "$s/tests/fixtures" ] || ln -s "$ROOT/tests/fixtures" "$s/tests/fixtures"; done
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >> "$OUT/summary.log" 2>&1
 build() {  # src build-dir jobs targets...
