@@ -50,7 +50,10 @@ TEST(CudaOps, LinearStridedBiasAndF32Output) {
   }
 }
 
-// FP8 128x128 blocks with partial edge blocks in both dimensions.
+// FP8 128x128 blocks with partial edge blocks in both dimensions. Up to 8 rows stream the
+// weight with BF16 activations (the bf16 bound); more rows take the FP8 GEMM, whose activations
+// are rounded to e4m3 per 1x128 group (about 2.5% rms per element: the FP8 bound, 5e-2,
+// test_cuda_fp8_gemm.cpp says more).
 TEST(CudaOps, LinearFp8BlocksMatchCpu) {
   MS_REQUIRE_CUDA();
   for (int64_t T : {1, 7, 130}) {
@@ -59,7 +62,7 @@ TEST(CudaOps, LinearFp8BlocksMatchCpu) {
     Fp8Weight w = random_fp8(N, K);
     Tensor out = poisoned(DType::BF16, {T, N});
     cuda::linear(gpu(x), w.gpu, nullptr, out);
-    EXPECT_LT(rel_error(out, cpu_linear(x, w.cpu, nullptr)), kBf16Tol) << "T=" << T;
+    EXPECT_LT(rel_error(out, cpu_linear(x, w.cpu, nullptr)), T <= 8 ? kBf16Tol : 5e-2) << "T=" << T;
   }
 }
 

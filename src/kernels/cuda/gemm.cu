@@ -153,6 +153,61 @@ void matmul(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, v
 
 namespace {
 
+using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t>;
+std::map<Fp8Key, std::pair<bool, cublasLtMatmulAlgo_t>> g_fp8_plans;
+
+void set_scale(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t mode_attr, int32_t mode,
+               cublasLtMatmulDescAttributes_t ptr_attr, const float* ptr) {
+  MS_CUBLAS(cublasLtMatmulDescSetAttribute(desc, mode_attr, &mode, sizeof mode));
+  MS_CUBLAS(cublasLtMatmulDescSetAttribute(desc, ptr_attr, &ptr, sizeof ptr));
+}
+
+}  // namespace
+
+bool matmul_fp8_blocks(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const float* a_scales,
+                       const void* b, const float* b_scales, void* d, DType d_dtype, int64_t ldd) {
+  MS_ASSERT(k % 512 == 0 && n % 4 == 0);
+  const uint32_t al_a = alignment(a, lda, 0, 1), al_b = alignment(b, k, 0, 1),
+                 al_d = alignment(d, ldd, 0, dtype_size(d_dtype));
+  LtDesc desc(true, false);
+  set_scale(desc.h, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scales);
+  set_scale(desc.h, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+            CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scales);
+  LtLayout la(CUDA_R_8F_E4M3, k, m, lda, 1, 0), lb(CUDA_R_8F_E4M3, k, n, k, 1, 0);
+  LtLayout ld(lt_type(d_dtype), m, n, ldd, 1, 0);
+  const Fp8Key key{m, n, k, lda, ldd, int(d_dtype), al_a, al_b, al_d};
+  std::pair<bool, cublasLtMatmulAlgo_t> plan{};
+  {
+    std::lock_guard<std::mutex> lock(g_plan_mu);
+    auto it = g_fp8_plans.find(key);
+    if (it != g_fp8_plans.end()) {
+      plan = it->second;
+    } else {
+      LtPref pref(kWorkspaceBytes, al_a, al_b, al_d);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      cublasStatus_t st =
+          cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
+      plan = {st == CUBLAS_STATUS_SUCCESS && found > 0, result.algo};
+      g_fp8_plans.emplace(key, plan);
+    }
+  }
+  if (!plan.first) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasStatus_t st = cublasLtMatmul(lt_handle(), desc.h, &alpha, a, la.h, b, lb.h, &beta, d, ld.h, d, ld.h,
+                                     &plan.second, workspace(), kWorkspaceBytes, stream());
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+    std::lock_guard<std::mutex> lock(g_plan_mu);
+    g_fp8_plans[key].first = false;
+    return false;
+  }
+  MS_CUBLAS(st);
+  return true;
+}
+
+namespace {
+
 // dst[r, c] = bf16(value of the stored weight), fp8 times its block's scale_inv.
 template <class TS>
 __global__ void weight_to_bf16(const TS* src, int64_t src_ld, const float* scales, int64_t scale_ld, int bn, int bk,

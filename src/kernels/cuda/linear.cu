@@ -1,21 +1,43 @@
 // Linear layers and the MLA absorptions on the GPU. Up to kGemvMaxRows rows (decode) stream
 // the weight through the CUDA-core product of gemv.h, FP8 blocks dequantised in registers;
-// more rows go through gemm.h (cuBLASLt on BF16, fp8 blocks dequantised into scratch first).
+// more rows go to the tensor cores: BF16 weights through cuBLASLt (gemm.h), FP8 blocks through
+// the block-scaled FP8 product with the activations quantised per token (fp8_gemm.h).
 // Activations are BF16, accumulation f32.
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 
 namespace ms::cuda {
 namespace {
 
-// out[t, n] = tmp[t, n] + bias[n], rounded once into out's dtype.
+// out[t, n] = tmp[t, n] (+ bias[n]), rounded once into out's dtype.
 template <class TO>
 __global__ void add_bias(const float* tmp, const float* bias, int64_t T, int64_t N, TO* out, int64_t os) {
   int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= T * N) return;
   int64_t t = idx / N, n = idx % N;
-  store_f(out + t * os + n, tmp[idx] + bias[n]);
+  store_f(out + t * os + n, tmp[idx] + (bias ? bias[n] : 0.f));
+}
+
+void finish_rows(const Tensor& tmp, const Tensor* bias, int64_t T, int64_t N, Tensor& out) {
+  const int threads = 256;
+  const float* b = bias ? bias->data<float>() : nullptr;
+  MS_FLOAT_DISPATCH(out.dtype(), TO,
+                    add_bias<TO><<<blocks_for(T * N, threads), threads, 0, stream()>>>(
+                        tmp.data<float>(), b, T, N, out.data<TO>(), out.strides()[0]));
+  MS_CUDA_LAUNCHED("add_bias");
+}
+
+// FP8 blocks on the tensor cores. The product covers the rows rounded up to 4 (the quantised
+// block's layout), so an odd row count or a bias goes through an f32 scratch first.
+void linear_fp8(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out) {
+  const int64_t T = xb.size(0), N = w.out_features();
+  Fp8Rows xq = quantize_rows(xb);
+  if (!bias && xq.rows == T) return fp8_gemm(xq, 0, T, w, out.raw(), out.dtype(), out.strides()[0]);
+  Tensor tmp = scratch(DType::F32, {xq.rows, N});
+  fp8_gemm(xq, 0, xq.rows, w, tmp.raw(), DType::F32, N);
+  finish_rows(tmp, bias, T, N, out);
 }
 
 // Beyond 8 rows the CUDA-core FMAs, not the weight bytes, bound the product: tensor cores win.
@@ -58,7 +80,8 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
     check_device_tensor(*bias, {DType::F32}, "linear", "bias");
     MS_CHECK(bias->numel() == N, "linear: bias ", bias->describe(), " for ", N, " outputs");
   }
-  if (try_gemv(xb, w, bias, out)) return;
+  if ((!w.is_fp8() || fp8_mode() == Fp8Mode::Auto) && try_gemv(xb, w, bias, out)) return;
+  if (fp8_gemm_supported(w)) return linear_fp8(xb, w, bias, out);
   Tensor wb = weight_bf16(w);
   if (!bias) {
     gemm_xwT(xb, wb, out.raw(), out.dtype(), out.strides()[0]);
@@ -67,11 +90,7 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
   // The bias is added in f32 before the one rounding, as a fused epilogue would.
   Tensor tmp = scratch(DType::F32, {T, N});
   gemm_xwT(xb, wb, tmp.raw(), DType::F32, N);
-  const int threads = 256;
-  MS_FLOAT_DISPATCH(out.dtype(), TO,
-                    add_bias<TO><<<blocks_for(T * N, threads), threads, 0, stream()>>>(
-                        tmp.data<float>(), bias->data<float>(), T, N, out.data<TO>(), out.strides()[0]));
-  MS_CUDA_LAUNCHED("add_bias");
+  finish_rows(tmp, bias, T, N, out);
 }
 
 // Per head h, a strided batched product: q_latent[:, h] = q_nope[:, h] . W_uk[h], where W_uk[h]

@@ -3,13 +3,16 @@
 // sum, scatter) and lists the experts that have rows; one grouped product streams each listed
 // expert's gate and up rows once and writes silu(gate) * up, a second its down rows; no host
 // sync. More tokens (prefill) sort the pairs on the host and run each selected expert's
-// projections through cuBLASLt over its contiguous rows. Both end in the same kernel that sums
-// each token's k outputs with their router weights in a fixed slot order.
+// projections on the tensor cores over its contiguous rows: cuBLASLt in BF16, or the FP8
+// block-scaled product (fp8_gemm.h) with each expert's rows quantised as one segment. Both end
+// in the same kernel that sums each token's k outputs with their router weights in a fixed slot
+// order.
 #include <map>
 #include <mutex>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/moe_grouped.h"
@@ -49,23 +52,25 @@ __global__ void combine_experts(const float* ye, const int32_t* row_of, const fl
 }
 
 // The pairs (t, j) of this rank's experts [first, first + E) ordered by expert: token_of_row[r]
-// is the token of permuted row r, row_of[t * K + j] the permuted row of pair (t, j) (-1 for
-// another rank's expert), offsets[e] the first row of local expert e.
+// is the token of permuted row r (-1: a pad row), row_of[t * K + j] the permuted row of pair
+// (t, j) (-1 for another rank's expert), offsets[e] the first row of local expert e; each
+// expert's rows are padded to a multiple of `pad`.
 struct Permutation {
   std::vector<int32_t> token_of_row, row_of;
   std::vector<int64_t> offsets;
 };
 
-Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K, int first, int E, int total) {
+Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K, int first, int E, int total,
+                           int64_t pad) {
   Permutation p;
   p.offsets.assign(size_t(E) + 1, 0);
   for (int32_t e : ids) {
     MS_CHECK(e >= 0 && e < total, "moe: expert id ", e, " outside 0..", total - 1);
     if (e >= first && e < first + E) ++p.offsets[size_t(e - first) + 1];
   }
-  for (int e = 0; e < E; ++e) p.offsets[e + 1] += p.offsets[e];
+  for (int e = 0; e < E; ++e) p.offsets[e + 1] = p.offsets[e] + (p.offsets[e + 1] + pad - 1) / pad * pad;
   std::vector<int64_t> next(p.offsets.begin(), p.offsets.end() - 1);
-  p.token_of_row.resize(size_t(p.offsets[E]));
+  p.token_of_row.assign(size_t(p.offsets[E]), -1);
   p.row_of.assign(ids.size(), -1);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < K; ++j) {
@@ -105,6 +110,73 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   combine(ye, perm.row_of, weights, T, K, H, out);
 }
 
+void check_expert(const ExpertWeights& experts, int e, int64_t H, int64_t I) {
+  MS_CHECK(experts.gate[e].out_features() == I && experts.up[e].out_features() == I &&
+               experts.down[e].in_features() == I && experts.down[e].out_features() == H &&
+               experts.gate[e].in_features() == H,
+           "moe_experts: expert ", e, " has shapes ", experts.gate[e].w.describe(), " / ",
+           experts.down[e].w.describe(), " for hidden ", H, " and intermediate ", I);
+}
+
+bool all_fp8_gemm(const ExpertWeights& experts) {
+  for (int e = 0; e < experts.num_experts(); ++e)
+    if (!fp8_gemm_supported(experts.gate[e]) || !fp8_gemm_supported(experts.up[e]) ||
+        !fp8_gemm_supported(experts.down[e]))
+      return false;
+  return true;
+}
+
+// gu = [gate | up] of each expert's rows in BF16 through cuBLASLt, then ye = down(silu * up).
+void bf16_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& experts, Tensor& gu, Tensor& act,
+                  Tensor& ye) {
+  const int64_t rows = perm.offsets.back(), H = x.size(1), I = act.size(1);
+  const int E = experts.num_experts();
+  Tensor token_of_row = upload_i32(perm.token_of_row);
+  Tensor xe = scratch(DType::BF16, {rows, H});
+  const int threads = 256;
+  gather_tokens<<<blocks_for(rows * H, threads), threads, 0, stream()>>>(x.data<bf16>(), x.strides()[0],
+                                                                         token_of_row.data<int32_t>(), rows, H,
+                                                                         xe.data<bf16>());
+  MS_CUDA_LAUNCHED("gather_tokens");
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
+    if (n == 0) continue;
+    Tensor xr = xe.narrow_rows(off, n);
+    gemm_xwT(xr, weight_bf16(experts.gate[e]), gu.data<float>() + off * 2 * I, DType::F32, 2 * I);
+    gemm_xwT(xr, weight_bf16(experts.up[e]), gu.data<float>() + off * 2 * I + I, DType::F32, 2 * I);
+  }
+  silu_and_mul(gu, act);
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
+    if (n == 0) continue;
+    gemm_xwT(act.narrow_rows(off, n), weight_bf16(experts.down[e]), ye.data<float>() + off * H, DType::F32, H);
+  }
+}
+
+// The same with FP8 blocks: each expert's rows (padded to 4) are one quantised segment, the
+// gathered tokens for gate and up, their SiLU-and-mul again for down. Pad rows stay zero.
+void fp8_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& experts, Tensor& gu, Tensor& act,
+                 Tensor& ye) {
+  const int64_t H = x.size(1), I = act.size(1);
+  const int E = experts.num_experts();
+  Fp8Rows xq = quantize_segments(x, perm.token_of_row, perm.offsets);
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
+    if (n == 0) continue;
+    fp8_gemm(xq, off, n, experts.gate[e], gu.data<float>() + off * 2 * I, DType::F32, 2 * I);
+    fp8_gemm(xq, off, n, experts.up[e], gu.data<float>() + off * 2 * I + I, DType::F32, 2 * I);
+  }
+  silu_and_mul(gu, act);
+  std::vector<int32_t> same(perm.token_of_row.size());
+  for (size_t r = 0; r < same.size(); ++r) same[r] = int32_t(r);
+  Fp8Rows aq = quantize_segments(act, same, perm.offsets);
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
+    if (n == 0) continue;
+    fp8_gemm(aq, off, n, experts.down[e], ye.data<float>() + off * H, DType::F32, H);
+  }
+}
+
 }  // namespace
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
@@ -122,42 +194,24 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (T == 0) return;
   const auto [first, total] = local_range(experts);
   const ExpertTable* table = expert_table(experts);
-  if (table && (T <= kGroupedMaxTokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
+  const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_mode() != Fp8Mode::Auto);
+  if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
     return grouped_experts(x, ids, weights, *table, first, out);
   MS_CHECK(!capturing(), "moe_experts: these expert weights need the host-sorted path, which cannot be captured");
   std::vector<int32_t> host_ids(size_t(T * K));
   download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));
-  Permutation perm = sort_by_expert(host_ids, T, K, first, E, total);
+  const bool fp8 = all_fp8_gemm(experts);
+  Permutation perm = sort_by_expert(host_ids, T, K, first, E, total, fp8 ? 4 : 1);
   const int64_t rows = perm.offsets[E], I = experts.gate[0].out_features();
-  Tensor token_of_row = upload_i32(perm.token_of_row), row_of = upload_i32(perm.row_of);
-  const int threads = 256;
-  Tensor xe = scratch(DType::BF16, {rows, H});
-  if (rows > 0) {  // none when every pair belongs to another rank's experts
-    gather_tokens<<<blocks_for(rows * H, threads), threads, 0, stream()>>>(x.data<bf16>(), x.strides()[0],
-                                                                           token_of_row.data<int32_t>(), rows, H,
-                                                                           xe.data<bf16>());
-    MS_CUDA_LAUNCHED("gather_tokens");
-  }
+  for (int e = 0; e < E; ++e)
+    if (perm.offsets[e + 1] > perm.offsets[e]) check_expert(experts, e, H, I);
+  Tensor row_of = upload_i32(perm.row_of);
   Tensor gu = scratch(DType::F32, {rows, 2 * I}), act = scratch(DType::BF16, {rows, I});
   Tensor ye = scratch(DType::F32, {rows, H});
-  for (int e = 0; e < E; ++e) {
-    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
-    if (n == 0) continue;
-    MS_CHECK(experts.gate[e].out_features() == I && experts.up[e].out_features() == I &&
-                 experts.down[e].in_features() == I && experts.down[e].out_features() == H &&
-                 experts.gate[e].in_features() == H,
-             "moe_experts: expert ", e, " has shapes ", experts.gate[e].w.describe(), " / ",
-             experts.down[e].w.describe(), " for hidden ", H, " and intermediate ", I);
-    Tensor xr = xe.narrow_rows(off, n);
-    gemm_xwT(xr, weight_bf16(experts.gate[e]), gu.data<float>() + off * 2 * I, DType::F32, 2 * I);
-    gemm_xwT(xr, weight_bf16(experts.up[e]), gu.data<float>() + off * 2 * I + I, DType::F32, 2 * I);
-  }
-  silu_and_mul(gu, act);
-  for (int e = 0; e < E; ++e) {
-    const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
-    if (n == 0) continue;
-    gemm_xwT(act.narrow_rows(off, n), weight_bf16(experts.down[e]), ye.data<float>() + off * H, DType::F32, H);
+  if (rows > 0) {  // none when every pair belongs to another rank's experts
+    if (fp8) fp8_experts(x, perm, experts, gu, act, ye);
+    else bf16_experts(x, perm, experts, gu, act, ye);
   }
   combine(ye, row_of, weights, T, K, H, out);
 }
