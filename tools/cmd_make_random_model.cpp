@@ -208,6 +208,7 @@ void add_make_random_model(CLI::App& app) {
     int layers = 0;
     bool fp8 = false;
     uint64_t seed = 0;
+    std::vector<std::string> overrides;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--shape", a->shape, "model shape")->required()->check(CLI::IsMember(known_shapes()));
@@ -215,8 +216,15 @@ void add_make_random_model(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--fp8", a->fp8, "DeepSeek FP8 128x128 block weights");
   cmd->add_option("--seed", a->seed, "random seed");
+  cmd->add_option("--set", a->overrides,
+                  "KEY=VALUE: replace a config.json field, VALUE as JSON (e.g. n_routed_experts=32, the expert shard "
+                  "one GPU of EP8 holds; num_nextn_predict_layers=0 drops the MTP layer)");
   cmd->add_option("dir", a->dir, "output directory")->required();
-  cmd->callback([a] { write_random_checkpoint(shape_config(a->shape, a->layers, a->fp8), a->seed, a->dir, a->shape); });
+  cmd->callback([a] {
+    nlohmann::json cfg = shape_config(a->shape, a->layers, a->fp8);
+    for (const std::string& kv : a->overrides) apply_override(cfg, kv);
+    write_random_checkpoint(cfg, a->seed, a->dir, a->shape);
+  });
 }
 
 }  // namespace ms::cli

@@ -82,4 +82,13 @@ json shape_config(const std::string& shape, int layers, bool fp8) {
   return c;
 }
 
+void apply_override(json& config, const std::string& key_value) {
+  const size_t eq = key_value.find('=');
+  MS_CHECK(eq != std::string::npos && eq > 0, "--set: expected KEY=VALUE, got \"", key_value, "\"");
+  const std::string key = key_value.substr(0, eq), value = key_value.substr(eq + 1);
+  MS_CHECK(config.contains(key), "--set: config.json has no field \"", key, "\"");
+  json parsed = json::parse(value, nullptr, /*allow_exceptions=*/false);
+  config[key] = parsed.is_discarded() ? json(value) : parsed;
+}
+
 }  // namespace ms::cli

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include <sys/mman.h>
+
 #include "core/check.h"
 #include "core/device_memory.h"
 
@@ -40,6 +42,9 @@ DeviceMemory* device_memory(Device device) {
   return m;
 }
 
+// Host allocations from this size on are mapped pages rather than heap blocks.
+static constexpr size_t kLazyZeroBytes = size_t(1) << 20;
+
 Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
   int64_t n = 1;
   for (auto d : shape) {
@@ -48,14 +53,23 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
   }
   size_t bytes = size_t(n) * dtype_size(dtype);
   if (device != Device::CPU) return from_buffer(device_memory(device)->allocate(bytes), 0, dtype, std::move(shape));
-  size_t alloc = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, alloc ? alloc : 64);
-  MS_CHECK(p, "out of host memory allocating ", bytes, " bytes");
-  std::memset(p, 0, alloc ? alloc : 64);
   auto buf = std::make_shared<Buffer>();
-  buf->data = p;
   buf->bytes = bytes;
-  buf->keep_alive = std::shared_ptr<void>(p, std::free);
+  if (bytes >= kLazyZeroBytes) {
+    // Anonymous pages are zero and only materialise when touched: a KV pool sized from host
+    // memory costs nothing until tokens use it (memset would fault in gigabytes at start-up).
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    MS_CHECK(p != MAP_FAILED, "out of host memory allocating ", bytes, " bytes");
+    buf->data = p;
+    buf->keep_alive = std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
+  } else {
+    size_t alloc = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, alloc ? alloc : 64);
+    MS_CHECK(p, "out of host memory allocating ", bytes, " bytes");
+    std::memset(p, 0, alloc ? alloc : 64);
+    buf->data = p;
+    buf->keep_alive = std::shared_ptr<void>(p, std::free);
+  }
   return from_buffer(std::move(buf), 0, dtype, std::move(shape));
 }
 
