@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include "server/http_util.h"
 #include "server/routes.h"
@@ -16,6 +17,13 @@ HttpServer::HttpServer(ServerContext& ctx, const ServerOptions& options)
   server_->set_read_timeout(30);
   server_->set_write_timeout(30);
   server_->set_tcp_nodelay(true);
+  // httplib's default options set SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half the connections; SO_REUSEADDR only allows a restart over TIME_WAIT.
+  server_->set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_socket_ = int(sock);
+  });
   install_handlers();
   add_openai_routes(*server_, ctx_);
   add_native_routes(*server_, ctx_);
@@ -61,6 +69,9 @@ int HttpServer::bind() {
   if (port == 0) port = server_->bind_to_any_port(options_.host);
   else if (!server_->bind_to_port(options_.host, port)) port = -1;
   MS_CHECK(port > 0, "cannot listen on ", options_.host, ":", options_.port, " (in use, or not an address of this host)");
+  // Debian's httplib listens with a backlog of 5: a burst of clients overflows it and each
+  // dropped SYN waits a second for its retransmit. Listening again only raises the backlog.
+  MS_CHECK(::listen(listen_socket_, SOMAXCONN) == 0, "cannot raise the listen backlog on port ", port);
   return port;
 }
 

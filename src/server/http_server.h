@@ -27,6 +27,7 @@ class HttpServer {
   ServerContext& ctx_;
   ServerOptions options_;
   std::unique_ptr<httplib::Server> server_;
+  int listen_socket_ = -1;  // the bound socket, seen through httplib's socket-options hook
 };
 
 }  // namespace ms::server
