@@ -36,6 +36,7 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{1, 900}, {64, 64}, {20, 300}},           // decode + prefill + prefix-cached extend
     {{1, 1000}, {1, 4000}, {1, 17}, {1, 2500}},  // a decode batch (split-KV)
     {{1, 6000}},                                // one long decode (many splits)
+    {{300, 300}, {130, 1200}, {16, 16}},        // prefill tiles on the tensor cores: causal, cached prefix, partial tiles
 };
 
 TEST(CudaOps, GqaAttentionMatchesCpu) {

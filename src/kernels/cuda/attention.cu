@@ -3,11 +3,13 @@
 // heads that share it, one warp each; keys arrive 32 at a time through shared memory, gathered
 // by slot, and each warp keeps an online softmax in f32. When tokens x heads give too few blocks
 // to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
-// partial softmaxes (split-KV).
+// partial softmaxes (split-KV). GQA prefill with 128-dim heads runs on the tensor cores instead
+// (flash_prefill.h).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
@@ -246,6 +248,10 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
   check_pairs(k_cache, "attention", "key cache");
   check_pairs(v_cache, "attention", "value cache");
   check_pairs(out, "attention", "output");
+  // Steps whose sequences bring 16 queries or more each (prefill, extend) go to the tensor cores;
+  // decode keeps the split-KV kernel, and captured steps never have a host layout to tile.
+  if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_prefill_supported(q, k_cache, v_cache, out))
+    return flash_prefill(q, k_cache, v_cache, layout, scale, out);
   AttnParams p{};
   p.qa = q.data<bf16>(), p.qa_s0 = q.strides()[0], p.qa_s1 = q.strides()[1], p.da = int(D);
   p.k = k_cache.data<bf16>(), p.k_s0 = k_cache.strides()[0], p.k_s1 = k_cache.strides()[1];

@@ -1,0 +1,16 @@
+// Prefill attention on the tensor cores (flash-attention style) for GQA heads of 128 dims:
+// used by attention() when the step's sequences bring many queries each (prefill, extend);
+// decode steps keep the split-KV kernel of attention.cu.
+#pragma once
+#include "kernels/cuda/cuda_common.h"
+
+namespace ms::cuda {
+
+// Whether the tensor-core kernel takes these shapes (head dims, strides and alignment).
+bool flash_prefill_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out);
+
+// Same contract as ops::attention; the layout is on the host (not a captured step).
+void flash_prefill(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionLayout& layout,
+                   float scale, Tensor& out);
+
+}  // namespace ms::cuda
