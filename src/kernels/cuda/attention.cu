@@ -3,8 +3,8 @@
 // heads that share it, one warp each; keys arrive 32 at a time through shared memory, gathered
 // by slot, and each warp keeps an online softmax in f32. When tokens x heads give too few blocks
 // to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
-// partial softmaxes (split-KV). GQA prefill with 128-dim heads runs on the tensor cores instead
-// (flash_prefill.h).
+// partial softmaxes (split-KV). Prefill (16 queries or more per sequence) runs on the tensor
+// cores instead, for GQA with 128-dim heads and MLA over the 512 + 64 latent (flash_prefill.h).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
@@ -27,6 +27,7 @@ struct AttnParams {
   const int32_t* slots; const int32_t* q_kv_begin; const int32_t* q_visible;
   int T, hq, group, warps, hgroups, splits, split_len;
   float scale;
+  bool k_wide, v_wide;                           // rows of keys / values allow 16-byte loads
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -39,9 +40,21 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // Copies `words` bf16 pairs of each of the tile's keys into shared rows of `stride` words
-// (rows past nk are zero-filled so no lane reads stale values).
+// (rows past nk are zero-filled so no lane reads stale values): 16-byte global loads when the
+// rows allow them (the padded shared rows take them as four words).
 __device__ void load_tile(__nv_bfloat162* dst, int stride, const bf16* base, int64_t s0, int64_t s1, int kvh,
-                          const int32_t* slots, int nk, int words) {
+                          const int32_t* slots, int nk, int words, bool wide) {
+  if (wide) {
+    const int quads = words / 4;
+    for (int idx = threadIdx.x; idx < kChunk * quads; idx += blockDim.x) {
+      const int r = idx / quads, c = idx % quads;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (r < nk) val = reinterpret_cast<const uint4*>(base + int64_t(slots[r]) * s0 + kvh * s1)[c];
+      uint32_t* row = reinterpret_cast<uint32_t*>(dst + r * stride + 4 * c);
+      row[0] = val.x, row[1] = val.y, row[2] = val.z, row[3] = val.w;
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < kChunk * words; idx += blockDim.x) {
     const int r = idx / words, c = idx % words;
     __nv_bfloat162 val = __floats2bfloat162_rn(0.f, 0.f);
@@ -77,8 +90,8 @@ __global__ void attention_kernel(AttnParams p) {
   float m = -INFINITY, l = 0.f, acc[NCH][2] = {};
   for (int c0 = begin; c0 < end; c0 += kChunk) {
     const int nk = min(kChunk, end - c0);
-    load_tile(k_s, kst, p.k, p.k_s0, p.k_s1, kvh, slots + c0, nk, dk / 2);
-    if (p.v) load_tile(v_s, vst, p.v, p.v_s0, p.v_s1, kvh, slots + c0, nk, vst);
+    load_tile(k_s, kst, p.k, p.k_s0, p.k_s1, kvh, slots + c0, nk, dk / 2, p.k_wide);
+    if (p.v) load_tile(v_s, vst, p.v, p.v_s0, p.v_s1, kvh, slots + c0, nk, vst, p.v_wide);
     __syncthreads();
     if (active) {
       float s = -INFINITY;
@@ -132,24 +145,31 @@ __global__ void attention_kernel(AttnParams p) {
   if (lane == 0) p.part_ml[2 * row] = m, p.part_ml[2 * row + 1] = l;
 }
 
-// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z.
+// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z: the weights of
+// the splits once into shared memory, then every thread sums its dims over them.
 __global__ void combine_splits(AttnParams p) {
+  extern __shared__ float weight[];  // [splits]
   const int t = blockIdx.x / p.hq, h = blockIdx.x % p.hq;
   const int64_t stride = int64_t(p.T) * p.hq;
-  float M = -INFINITY;
-  for (int z = 0; z < p.splits; ++z) M = fmaxf(M, p.part_ml[2 * (z * stride + blockIdx.x)]);
-  float L = 0.f;
-  for (int z = 0; z < p.splits; ++z) {
-    const int64_t row = z * stride + blockIdx.x;
-    L += p.part_ml[2 * row + 1] * expf(p.part_ml[2 * row] - M);
+  if (threadIdx.x < 32) {
+    float M = -INFINITY;
+    for (int z = threadIdx.x; z < p.splits; z += 32) M = fmaxf(M, p.part_ml[2 * (z * stride + blockIdx.x)]);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.f;
+    for (int z = threadIdx.x; z < p.splits; z += 32) {
+      const int64_t row = z * stride + blockIdx.x;
+      weight[z] = p.part_ml[2 * row] == -INFINITY ? 0.f : expf(p.part_ml[2 * row] - M);
+      L += p.part_ml[2 * row + 1] * weight[z];
+    }
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    __syncwarp();
+    for (int z = threadIdx.x; z < p.splits; z += 32) weight[z] /= L;
   }
+  __syncthreads();
   for (int d = threadIdx.x; d < p.dv; d += blockDim.x) {
     float sum = 0.f;
-    for (int z = 0; z < p.splits; ++z) {
-      const int64_t row = z * stride + blockIdx.x;
-      sum += p.part_acc[row * p.dv + d] * expf(p.part_ml[2 * row] - M);
-    }
-    p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(sum / L);
+    for (int z = 0; z < p.splits; ++z) sum += p.part_acc[(z * stride + blockIdx.x) * p.dv + d] * weight[z];
+    p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(sum);
   }
 }
 
@@ -222,9 +242,15 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   else if (nch <= 8) launch<8>(p, kv_heads, smem);
   else fail(op, ": value width ", p.dv, " exceeds 512");
   if (p.splits > 1) {
-    combine_splits<<<unsigned(p.T * p.hq), 128, 0, stream()>>>(p);
+    combine_splits<<<unsigned(p.T * p.hq), 128, size_t(p.splits) * sizeof(float), stream()>>>(p);
     MS_CUDA_LAUNCHED("combine_splits");
   }
+}
+
+// Whether every row of `t` (dims [0, width)) can be read in 16-byte pieces.
+bool wide_rows(const Tensor& t, int64_t width) {
+  return width % 8 == 0 && reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0 && t.strides()[0] % 8 == 0 &&
+         (t.dim() < 3 || t.strides()[1] % 8 == 0);
 }
 
 void check_pairs(const Tensor& t, const char* op, const char* what) {
@@ -256,6 +282,7 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
   p.qa = q.data<bf16>(), p.qa_s0 = q.strides()[0], p.qa_s1 = q.strides()[1], p.da = int(D);
   p.k = k_cache.data<bf16>(), p.k_s0 = k_cache.strides()[0], p.k_s1 = k_cache.strides()[1];
   p.v = v_cache.data<bf16>(), p.v_s0 = v_cache.strides()[0], p.v_s1 = v_cache.strides()[1], p.dv = int(Dv);
+  p.k_wide = wide_rows(k_cache, D), p.v_wide = wide_rows(v_cache, Dv);
   p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
   p.T = int(T), p.hq = int(Hq), p.group = int(Hq / Hkv), p.scale = scale;
   run(p, int(Hkv), k_cache.size(0), layout, "attention");
@@ -273,11 +300,14 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   MS_CHECK(q_latent.strides()[2] == 1 && q_rope.strides()[2] == 1, "mla_attention: head dims must be contiguous");
   check_pairs(kv_cache, "mla_attention", "latent cache");
   check_pairs(out, "mla_attention", "output");
+  if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_mla_supported(q_latent, q_rope, kv_cache, out))
+    return flash_mla_prefill(q_latent, q_rope, kv_cache, layout, scale, out);
   AttnParams p{};
   p.qa = q_latent.data<bf16>(), p.qa_s0 = q_latent.strides()[0], p.qa_s1 = q_latent.strides()[1], p.da = int(L);
   p.qb = q_rope.data<bf16>(), p.qb_s0 = q_rope.strides()[0], p.qb_s1 = q_rope.strides()[1], p.db = int(R);
   p.k = kv_cache.data<bf16>(), p.k_s0 = kv_cache.strides()[0], p.k_s1 = 0;
   p.v = nullptr, p.dv = int(L);
+  p.k_wide = wide_rows(kv_cache, L + R);
   p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
   p.T = int(T), p.hq = int(H), p.group = int(H), p.scale = scale;
   run(p, 1, kv_cache.size(0), layout, "mla_attention");

@@ -5,6 +5,7 @@
 // folded in), and P goes from the S accumulators to the A operand of P V without leaving
 // registers. Causality is per row: row i of a tile sees the first vis0 + i keys of its sequence.
 #include "kernels/cuda/flash_prefill.h"
+#include "kernels/cuda/mma.h"
 
 #include <cmath>
 
@@ -23,30 +24,6 @@ struct FlashParams {
   int group;
   float scale_log2;
 };
-
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <bool TRANS>
-__device__ __forceinline__ void ldmatrix_x4(const bf16* p, uint32_t (&r)[4]) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
-  if constexpr (TRANS)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 __global__ void __launch_bounds__(128) flash_prefill_kernel(FlashParams p) {
   __shared__ __align__(16) bf16 ks[kKeys * kStride];
@@ -94,8 +71,8 @@ __global__ void __launch_bounds__(128) flash_prefill_kernel(FlashParams p) {
       for (int np = 0; np < kKeys / 16; ++np) {
         uint32_t b[4];
         ldmatrix_x4<false>(ks + (np * 16 + (lane / 16) * 8 + lane % 8) * kStride + d * 16 + ((lane / 8) % 2) * 8, b);
-        mma(s[2 * np], qf[d], b[0], b[1]);
-        mma(s[2 * np + 1], qf[d], b[2], b[3]);
+        mma_bf16(s[2 * np], qf[d], b[0], b[1]);
+        mma_bf16(s[2 * np + 1], qf[d], b[2], b[3]);
       }
     // Online softmax of rows g (values 0, 1) and g + 8 (values 2, 3); a quad shares a row.
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -130,14 +107,14 @@ __global__ void __launch_bounds__(128) flash_prefill_kernel(FlashParams p) {
       for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a[4] = {pack(s[2 * kk][0], s[2 * kk][1]), pack(s[2 * kk][2], s[2 * kk][3]),
-                             pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int dn = 0; dn < kD / 16; ++dn) {
         uint32_t b[4];
         ldmatrix_x4<true>(vs + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStride + dn * 16 + (lane / 16) * 8, b);
-        mma(o[2 * dn], a, b[0], b[1]);
-        mma(o[2 * dn + 1], a, b[2], b[3]);
+        mma_bf16(o[2 * dn], a, b[0], b[1]);
+        mma_bf16(o[2 * dn + 1], a, b[2], b[3]);
       }
     }
   }

@@ -9,6 +9,7 @@
 // row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
 // FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy).
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/mma.h"
 
 #include <algorithm>
 
@@ -27,19 +28,6 @@ struct GemvParams {
   const float* bias;
   int N, K, chunks, slabs;
 };
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
 template <bool FP8>
