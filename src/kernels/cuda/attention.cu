@@ -28,6 +28,7 @@ struct AttnParams {
   int T, hq, group, warps, hgroups, splits, split_len;
   float scale;
   bool k_wide, v_wide;                           // rows of keys / values allow 16-byte loads
+  bool mla_tc;                                   // MLA on the tensor cores (flash_mla.cu)
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -183,6 +184,7 @@ void launch(const AttnParams& p, int kv_heads, size_t smem) {
 }
 
 void launch_all(AttnParams p, int kv_heads, const char* op);
+void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 
 // Splits of the keys per query: enough blocks to fill the GPU twice, at least 64 keys each.
 int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
@@ -233,6 +235,20 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
     part_ml = scratch(DType::F32, {p.splits, p.T, p.hq, 2});
     p.part_acc = part_acc.data<float>(), p.part_ml = part_ml.data<float>();
   }
+  if (p.mla_tc) {
+    flash_mla(MlaLaunch{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
+                        p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale});
+  } else {
+    launch_kernel(p, kv_heads, op);
+  }
+  if (p.splits > 1) {
+    combine_splits<<<unsigned(p.T * p.hq), 128, size_t(p.splits) * sizeof(float), stream()>>>(p);
+    MS_CUDA_LAUNCHED("combine_splits");
+  }
+}
+
+// The CUDA-core kernel for p's value width.
+void launch_kernel(const AttnParams& p, int kv_heads, const char* op) {
   const int dk = p.da + p.db;
   const size_t smem = size_t(p.warps) * dk * 4 + size_t(kChunk) * (dk / 2 + 1) * 4 + (p.v ? size_t(kChunk) * p.dv * 2 : 0);
   const int nch = (p.dv + 63) / 64;
@@ -241,10 +257,6 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   else if (nch <= 4) launch<4>(p, kv_heads, smem);
   else if (nch <= 8) launch<8>(p, kv_heads, smem);
   else fail(op, ": value width ", p.dv, " exceeds 512");
-  if (p.splits > 1) {
-    combine_splits<<<unsigned(p.T * p.hq), 128, size_t(p.splits) * sizeof(float), stream()>>>(p);
-    MS_CUDA_LAUNCHED("combine_splits");
-  }
 }
 
 // Whether every row of `t` (dims [0, width)) can be read in 16-byte pieces.
@@ -300,6 +312,7 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   MS_CHECK(q_latent.strides()[2] == 1 && q_rope.strides()[2] == 1, "mla_attention: head dims must be contiguous");
   check_pairs(kv_cache, "mla_attention", "latent cache");
   check_pairs(out, "mla_attention", "output");
+  // Prefill as for GQA; decode too runs on the tensor cores when the shapes allow (split-KV below).
   if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_mla_supported(q_latent, q_rope, kv_cache, out))
     return flash_mla_prefill(q_latent, q_rope, kv_cache, layout, scale, out);
   AttnParams p{};
@@ -308,6 +321,7 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   p.k = kv_cache.data<bf16>(), p.k_s0 = kv_cache.strides()[0], p.k_s1 = 0;
   p.v = nullptr, p.dv = int(L);
   p.k_wide = wide_rows(kv_cache, L + R);
+  p.mla_tc = flash_mla_supported(q_latent, q_rope, kv_cache, out);
   p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
   p.T = int(T), p.hq = int(H), p.group = int(H), p.scale = scale;
   run(p, 1, kv_cache.size(0), layout, "mla_attention");

@@ -4,6 +4,7 @@
 // of them. Per tile of 32 keys: each of the 4 warps scores a quarter of the 576 dims (S partial
 // sums meet in shared memory), 128 threads run the online softmax (8 per row), and each warp
 // accumulates its quarter of the 512 output dims from P (bf16, shared memory) and the tile.
+// Decode splits the keys across blocks (blockIdx.z) and leaves partial softmaxes to merge.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/mma.h"
 
@@ -18,24 +19,16 @@ constexpr int kDkWarp = kDk / kWarps, kDvWarp = kL / kWarps;  // 144 scored, 128
 constexpr size_t kSmem = size_t(kKeys) * kStride * 2 + size_t(kWarps) * kHeads * kKeys * 4 +
                          size_t(kHeads) * kPStride * 2 + 2 * kHeads * 4;
 
-struct MlaParams {
-  const bf16* ql; int64_t ql_s0, ql_s1;
-  const bf16* qr; int64_t qr_s0, qr_s1;
-  const bf16* kv; int64_t kv_s0;
-  bf16* out; int64_t o_s0, o_s1;
-  const int32_t* slots;
-  const int32_t* ranges;  // per query: first kv index, keys it sees
-  float scale_log2;
-};
-
-__global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaParams p) {
+__global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   extern __shared__ float4 smem4[];
   bf16* ks = reinterpret_cast<bf16*>(smem4);                      // [kKeys][kStride]
   float* sp = reinterpret_cast<float*>(ks + kKeys * kStride);     // [kWarps][kHeads][kKeys]
   bf16* pb = reinterpret_cast<bf16*>(sp + kWarps * kHeads * kKeys);  // [kHeads][kPStride]
   float* alpha_s = reinterpret_cast<float*>(pb + kHeads * kPStride);  // [kHeads], then l [kHeads]
   const int t = blockIdx.x, h0 = blockIdx.y * kHeads;
-  const int kv0 = p.ranges[2 * t], keys = p.ranges[2 * t + 1];
+  const int kv0 = p.kv_begin[t], visible = p.visible[t];
+  const int len = p.split_len > 0 ? p.split_len : ((visible + p.splits - 1) / p.splits + kKeys - 1) / kKeys * kKeys;
+  const int kb = min(visible, int(blockIdx.z) * len), keys = min(visible, kb + len);  // this block's keys [kb, keys)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
 
   uint32_t qf[kDkWarp / 16][4];
@@ -53,7 +46,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaParams p) {
   const int srow = threadIdx.x / 8, scol = (threadIdx.x % 8) * 4;
   float m = -INFINITY, l = 0.f;
 
-  for (int k0 = 0; k0 < keys; k0 += kKeys) {
+  const float scale_log2 = p.scale * float(M_LOG2E);
+  for (int k0 = kb; k0 < keys; k0 += kKeys) {
     __syncthreads();  // the previous tile is consumed
     for (int i = threadIdx.x; i < kKeys * (kDk / 8); i += blockDim.x) {
       const int j = i / (kDk / 8), c = (i % (kDk / 8)) * 8;
@@ -86,12 +80,12 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaParams p) {
       float v = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) v += sp[(w * kHeads + srow) * kKeys + scol + j];
-      x[j] = k0 + scol + j < keys ? v * p.scale_log2 : -INFINITY;
+      x[j] = k0 + scol + j < keys ? v * scale_log2 : -INFINITY;
       tile_max = fmaxf(tile_max, x[j]);
     }
 #pragma unroll
     for (int o8 = 1; o8 < 8; o8 <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o8));
-    const float m_new = fmaxf(m, tile_max);  // finite: key 0 is in the first tile
+    const float m_new = fmaxf(m, tile_max);  // finite: key kb is in the first tile
     const float alpha = exp2f(m - m_new);
     float sum = 0.f;
 #pragma unroll
@@ -124,15 +118,27 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaParams p) {
     }
   }
   float* l_s = alpha_s + kHeads;
-  if (threadIdx.x % 8 == 0) l_s[srow] = l;
+  __syncthreads();  // every warp has read the last tile's alpha_s
+  if (threadIdx.x % 8 == 0) l_s[srow] = l, alpha_s[srow] = m;
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float inv = 1.0f / l_s[g + 8 * r];
-    bf16* dst = p.out + int64_t(t) * p.o_s0 + (h0 + g + 8 * r) * p.o_s1 + warp * kDvWarp + 2 * qd;
+    const int h = h0 + g + 8 * r;
+    if (p.splits == 1) {
+      const float inv = 1.0f / l_s[g + 8 * r];
+      bf16* dst = p.out + int64_t(t) * p.o_s0 + h * p.o_s1 + warp * kDvWarp + 2 * qd;
 #pragma unroll
-    for (int n = 0; n < kDvWarp / 8; ++n)
-      *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      for (int n = 0; n < kDvWarp / 8; ++n)
+        *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
+            __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      continue;
+    }
+    const int64_t row = (int64_t(blockIdx.z) * p.T + t) * p.H + h;
+    float* dst = p.part_acc + row * kL + warp * kDvWarp + 2 * qd;
+#pragma unroll
+    for (int n = 0; n < kDvWarp / 8; ++n) *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+    if (warp == 0 && qd == 0)  // an empty split reports m = -inf, l = 0 and zeros
+      p.part_ml[2 * row] = alpha_s[g + 8 * r] * float(M_LN2), p.part_ml[2 * row + 1] = l_s[g + 8 * r];
   }
 }
 
@@ -149,24 +155,31 @@ bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Ten
 
 void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
                        const ops::AttentionLayout& layout, float scale, Tensor& out) {
-  std::vector<int32_t> ranges;
+  std::vector<int32_t> ranges, visible;  // ranges: every query's first kv index, then `visible`
   for (int s = 0; s < layout.num_seqs(); ++s) {
     const int nq = layout.q_start[s + 1] - layout.q_start[s], nk = layout.kv_start[s + 1] - layout.kv_start[s];
     MS_CHECK(nq <= nk, "mla_attention: sequence ", s, " has ", nq, " queries but only ", nk, " keys");
-    for (int i = 0; i < nq; ++i) ranges.insert(ranges.end(), {layout.kv_start[s], nk - nq + i + 1});
+    for (int i = 0; i < nq; ++i) ranges.push_back(layout.kv_start[s]), visible.push_back(nk - nq + i + 1);
   }
+  ranges.insert(ranges.end(), visible.begin(), visible.end());
   const int64_t slots = kv_cache.size(0);
   for (int32_t slot : layout.kv_slots)
     MS_CHECK(slot >= 0 && slot < slots, "mla_attention: KV slot ", slot, " outside the pool of ", slots);
   if (ranges.empty()) return;
   Tensor d_ranges = upload_i32(ranges), d_slots = upload_i32(layout.kv_slots);
-  MlaParams p{q_latent.data<bf16>(), q_latent.strides()[0], q_latent.strides()[1],
+  const int T = int(ranges.size() / 2);
+  MlaLaunch l{q_latent.data<bf16>(), q_latent.strides()[0], q_latent.strides()[1],
               q_rope.data<bf16>(), q_rope.strides()[0], q_rope.strides()[1],
               kv_cache.data<bf16>(), kv_cache.strides()[0],
               out.data<bf16>(), out.strides()[0], out.strides()[1],
-              d_slots.data<int32_t>(), d_ranges.data<int32_t>(), scale * float(M_LOG2E)};
-  dim3 grid(unsigned(ranges.size() / 2), unsigned(q_latent.size(1) / kHeads));
-  flash_mla_kernel<<<grid, kWarps * 32, kSmem, stream()>>>(p);
+              d_slots.data<int32_t>(), d_ranges.data<int32_t>(), d_ranges.data<int32_t>() + T,
+              nullptr, nullptr, T, int(q_latent.size(1)), 1, 1 << 30, scale};
+  flash_mla(l);
+}
+
+void flash_mla(const MlaLaunch& l) {
+  dim3 grid(unsigned(l.T), unsigned(l.H / kHeads), unsigned(l.splits));
+  flash_mla_kernel<<<grid, kWarps * 32, kSmem, stream()>>>(l);
   MS_CUDA_LAUNCHED("flash_mla_kernel");
 }
 

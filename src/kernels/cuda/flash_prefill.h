@@ -20,4 +20,21 @@ bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Ten
 void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
                        const ops::AttentionLayout& layout, float scale, Tensor& out);
 
+// One launch of the MLA kernel over device arrays, for decode's split-KV too: query t sees keys
+// slots[kv_begin[t] + j], j < visible[t]; split z of `splits` takes j in [z * len, (z + 1) * len)
+// with len = split_len, or (split_len 0) visible[t] / splits rounded up to 32. One split writes
+// out; more write f32 partials part_acc [splits, T, H, 512] and part_ml [splits, T, H, 2]
+// (max in natural-log units, sum) for attention.cu's merge.
+struct MlaLaunch {
+  const bf16* ql; int64_t ql_s0, ql_s1;
+  const bf16* qr; int64_t qr_s0, qr_s1;
+  const bf16* kv; int64_t kv_s0;
+  bf16* out; int64_t o_s0, o_s1;
+  const int32_t* slots; const int32_t* kv_begin; const int32_t* visible;
+  float* part_acc; float* part_ml;
+  int T, H, splits, split_len;
+  float scale;
+};
+void flash_mla(const MlaLaunch& l);
+
 }  // namespace ms::cuda
