@@ -3,8 +3,9 @@
 // heads that share it, one warp each; keys arrive 32 at a time through shared memory, gathered
 // by slot, and each warp keeps an online softmax in f32. When tokens x heads give too few blocks
 // to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
-// partial softmaxes (split-KV). Prefill (16 queries or more per sequence) runs on the tensor
-// cores instead, for GQA with 128-dim heads and MLA over the 512 + 64 latent (flash_prefill.h).
+// partial softmaxes (split-KV). GQA with 128-dim heads and MLA over the 512 + 64 latent run on
+// the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
+// flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
@@ -29,6 +30,7 @@ struct AttnParams {
   float scale;
   bool k_wide, v_wide;                           // rows of keys / values allow 16-byte loads
   bool mla_tc;                                   // MLA on the tensor cores (flash_mla.cu)
+  bool gqa_tc;                                   // GQA decode on the tensor cores (flash_decode.cu)
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -188,6 +190,7 @@ void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 
 // Splits of the keys per query: enough blocks to fill the GPU twice, at least 64 keys each.
 int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
+  if (p.gqa_tc) return flash_decode_splits(p.T, kv_heads, max_visible);
   p.warps = std::min(p.group, 16);
   p.hgroups = (p.group + p.warps - 1) / p.warps;
   const int64_t blocks = int64_t(p.T) * kv_heads * p.hgroups, want = 2 * int64_t(sm_count());
@@ -238,6 +241,10 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   if (p.mla_tc) {
     flash_mla(MlaLaunch{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
                         p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale});
+  } else if (p.gqa_tc) {
+    flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
+                                 p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
+                                 kv_heads, p.splits, p.split_len, p.scale});
   } else {
     launch_kernel(p, kv_heads, op);
   }
@@ -295,6 +302,7 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
   p.k = k_cache.data<bf16>(), p.k_s0 = k_cache.strides()[0], p.k_s1 = k_cache.strides()[1];
   p.v = v_cache.data<bf16>(), p.v_s0 = v_cache.strides()[0], p.v_s1 = v_cache.strides()[1], p.dv = int(Dv);
   p.k_wide = wide_rows(k_cache, D), p.v_wide = wide_rows(v_cache, Dv);
+  p.gqa_tc = flash_decode_supported(q, k_cache, v_cache);
   p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
   p.T = int(T), p.hq = int(Hq), p.group = int(Hq / Hkv), p.scale = scale;
   run(p, int(Hkv), k_cache.size(0), layout, "attention");

@@ -1,7 +1,8 @@
-// Prefill attention on the tensor cores (flash-attention style), for GQA heads of 128 dims and
-// for absorbed MLA over DeepSeek's 512 + 64 latent cache: used by attention() / mla_attention()
-// when the step's sequences bring many queries each (prefill, extend); decode steps keep the
-// split-KV kernel of attention.cu.
+// Attention on the tensor cores (flash-attention style), for GQA heads of 128 dims and for
+// absorbed MLA over DeepSeek's 512 + 64 latent cache: prefill kernels used by attention() /
+// mla_attention() when the step's sequences bring many queries each (prefill, extend), and
+// split-KV decode kernels whose partial softmaxes attention.cu merges. Other shapes keep
+// attention.cu's CUDA-core kernel.
 #pragma once
 #include "kernels/cuda/cuda_common.h"
 
@@ -36,5 +37,22 @@ struct MlaLaunch {
   float scale;
 };
 void flash_mla(const MlaLaunch& l);
+
+// GQA decode (flash_decode.cu), one warp per query, KV head and split; the same split and
+// partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
+struct GqaDecodeLaunch {
+  const bf16* q; int64_t q_s0, q_s1;
+  const bf16* k; int64_t k_s0, k_s1;
+  const bf16* v; int64_t v_s0, v_s1;
+  bf16* out; int64_t o_s0, o_s1;
+  const int32_t* slots; const int32_t* kv_begin; const int32_t* visible;
+  float* part_acc; float* part_ml;
+  int T, Hq, Hkv, splits, split_len;
+  float scale;
+};
+bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
+// Splits of the keys for T queries: enough warps to fill the GPU, at least 32 keys each.
+int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible);
+void flash_decode(const GqaDecodeLaunch& l);
 
 }  // namespace ms::cuda
