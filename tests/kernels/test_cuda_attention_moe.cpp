@@ -38,26 +38,33 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{300, 300}, {130, 1200}, {16, 16}},        // prefill tiles on the tensor cores: causal, cached prefix, partial tiles
 };
 
+// Query heads per KV head: 8 (Qwen3-30B-A3B), 7 (Qwen2-57B-A14B), 16 (every row of the tensor-core
+// decode tile) and 1 (multi-head).
 TEST(CudaOps, GqaAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
-  const int64_t Hq = 32, Hkv = 4, D = 128, pool = 8000;
-  Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
-  Tensor kg = gpu(kc), vg = gpu(vc);
-  for (const auto& seqs : kLayouts) {
-    auto layout = make_layout(seqs, int(pool));
-    const int64_t T = layout.q_start.back();
-    Tensor q = randn({T, Hq, D}), ref = Tensor::empty(DType::F32, {T, Hq, D});
-    cpu::attention(q, kc, vc, layout, 0.088f, ref);
-    Tensor out = poisoned(DType::BF16, {T, Hq, D});
-    cuda::attention(gpu(q), kg, vg, layout, 0.088f, out);
-    EXPECT_LT(rel_error(out, ref), kBf16Tol) << seqs.size() << " sequences, " << T << " queries";
+  const int64_t D = 128, pool = 8000;
+  for (auto [Hq, Hkv] : std::vector<std::pair<int64_t, int64_t>>{{32, 4}, {28, 4}, {64, 4}, {16, 16}}) {
+    Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
+    Tensor kg = gpu(kc), vg = gpu(vc);
+    for (const auto& seqs : kLayouts) {
+      auto layout = make_layout(seqs, int(pool));
+      const int64_t T = layout.q_start.back();
+      Tensor q = randn({T, Hq, D}), ref = Tensor::empty(DType::F32, {T, Hq, D});
+      cpu::attention(q, kc, vc, layout, 0.088f, ref);
+      Tensor out = poisoned(DType::BF16, {T, Hq, D});
+      cuda::attention(gpu(q), kg, vg, layout, 0.088f, out);
+      EXPECT_LT(rel_error(out, ref), kBf16Tol) << Hq << "/" << Hkv << " heads, " << seqs.size() << " sequences, "
+                                               << T << " queries";
+    }
   }
 }
 
+// 16 heads (DeepSeek-V2-Lite) and 32 (two head groups of the tensor-core kernel).
 TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
   MS_REQUIRE_CUDA();
-  const int64_t H = 16, L = 512, R = 64, pool = 8000;
+  const int64_t L = 512, R = 64, pool = 8000;
   Tensor cache = randn({pool, L + R}), cg = gpu(cache);
+  for (int64_t H : {16, 32})
   for (const auto& seqs : kLayouts) {
     auto layout = make_layout(seqs, int(pool));
     const int64_t T = layout.q_start.back();
@@ -68,7 +75,7 @@ TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
     cpu::mla_attention(ql, qr, cache, layout, 0.06f, ref);
     Tensor out = poisoned(DType::BF16, {T, H, L});
     cuda::mla_attention(gpu(ql), gpu(qfull).slice(2, 128, 128 + R), cg, layout, 0.06f, out);
-    EXPECT_LT(rel_error(out, ref), kBf16Tol) << seqs.size() << " sequences, " << T << " queries";
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << H << " heads, " << seqs.size() << " sequences, " << T << " queries";
   }
 }
 
@@ -166,7 +173,9 @@ TEST(CudaOps, MoeExpertsMatchCpu) {
   MS_REQUIRE_CUDA();
   const int64_t H = 1024, I = 512, K = 4;
   const int E = 16;
-  for (int64_t T : {1, 100, 300})
+  // T = 64 with every token's first choice expert 3: one expert's 64 rows take two passes over
+  // its weights in the grouped product (32 rows a pass).
+  for (auto [T, skewed] : std::vector<std::pair<int64_t, bool>>{{1, false}, {100, false}, {300, false}, {64, true}})
   for (bool fp8 : {false, true}) {
     ops::ExpertWeights ex;
     for (int e = 0; e < E; ++e) {
@@ -185,6 +194,7 @@ TEST(CudaOps, MoeExpertsMatchCpu) {
     std::uniform_real_distribution<float> wd(0.1f, 1.0f);
     for (int64_t t = 0; t < T; ++t) {
       std::shuffle(all.begin(), all.end(), rng());
+      if (skewed) std::swap(*std::find(all.begin(), all.end(), 3), all[0]);
       for (int64_t j = 0; j < K; ++j) ids.data<int32_t>()[t * K + j] = all[j], w.data<float>()[t * K + j] = wd(rng());
     }
     Tensor ref = Tensor::empty(DType::F32, {T, H});
@@ -192,7 +202,7 @@ TEST(CudaOps, MoeExpertsMatchCpu) {
     Tensor out = poisoned(DType::BF16, {T, H});
     cuda::moe_experts(gpu(x), ids.to(Device::CUDA), w.to(Device::CUDA), to_device(ex), out);
     const double tol = fp8 && T > 128 ? 5e-2 : kBf16Tol;
-    EXPECT_LT(rel_error(out, ref), tol) << "fp8=" << fp8 << " T=" << T;
+    EXPECT_LT(rel_error(out, ref), tol) << "fp8=" << fp8 << " T=" << T << (skewed ? " skewed" : "");
   }
 }
 
