@@ -2,6 +2,7 @@
 // gathers and KV-cache scatters, rotary embedding. Rows may be strided (a column slice, a
 // [T, H, D] view) exactly as the CPU ops allow: row r starts at r * strides[0], and the rest of
 // the row is contiguous. Arithmetic is f32; the result is rounded once into the output dtype.
+// BF16 rows that allow it take 16-byte loads (RMSNorm a warp a row, residual adds).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
@@ -51,6 +52,69 @@ __global__ void rms_norm_kernel(const T* x, int64_t xs, const TW* w, float eps, 
   }
   const float inv = 1.0f / sqrtf(block_sum(ss, partial) / float(D) + eps);
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) store_f(orow + i, load_f(xr + i) * inv * load_f(w + i));
+}
+
+// RMSNorm of bf16 rows (width a multiple of 8, at most 2048, 16-byte aligned), one warp a row:
+// each lane keeps its 16-byte pieces in registers from the sum of squares to the write, so a row
+// is read once and in place is safe; the arithmetic is the kernel's above.
+template <class TW>
+__global__ void rms_norm_rows_kernel(const bf16* x, int64_t xs, const TW* w, float eps, int D, int64_t rows, bf16* out,
+                                     int64_t os) {
+  constexpr int kPieces = 8;  // 16-byte pieces a lane, at most
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, n = D / 8;
+  if (row >= rows) return;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * xs);
+  uint4 v[kPieces];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPieces; ++i) {
+    if (lane + 32 * i >= n) break;
+    v[i] = xr[lane + 32 * i];
+    const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+      ss += f.x * f.x + f.y * f.y;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+  uint4* orow = reinterpret_cast<uint4*>(out + row * os);
+#pragma unroll
+  for (int i = 0; i < kPieces; ++i) {
+    const int c = lane + 32 * i;
+    if (c >= n) break;
+    const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+    uint32_t res[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+      const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * inv * load_f(w + c * 8 + 2 * j),
+                                                     f.y * inv * load_f(w + c * 8 + 2 * j + 1));
+      res[j] = *reinterpret_cast<const uint32_t*>(&r);
+    }
+    orow[c] = make_uint4(res[0], res[1], res[2], res[3]);
+  }
+}
+
+// x += y for bf16 rows whose width is a multiple of 8 and whose rows are 16-byte aligned.
+__global__ void add_bf16x8_kernel(bf16* x, int64_t xs, const bf16* y, int64_t ys, int64_t T, int64_t D8) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * D8) return;
+  int64_t t = idx / D8, i = idx % D8;
+  uint4* xp = reinterpret_cast<uint4*>(x + t * xs) + i;
+  const uint4 a = *xp, b = reinterpret_cast<const uint4*>(y + t * ys)[i];
+  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+  uint32_t res[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 fa = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wa[j]));
+    const float2 fb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wb[j]));
+    const __nv_bfloat162 r = __floats2bfloat162_rn(fa.x + fb.x, fa.y + fb.y);
+    res[j] = *reinterpret_cast<const uint32_t*>(&r);
+  }
+  *xp = make_uint4(res[0], res[1], res[2], res[3]);
 }
 
 template <class TX, class TY>
@@ -146,6 +210,9 @@ void check_indices(std::span<const int32_t> idx, int64_t limit, const char* what
 
 constexpr int kThreads = 256;
 
+// Whether rows starting at `p`, `stride` elements of 2 bytes apart, are all 16-byte aligned.
+bool wide(const void* p, int64_t stride) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride % 8 == 0; }
+
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -155,6 +222,15 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_device_tensor(weight, {DType::BF16, DType::F32}, "rms_norm", "weight");
   MS_CHECK(weight.is_contiguous(), "rms_norm: weight must be contiguous");
   if (xr.n == 0) return;
+  if (x.dtype() == DType::BF16 && xr.width % 8 == 0 && xr.width <= 2048 && wide(x.raw(), xr.stride) &&
+      wide(out.raw(), orow.stride)) {
+    constexpr int kRowsPerBlock = 8;
+    MS_FLOAT_DISPATCH(weight.dtype(), TW,
+      rms_norm_rows_kernel<TW><<<blocks_for(xr.n, kRowsPerBlock), kRowsPerBlock * 32, 0, stream()>>>(
+          x.data<bf16>(), xr.stride, weight.data<TW>(), eps, int(xr.width), xr.n, out.data<bf16>(), orow.stride));
+    MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
+    return;
+  }
   const int threads = xr.width >= 1024 ? 256 : 128;
   MS_FLOAT_DISPATCH(x.dtype(), T, MS_FLOAT_DISPATCH(weight.dtype(), TW,
     rms_norm_kernel<T, TW><<<unsigned(xr.n), threads, 0, stream()>>>(x.data<T>(), xr.stride, weight.data<TW>(), eps,
@@ -166,6 +242,14 @@ void add_inplace(Tensor& x, const Tensor& y) {
   MS_CHECK(x.shape() == y.shape(), "add: ", x.describe(), " vs ", y.describe());
   Rows xr = rows_of(x, "add", "x"), yr = rows_of(y, "add", "y");
   if (x.numel() == 0) return;
+  if (x.dtype() == DType::BF16 && y.dtype() == DType::BF16 && xr.width % 8 == 0 && wide(x.raw(), xr.stride) &&
+      wide(y.raw(), yr.stride)) {
+    const int64_t n = xr.n * (xr.width / 8);
+    add_bf16x8_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(x.data<bf16>(), xr.stride, y.data<bf16>(),
+                                                                         yr.stride, xr.n, xr.width / 8);
+    MS_CUDA_LAUNCHED("add_bf16x8_kernel");
+    return;
+  }
   MS_FLOAT_DISPATCH(x.dtype(), TX, MS_FLOAT_DISPATCH(y.dtype(), TY,
     add_kernel<TX, TY><<<blocks_for(x.numel(), kThreads), kThreads, 0, stream()>>>(
         x.data<TX>(), xr.stride, y.data<TY>(), yr.stride, xr.n, xr.width)));
