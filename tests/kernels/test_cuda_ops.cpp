@@ -83,6 +83,14 @@ TEST(CudaOps, RmsNormMatchesCpuIncludingColumnSliceInPlace) {
   cuda::rms_norm(latg, gpu(w2, DType::F32), 1e-6f, latg);
   EXPECT_LT(rel_error(host_block(kvg, 0, 512), ref2), kBf16Tol);
   EXPECT_EQ(rel_error(host_block(kvg, 512, 64), kv.slice(1, 512, 576).clone()), 0.0) << "rope columns changed";
+  // Per-head q norm (rows of 128, a warp each) and a row wider than the warp kernel takes (7168).
+  for (int64_t W : {128, 7168}) {
+    Tensor h = randn({37, W}, 2.0f), hw = randn({W}, 0.5f), href = Tensor::empty(DType::F32, {37, W});
+    cpu::rms_norm(h, hw, 1e-6f, href);
+    Tensor hg = gpu(h);
+    cuda::rms_norm(hg, gpu(hw), 1e-6f, hg);
+    EXPECT_LT(rel_error(hg, href), kBf16Tol) << "width " << W;
+  }
 }
 
 TEST(CudaOps, ElementwiseOpsMatchCpu) {
