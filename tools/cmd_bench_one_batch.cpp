@@ -2,7 +2,9 @@
 // B prompts of I tokens, then O decode steps — reporting latency and throughput of each, and
 // the bytes of weights a decode step must read (the roofline of a weight-bound step). On the GPU
 // one untimed prefill warms up first, and decode steps replay CUDA graphs unless
-// --disable-cuda-graph.
+// --disable-cuda-graph. With the parallelism flags (--tp > 1, --nnodes) the batch runs over
+// the ranks (ParallelRunner; on CUDA one GPU per rank, op by op), dealt round robin to the DP
+// groups, and the time global rank 0 spends in collectives is reported per step.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,7 +17,10 @@
 #include "commands.h"
 #include "core/check.h"
 #include "models/causal_lm.h"
+#include "parallel_args.h"
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/generator.h"
+#include "runtime/parallel_runner.h"
 
 namespace ms::cli {
 namespace {
@@ -26,26 +31,8 @@ struct BenchArgs {
   uint64_t seed = 0;
   int cuda_graph_max_bs = 160;
   bool disable_cuda_graph = false;
+  ParallelArgs parallel;
 };
-
-// B sequences; sequence b owns slots [b * cap, (b + 1) * cap). `lens[b]` tokens are cached.
-ForwardBatch make_batch(const std::vector<std::vector<int32_t>>& step_ids, const std::vector<int>& cached, int cap) {
-  ForwardBatch fb;
-  fb.attn.q_start = {0};
-  fb.attn.kv_start = {0};
-  for (size_t b = 0; b < step_ids.size(); ++b) {
-    const int start = cached[b], n = int(step_ids[b].size());
-    for (int i = 0; i < n; ++i) {
-      fb.input_ids.push_back(step_ids[b][i]);
-      fb.positions.push_back(start + i);
-      fb.out_cache_loc.push_back(int(b) * cap + start + i);
-    }
-    for (int p = 0; p < start + n; ++p) fb.attn.kv_slots.push_back(int(b) * cap + p);
-    fb.attn.q_start.push_back(fb.attn.q_start.back() + n);
-    fb.attn.kv_start.push_back(int(fb.attn.kv_slots.size()));
-  }
-  return fb;
-}
 
 // Bytes of weights one decode step of `batch` tokens reads: every dense tensor, one
 // embedding row per token, and the experts the batch is expected to touch under uniform
@@ -68,34 +55,41 @@ double decode_weight_bytes(const CausalLM& m, int batch) {
   return dense + experts;
 }
 
-void bench(const BenchArgs& a) {
-  LoadOptions o;
-  o.device = a.device == "cuda" ? Device::CUDA : Device::CPU;
-  o.act_dtype = a.device == "cuda" ? DType::BF16 : DType::F32;
-  o.load_mtp = false;
-  auto model = load_model(a.model_path, o);
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<std::vector<int32_t>> random_prompts(const BenchArgs& a, int vocab) {
+  std::mt19937 rng(uint32_t(a.seed));
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  std::vector<std::vector<int32_t>> ids(size_t(a.batch_size), std::vector<int32_t>(size_t(a.input_len)));
+  for (auto& seq : ids)
+    for (auto& t : seq) t = tok(rng);
+  return ids;
+}
+
+// One process, one device: the batch on a single model, decode steps from CUDA graphs.
+StaticBatchTimes run_single(const BenchArgs& a, const CausalLM& model, const LoadOptions& o, bool* graphed) {
   const int B = a.batch_size, cap = a.input_len + a.output_len;
-  MS_CHECK(cap <= model->config.max_position_embeddings, "input + output length exceeds max_position_embeddings");
   // One slot beyond the sequences' own: padded CUDA-graph batches write their dummies there.
-  KvCache kv = model->make_kv_cache(int64_t(B) * cap + 1);
+  KvCache kv = model.make_kv_cache(int64_t(B) * cap + 1);
   std::unique_ptr<CudaGraphRunner> graphs;
   if (o.device == Device::CUDA && !a.disable_cuda_graph && a.cuda_graph_max_bs > 0)
     graphs = std::make_unique<CudaGraphRunner>(
-        *model, kv, CudaGraphOptions{a.cuda_graph_max_bs, int32_t(int64_t(B) * cap), cap, false});
-  std::mt19937 rng(uint32_t(a.seed));
-  std::uniform_int_distribution<int32_t> tok(0, model->config.vocab_size - 1);
-  std::vector<std::vector<int32_t>> ids(static_cast<size_t>(B), std::vector<int32_t>(static_cast<size_t>(a.input_len)));
-  for (auto& seq : ids)
-    for (auto& t : seq) t = tok(rng);
+        model, kv, CudaGraphOptions{a.cuda_graph_max_bs, int32_t(int64_t(B) * cap), cap, false});
+  *graphed = graphs != nullptr;
+  auto ids = random_prompts(a, model.config.vocab_size);
   std::vector<int> cached(static_cast<size_t>(B), 0);
   using clock = std::chrono::steady_clock;
   auto step = [&](const std::vector<std::vector<int32_t>>& step_ids) {
-    ForwardBatch fb = make_batch(step_ids, cached, cap);
+    ForwardBatch fb = Generator::static_batch(step_ids, cached, cap);
     std::optional<Tensor> replayed = graphs ? graphs->decode(fb) : std::nullopt;
     ForwardContext ctx{fb, kv};
-    ctx.device = model->device, ctx.act_dtype = model->act_dtype;
+    ctx.device = model.device, ctx.act_dtype = model.act_dtype;
     // The copy to the host waits for the device.
-    Tensor logits = (replayed ? *replayed : model->forward(ctx)).to_f32();
+    Tensor logits = (replayed ? *replayed : model.forward(ctx)).to_f32();
     for (int b = 0; b < B; ++b) cached[b] += int(step_ids[b].size());
     return ops::argmax_rows(logits);
   };
@@ -103,36 +97,70 @@ void bench(const BenchArgs& a) {
     step(ids);
     std::fill(cached.begin(), cached.end(), 0);
   }
+  StaticBatchTimes times;
   auto t0 = clock::now();
   auto next = step(ids);
-  double prefill = std::chrono::duration<double>(clock::now() - t0).count();
-  std::printf("Prefill. latency: %.5f s, throughput: %9.2f token/s\n", prefill, double(B) * a.input_len / prefill);
-  std::vector<double> decode;
+  times.prefill = std::chrono::duration<double>(clock::now() - t0).count();
   for (int s = 1; s < a.output_len; ++s) {
     std::vector<std::vector<int32_t>> one(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) one[b] = {next[b]};
     auto t = clock::now();
     next = step(one);
-    decode.push_back(std::chrono::duration<double>(clock::now() - t).count());
-    if (s <= 3) std::printf("Decode %d. Batch size: %d, latency: %.5f s, throughput: %9.2f token/s\n", s - 1, B,
-                            decode.back(), B / decode.back());
+    times.decode.push_back(std::chrono::duration<double>(clock::now() - t).count());
+    times.decode_comm.push_back(0);
   }
-  double median = 0, total = prefill + std::accumulate(decode.begin(), decode.end(), 0.0);
-  if (!decode.empty()) {
-    std::vector<double> d = decode;
-    std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
-    median = d[d.size() / 2];
-    std::printf("Decode.  median latency: %.5f s, median throughput: %9.2f token/s\n", median, B / median);
+  return times;
+}
+
+void bench(const BenchArgs& a) {
+  LoadOptions o;
+  o.device = a.device == "cuda" ? Device::CUDA : Device::CPU;
+  o.act_dtype = a.device == "cuda" ? DType::BF16 : DType::F32;
+  o.load_mtp = false;
+  o.parallel = a.parallel.resolved();
+  const int B = a.batch_size;
+  StaticBatchTimes times;
+  double bytes = 0;
+  bool graphed = false;
+  const bool ranks = a.parallel.multi_rank();
+  if (ranks) {
+    ParallelRunner runner(a.model_path, o.parallel, o);
+    const CausalLM& m = runner.model(0);
+    MS_CHECK(a.input_len + a.output_len <= m.config.max_position_embeddings, "input + output length exceeds max_position_embeddings");
+    times = runner.static_batch(random_prompts(a, m.config.vocab_size), a.output_len);
+    bytes = decode_weight_bytes(m, B);
+  } else {
+    auto model = load_model(a.model_path, o);
+    MS_CHECK(a.input_len + a.output_len <= model->config.max_position_embeddings,
+             "input + output length exceeds max_position_embeddings");
+    times = run_single(a, *model, o, &graphed);
+    bytes = decode_weight_bytes(*model, B);
   }
-  double bytes = decode_weight_bytes(*model, B);
+  if (o.parallel.node_rank != 0) return;  // global rank 0 lives on node 0
+  const double prefill = times.prefill;
+  std::printf("Prefill. latency: %.5f s, throughput: %9.2f token/s\n", prefill, double(B) * a.input_len / prefill);
+  for (size_t s = 0; s < times.decode.size() && s < 3; ++s)
+    std::printf("Decode %zu. Batch size: %d, latency: %.5f s, throughput: %9.2f token/s\n", s, B, times.decode[s],
+                B / times.decode[s]);
+  const double median = median_of(times.decode), comm = median_of(times.decode_comm);
+  const double total = prefill + std::accumulate(times.decode.begin(), times.decode.end(), 0.0);
+  if (median > 0) std::printf("Decode.  median latency: %.5f s, median throughput: %9.2f token/s\n", median, B / median);
+  if (ranks)
+    std::printf("Collectives (rank 0). prefill: %.5f s, decode median: %.5f s per step (%.1f%% of the step)\n",
+                times.prefill_comm, comm, median > 0 ? 100 * comm / median : 0.0);
   std::printf("Total. latency: %.3f s, throughput: %9.2f token/s\n", total, double(B) * (a.input_len + a.output_len) / total);
-  std::printf("Decode step reads %.3f GB of weights (expected experts under uniform routing)\n", bytes / 1e9);
+  std::printf("Decode step reads %.3f GB of weights%s (expected experts under uniform routing)\n", bytes / 1e9,
+              ranks ? " on rank 0" : "");
   if (!a.result_file.empty()) {
+    const ParallelConfig& p = o.parallel;
     nlohmann::json r = {{"model_path", a.model_path}, {"device", a.device},   {"batch_size", B},
                         {"input_len", a.input_len},   {"output_len", a.output_len},
+                        {"tp_size", p.tp_size}, {"dp_size", p.enable_dp_attention ? p.dp_size : 1}, {"ep_size", p.ep_size},
+                        {"moe_a2a_backend", p.moe_a2a_backend},
                         {"prefill_latency", prefill}, {"prefill_throughput", double(B) * a.input_len / prefill},
                         {"median_decode_latency", median}, {"median_decode_throughput", median > 0 ? B / median : 0.0},
-                        {"decode_weight_bytes", bytes}, {"cuda_graph", graphs != nullptr}};
+                        {"prefill_collective_seconds", times.prefill_comm}, {"median_decode_collective_seconds", comm},
+                        {"decode_weight_bytes", bytes}, {"cuda_graph", graphed}};
     std::ofstream(a.result_file, std::ios::app) << r.dump() << "\n";
   }
 }
@@ -151,6 +179,7 @@ void add_bench_one_batch(CLI::App& app) {
   cmd->add_option("--cuda-graph-max-bs", a->cuda_graph_max_bs, "largest decode batch replayed from a CUDA graph");
   cmd->add_flag("--disable-cuda-graph", a->disable_cuda_graph, "run decode steps op by op");
   cmd->add_option("--result-file", a->result_file, "append a JSON line with the results");
+  a->parallel.add(cmd);
   cmd->callback([a] { bench(*a); });
 }
 

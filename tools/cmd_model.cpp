@@ -64,11 +64,10 @@ struct ModelArgs {
     MS_CHECK(!parallel.multi_rank(), "this command runs on one rank (use --tp 1)");
     return load_model(model_path, options());
   }
-  // Ranks as threads of this process (CPU, shared-memory collectives); the prompt runs on DP
-  // group 0 and the other groups idle.
+  // Ranks as threads of this process (CPU: shared-memory collectives; CUDA: one GPU per rank,
+  // NCCL); the prompt runs on DP group 0 and the other groups idle.
   std::unique_ptr<ParallelRunner> load_ranks() const {
-    MS_CHECK(device == "cpu", "--tp > 1 and --nnodes run on the CPU backend; several GPUs need the NCCL backend, not built yet");
-    MS_CHECK(!bf16(), "--tp > 1 computes in float32");
+    MS_CHECK(!bf16(), "--tp > 1 on the CPU computes in float32");
     LoadOptions o = options();
     return std::make_unique<ParallelRunner>(model_path, o.parallel, o);
   }

@@ -30,6 +30,8 @@ struct ParallelArgs {
     cmd->add_option("--nnodes", config.nnodes, "nodes (one process each)")->check(CLI::PositiveNumber);
     cmd->add_option("--node-rank", config.node_rank, "this node's index")->check(CLI::NonNegativeNumber);
     cmd->add_option("--dist-init-addr", config.dist_init_addr, "host:port of node 0's rendezvous");
+    cmd->add_option("--base-gpu-id", config.base_gpu_id, "GPU of this process's first rank (--device cuda)")
+        ->check(CLI::NonNegativeNumber);
   }
   ParallelConfig resolved() const {
     ParallelConfig c = config;

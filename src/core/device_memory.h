@@ -18,6 +18,9 @@ class DeviceMemory {
   // Free and total bytes of the device (free counts memory the backend caches for reuse);
   // false when the backend cannot tell. Sizes the KV pool from --mem-fraction-static.
   virtual bool memory_info(size_t* free_bytes, size_t* total_bytes) { return false; }
+  // The queue the calling thread's work on this device is ordered on (a cudaStream_t; nullptr
+  // where there is none): collectives that must follow and precede its ops are enqueued there.
+  virtual void* stream() { return nullptr; }
 };
 
 void register_device_memory(Device device, DeviceMemory* memory);

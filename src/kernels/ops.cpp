@@ -28,11 +28,12 @@ std::unique_ptr<StepGraph> capture_step(Device device, const StepArrays& arrays,
 #endif
 }
 
-void init_backend(Device device) {
+void init_backend(Device device, int gpu) {
   if (device == Device::CPU) return;
 #if MOESERVE_WITH_CUDA
-  ::ms::cuda::init();
+  ::ms::cuda::init(gpu);
 #else
+  (void)gpu;
   fail("this build has no CUDA backend (nvcc was not found at configure time)");
 #endif
 }

@@ -11,8 +11,9 @@
 namespace ms::ops {
 
 // Makes `device` usable (registers its memory with core, creates its streams and handles).
-// Idempotent; throws when this build has no backend for it.
-void init_backend(Device device);
+// `gpu` >= 0 binds the calling thread to that GPU (rank threads each drive their own); -1 keeps
+// the thread's current one. Idempotent; throws when this build has no backend for it.
+void init_backend(Device device, int gpu = -1);
 
 // A weight as the checkpoint stores it: [out, in] in F32/BF16/F16, or F8_E4M3 with one
 // `scale_inv` per block_n x block_k block ([ceil(out/bn), ceil(in/bk)], F32; edge blocks may

@@ -40,6 +40,12 @@ class DeviceComm {
   virtual void barrier() = 0;
   // One integer from every rank, in rank order (e.g. DP ranks' token counts).
   virtual std::vector<int64_t> all_gather_values(int64_t value) = 0;
+
+  // Measuring: while on, a backend that can times its collectives on the device (waiting for a
+  // slower peer included); collective_seconds() returns the time since the last call (waiting
+  // for the device) and restarts the count. Backends that do not measure return 0.
+  virtual void time_collectives(bool on) {}
+  virtual double collective_seconds() { return 0; }
 };
 
 }  // namespace ms

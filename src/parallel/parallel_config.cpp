@@ -17,6 +17,7 @@ void ParallelConfig::validate() const {
   MS_CHECK(nnodes >= 1 && node_rank >= 0 && node_rank < nnodes, "--node-rank must be in [0, --nnodes)");
   MS_CHECK(tp_size % nnodes == 0, "--tp ", tp_size, " must split evenly over --nnodes ", nnodes);
   MS_CHECK(nnodes == 1 || !dist_init_addr.empty(), "--nnodes ", nnodes, " needs --dist-init-addr host:port");
+  MS_CHECK(base_gpu_id >= 0, "--base-gpu-id must be non-negative");
 }
 
 RankLayout RankLayout::of(const ParallelConfig& c, int rank) {

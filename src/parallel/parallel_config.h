@@ -18,12 +18,15 @@ struct ParallelConfig {
   int n_share_experts_fusion = 0;     // replicas of the fused shared expert (0: ep_size)
   int nnodes = 1, node_rank = 0;
   std::string dist_init_addr;
+  int base_gpu_id = 0;                // this process's local rank i drives GPU base_gpu_id + i
 
   void validate() const;  // throws naming the flag for impossible combinations
   int attn_tp_size() const { return enable_dp_attention ? tp_size / dp_size : tp_size; }
   int moe_tp_size() const { return tp_size / ep_size; }
   int dense_tp_size() const { return moe_dense_tp_size == 1 ? 1 : tp_size; }
   bool dp_gather() const { return enable_dp_attention && dp_size > 1; }
+  int ranks_per_node() const { return tp_size / nnodes; }
+  int gpu_of(int local_rank) const { return base_gpu_id + local_rank; }
 };
 
 // Where one rank sits in every group.

@@ -29,6 +29,25 @@ ForwardBatch Generator::single_sequence_batch(const std::vector<int32_t>& ids, i
   return b;
 }
 
+ForwardBatch Generator::static_batch(const std::vector<std::vector<int32_t>>& step_ids, const std::vector<int>& cached,
+                                     int cap) {
+  ForwardBatch fb;
+  fb.attn.q_start = {0};
+  fb.attn.kv_start = {0};
+  for (size_t b = 0; b < step_ids.size(); ++b) {
+    const int start = cached[b], n = int(step_ids[b].size());
+    for (int i = 0; i < n; ++i) {
+      fb.input_ids.push_back(step_ids[b][i]);
+      fb.positions.push_back(start + i);
+      fb.out_cache_loc.push_back(int(b) * cap + start + i);
+    }
+    for (int p = 0; p < start + n; ++p) fb.attn.kv_slots.push_back(int(b) * cap + p);
+    fb.attn.q_start.push_back(fb.attn.q_start.back() + n);
+    fb.attn.kv_start.push_back(int(fb.attn.kv_slots.size()));
+  }
+  return fb;
+}
+
 void Generator::check_ids(const std::vector<int32_t>& ids) const {
   MS_CHECK(!ids.empty(), "the prompt is empty");
   for (int32_t id : ids)

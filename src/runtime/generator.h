@@ -37,6 +37,11 @@ class Generator {
   // One forward of `ids` at positions [start, start + ids.size()) of a single sequence whose
   // position p lives in KV slot p; empty `ids` make an IDLE batch (a DP rank with no work).
   static ForwardBatch single_sequence_batch(const std::vector<int32_t>& ids, int start, bool all_logits);
+  // One forward of a static batch: sequence b (owning KV slots [b * cap, (b + 1) * cap)) has
+  // cached[b] tokens and appends step_ids[b]; logits of each sequence's last token. No
+  // sequences make an IDLE batch.
+  static ForwardBatch static_batch(const std::vector<std::vector<int32_t>>& step_ids, const std::vector<int>& cached,
+                                   int cap);
   // The context for one forward of this generator's model (device, dtype, parallel groups).
   ForwardContext context(const ForwardBatch& b, KvCache& kv, std::vector<Tensor>* trace = nullptr) const;
 

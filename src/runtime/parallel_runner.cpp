@@ -1,16 +1,20 @@
 #include "runtime/parallel_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "core/check.h"
+#include "kernels/ops.h"
 #include "runtime/generator.h"
 
 namespace ms {
 
 ParallelRunner::ParallelRunner(const std::string& model_dir, const ParallelConfig& config, const LoadOptions& base)
-    : config_(config), groups_(LocalGroups::create(config)), models_(size_t(groups_->size())) {
+    : config_(config), device_(base.device), groups_(LocalGroups::create(config, base.device)),
+      models_(size_t(groups_->size())) {
   on_all_ranks([&](int r) {
+    groups_->connect(r);
     LoadOptions o = base;
     o.parallel = config_;
     o.groups = &groups_->rank(r);
@@ -25,6 +29,7 @@ void ParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
+        if (device_ != Device::CPU) ops::init_backend(device_, config_.gpu_of(r));
         fn(r);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -56,7 +61,8 @@ void ParallelRunner::check_prompts(const std::vector<std::vector<int32_t>>& prom
   }
 }
 
-std::vector<Tensor> ParallelRunner::prompt_logits(const std::vector<std::vector<int32_t>>& prompts) {
+std::vector<Tensor> ParallelRunner::prompt_logits(const std::vector<std::vector<int32_t>>& prompts,
+                                                  std::vector<Tensor>* routing) {
   check_prompts(prompts, 0);
   std::vector<Tensor> out(prompts.size());
   on_all_ranks([&](int r) {
@@ -65,7 +71,8 @@ std::vector<Tensor> ParallelRunner::prompt_logits(const std::vector<std::vector<
     KvCache kv = m.make_kv_cache(std::max<int64_t>(1, int64_t(prompts[g].size())));
     Generator gen(m);
     ForwardBatch b = Generator::single_sequence_batch(prompts[g], 0, true);
-    Tensor logits = m.forward(gen.context(b, kv)).to_f32();
+    const bool traced = routing && groups_->rank(r).layout.rank == 0;
+    Tensor logits = m.forward(gen.context(b, kv, traced ? routing : nullptr)).to_f32().to(Device::CPU);
     if (groups_->rank(r).layout.attn_tp_rank == 0) out[g] = logits;
   });
   return out;
@@ -101,6 +108,55 @@ std::vector<std::vector<int32_t>> ParallelRunner::generate(const std::vector<std
     if (pg.layout.attn_tp_rank == 0) out[g] = produced;
   });
   return out;
+}
+
+StaticBatchTimes ParallelRunner::static_batch(const std::vector<std::vector<int32_t>>& prompts, int output_len) {
+  MS_CHECK(!prompts.empty() && output_len >= 1, "static batch: no prompts or no output");
+  const int input_len = int(prompts[0].size()), cap = input_len + output_len;
+  for (const auto& p : prompts) MS_CHECK(int(p.size()) == input_len, "static batch: prompts differ in length");
+  for (const auto& p : prompts) check_prompts(std::vector<std::vector<int32_t>>(size_t(dp_size()), p), output_len);
+  StaticBatchTimes times;
+  on_all_ranks([&](int r) {
+    const CausalLM& m = *models_[r];
+    const ParallelGroups& pg = groups_->rank(r);
+    const int g = pg.layout.attn_dp_rank % dp_size();
+    std::vector<std::vector<int32_t>> mine;
+    for (size_t i = size_t(g); i < prompts.size(); i += size_t(dp_size())) mine.push_back(prompts[i]);
+    KvCache kv = m.make_kv_cache(std::max<int64_t>(1, int64_t(mine.size()) * cap));
+    Generator gen(m);
+    std::vector<int> cached(mine.size(), 0);
+    DeviceComm* comms[] = {pg.world, pg.attn_tp, pg.dp};
+    // One step of every rank together; returns its wall time and this rank's time in collectives.
+    auto step = [&](const std::vector<std::vector<int32_t>>& ids, std::vector<int32_t>* next) {
+      pg.world->barrier();
+      for (DeviceComm* c : comms) c->time_collectives(true);
+      const auto t0 = std::chrono::steady_clock::now();
+      ForwardBatch b = Generator::static_batch(ids, cached, cap);
+      Tensor logits = m.forward(gen.context(b, kv)).to_f32().to(Device::CPU);
+      double comm = 0;
+      for (DeviceComm* c : comms) comm += c->collective_seconds(), c->time_collectives(false);
+      pg.world->barrier();  // also waits for this rank's device
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (size_t i = 0; i < ids.size(); ++i) cached[i] += int(ids[i].size());
+      if (next) *next = ops::argmax_rows(logits);
+      return std::pair{wall, comm};
+    };
+    if (m.device == Device::CUDA) {  // plans and allocations stay out of the timing
+      step(mine, nullptr);
+      std::fill(cached.begin(), cached.end(), 0);
+    }
+    std::vector<int32_t> next;
+    auto [prefill, prefill_comm] = step(mine, &next);
+    std::vector<double> decode, decode_comm;
+    for (int s = 1; s < output_len; ++s) {
+      std::vector<std::vector<int32_t>> one(mine.size());
+      for (size_t i = 0; i < mine.size(); ++i) one[i] = {next[i]};
+      auto [wall, comm] = step(one, &next);
+      decode.push_back(wall), decode_comm.push_back(comm);
+    }
+    if (pg.layout.rank == 0) times = {prefill, prefill_comm, decode, decode_comm};
+  });
+  return times;
 }
 
 }  // namespace ms

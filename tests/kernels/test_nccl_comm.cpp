@@ -1,16 +1,14 @@
-// The NCCL backend of DeviceComm on two GPUs (one rank thread each), checked like the
-// shared-memory backend: uneven rows, an empty rank, every collective. Skipped with fewer than
-// two GPUs. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
-// Known state (2026-11-30, nvidia-h200-x2): this test hangs there, because the CUDA backend
-// still keeps one device, stream and allocator per process (kernels/cuda/memory.cpp pins
-// device 0) while each rank thread here drives its own GPU; per-device backend state comes with
-// the multi-GPU work.
+// The NCCL backend of DeviceComm on two GPUs (one rank thread each, bound to its GPU, the
+// collectives on that GPU's stream), checked like the shared-memory backend: uneven rows, an
+// empty rank, every collective, and the collective timing. Skipped with fewer than two GPUs.
+// NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <thread>
 
+#include "core/device_memory.h"
 #include "kernels/ops.h"
 #include "parallel/nccl/nccl_comm.h"
 
@@ -33,9 +31,9 @@ TEST(NcclComm, CollectivesOnTwoGpus) {
   for (int r = 0; r < 2; ++r)
     ranks.emplace_back([&, r] {
       try {
-        cudaSetDevice(r);
-        ops::init_backend(Device::CUDA);
-        NcclComm c(id, 2, r, r, nullptr);
+        ops::init_backend(Device::CUDA, r);
+        NcclComm c(id, 2, r, r, device_memory(Device::CUDA)->stream());
+        c.time_collectives(true);
         Tensor x = on_gpu({float(r + 1), 10.f * (r + 1)}, {1, 2});
         c.all_reduce(x);
         EXPECT_EQ(x.to_vector(), (std::vector<float>{3, 30}));
@@ -48,6 +46,9 @@ TEST(NcclComm, CollectivesOnTwoGpus) {
         EXPECT_EQ(recv, (std::vector<int64_t>{1, 1}));
         EXPECT_EQ(a2a.to_vector(), (std::vector<float>{0, 0, 1, 1}));
         EXPECT_EQ(c.all_gather_values(r + 5), (std::vector<int64_t>{5, 6}));
+        EXPECT_GT(c.collective_seconds(), 0.0);
+        EXPECT_EQ(c.collective_seconds(), 0.0) << "reading restarts the count";
+        c.time_collectives(false);
         c.barrier();
       } catch (const std::exception& e) {
         errors[r] = e.what();

@@ -1,5 +1,5 @@
 // Internals shared by the CUDA kernels: error checks that turn CUDA and cuBLAS failures into
-// ms::Error naming the call, the backend's one stream and cuBLASLt handle, uninitialised scratch
+// ms::Error naming the call, the calling thread's GPU's stream and cuBLASLt handle, uninitialised scratch
 // tensors from the caching allocator, metadata upload through pinned staging, and the
 // device-side element conversions (bf16 / f32 activations, fp8 weights).
 #pragma once
@@ -8,6 +8,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -25,9 +27,26 @@ void check_cublas(cublasStatus_t status, const char* call, const char* file, int
 // After a kernel launch: reports a bad launch configuration with the kernel's name.
 #define MS_CUDA_LAUNCHED(name) ::ms::cuda::check_cuda(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
 
+// The calling thread's GPU (its CUDA current device) and that GPU's stream, cuBLASLt handle
+// and workspace (at least `bytes`), and multiprocessor count.
+int current_device();
 cudaStream_t stream();
 cublasLtHandle_t lt_handle();
+void* lt_workspace(size_t bytes);
 int sm_count();
+
+// Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
+// dynamic shared-memory limit (cudaFuncSetAttribute) belongs to one device.
+class PerDeviceOnce {
+ public:
+  template <class F>
+  void operator()(F&& fn) {
+    std::call_once(flags_.at(size_t(current_device())), std::forward<F>(fn));
+  }
+
+ private:
+  std::array<std::once_flag, 64> flags_;
+};
 
 // A contiguous device tensor whose contents are undefined (kernel scratch, outputs that are
 // fully written), from the caching allocator.

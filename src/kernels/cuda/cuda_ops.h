@@ -13,9 +13,10 @@ using ops::RouterParams;
 using ops::Scoring;
 using ops::Weight;
 
-// Selects device 0, registers the caching allocator for Device::CUDA, creates the stream and
-// the cuBLASLt handle. Idempotent; throws when no CUDA device can be used.
-void init();
+// Makes the calling thread work on GPU `gpu` (-1: keep its current device, 0 for a new thread),
+// creating that GPU's stream, cuBLASLt handle and caching allocator on first use and
+// registering Device::CUDA's memory with core. Idempotent; throws when the GPU cannot be used.
+void init(int gpu = -1);
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);

@@ -102,11 +102,6 @@ void naive(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, vo
   MS_CUDA_LAUNCHED("naive_matmul");
 }
 
-void* workspace() {
-  static Tensor ws = scratch(DType::U8, {int64_t(kWorkspaceBytes)});
-  return ws.raw();
-}
-
 }  // namespace
 
 void matmul(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, void* d, DType d_dtype, int64_t ldd,
@@ -140,7 +135,7 @@ void matmul(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, v
   if (!plan.first) return naive(m, n, k, a, b, d, d_dtype, ldd, d_batch_stride, batch);
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t st = cublasLtMatmul(lt_handle(), desc.h, &alpha, a.ptr, la.h, b.ptr, lb.h, &beta, d, ld.h, d, ld.h,
-                                     &plan.second, workspace(), kWorkspaceBytes, stream());
+                                     &plan.second, lt_workspace(kWorkspaceBytes), kWorkspaceBytes, stream());
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
     // The heuristic offered an algorithm the call then refused for this layout: remember
     // that, and compute this problem with the plain kernel from now on.

@@ -1,7 +1,11 @@
-// The CUDA backend's runtime: a caching allocator over cudaMalloc registered with core as
-// Device::CUDA's memory, the one stream every op runs on, the cuBLASLt handle, and pinned
-// staging for host metadata. Every op is stream-ordered on that stream, so a freed block can be
-// handed to the next allocation at once: any later use is queued after the earlier ones.
+// The CUDA backend's runtime, one per GPU: a caching allocator over cudaMalloc, the one stream
+// every op on that GPU runs on, the cuBLASLt handle and its workspace, and pinned staging for host
+// metadata. A thread works on its CUDA current device (rank threads bind theirs with init(gpu));
+// core's Device::CUDA memory forwards to that device's runtime. Every op is stream-ordered on
+// its device's stream, so a freed block can be handed to the next allocation at once: any later
+// use is queued after the earlier ones.
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -35,9 +39,11 @@ namespace {
 // and the allocation retried once.
 class CachingAllocator final : public DeviceMemory {
  public:
+  explicit CachingAllocator(cudaStream_t stream) : stream_(stream) {}
+
   std::shared_ptr<Buffer> allocate(size_t bytes) override {
     auto buf = allocate_uninit(bytes);
-    if (bytes) MS_CUDA(cudaMemsetAsync(buf->data, 0, bytes, stream()));
+    if (bytes) MS_CUDA(cudaMemsetAsync(buf->data, 0, bytes, stream_));
     return buf;
   }
 
@@ -59,8 +65,8 @@ class CachingAllocator final : public DeviceMemory {
                               : cudaMemcpyDeviceToHost;
     // Host-to-device from pageable memory returns once the source is staged; device-to-host
     // must be complete before the caller reads the host copy.
-    MS_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
-    if (kind == cudaMemcpyDeviceToHost) MS_CUDA(cudaStreamSynchronize(stream()));
+    MS_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+    if (kind == cudaMemcpyDeviceToHost) MS_CUDA(cudaStreamSynchronize(stream_));
   }
 
   bool memory_info(size_t* free_bytes, size_t* total_bytes) override {
@@ -118,12 +124,13 @@ class CachingAllocator final : public DeviceMemory {
   }
 
   void release_cache() {
-    MS_CUDA(cudaStreamSynchronize(stream()));
+    MS_CUDA(cudaStreamSynchronize(stream_));
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [size, p] : free_) MS_CUDA(cudaFree(p));
     free_.clear();
   }
 
+  cudaStream_t stream_;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;  // cached blocks by their real size
 };
@@ -132,6 +139,8 @@ class CachingAllocator final : public DeviceMemory {
 // read it has finished (its event), so uploads never wait on the whole stream.
 class Staging {
  public:
+  explicit Staging(cudaStream_t stream) : stream_(stream) {}
+
   void upload(void* dst, const void* src, size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[next_++ % kSlots];
@@ -143,8 +152,8 @@ class Staging {
       MS_CUDA(cudaMallocHost(&s.host, s.capacity));
     }
     std::memcpy(s.host, src, bytes);
-    MS_CUDA(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream()));
-    MS_CUDA(cudaEventRecord(s.event, stream()));
+    MS_CUDA(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream_));
+    MS_CUDA(cudaEventRecord(s.event, stream_));
   }
 
  private:
@@ -154,6 +163,7 @@ class Staging {
     cudaEvent_t event = nullptr;
   };
   static constexpr int kSlots = 32;
+  cudaStream_t stream_;
   std::mutex mu_;
   Slot slots_[kSlots];
   uint64_t next_ = 0;
@@ -165,33 +175,92 @@ struct Runtime {
   int sms = 0;
   CachingAllocator* allocator = nullptr;  // never freed: buffers may outlive static destruction
   Staging* staging = nullptr;
+  Tensor workspace;                       // cuBLASLt's, made on first use
 };
 
-Runtime& runtime() {
-  static Runtime rt = [] {
-    Runtime r;
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    MS_CHECK(err == cudaSuccess && count > 0, "no usable CUDA device (cudaGetDeviceCount: ",
+constexpr int kMaxDevices = 64;
+
+int device_count() {
+  static const int count = [] {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    MS_CHECK(err == cudaSuccess && n > 0, "no usable CUDA device (cudaGetDeviceCount: ",
              err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), ")");
-    MS_CUDA(cudaSetDevice(0));
-    MS_CUDA(cudaStreamCreate(&r.stream));
-    MS_CUBLAS(cublasLtCreate(&r.lt));
-    MS_CUDA(cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, 0));
-    r.allocator = new CachingAllocator();
-    r.staging = new Staging();
-    register_device_memory(Device::CUDA, r.allocator);
-    return r;
+    return std::min(n, kMaxDevices);
   }();
-  return rt;
+  return count;
+}
+
+Runtime& runtime();
+
+// What core sees as Device::CUDA: the memory of the calling thread's GPU.
+class CurrentDeviceMemory final : public DeviceMemory {
+ public:
+  std::shared_ptr<Buffer> allocate(size_t bytes) override { return runtime().allocator->allocate(bytes); }
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+    runtime().allocator->copy(dst, dst_device, src, src_device, bytes);
+  }
+  bool memory_info(size_t* free_bytes, size_t* total_bytes) override {
+    return runtime().allocator->memory_info(free_bytes, total_bytes);
+  }
+  void* stream() override { return runtime().stream; }
+};
+
+// Runtimes are made under the lock and never destroyed, so a reader needs the lock only while
+// its device's slot is still empty.
+std::mutex g_runtimes_mu;
+std::array<std::atomic<Runtime*>, kMaxDevices> g_runtimes{};
+
+Runtime* make_runtime(int device) {
+  auto* r = new Runtime();
+  MS_CUDA(cudaStreamCreate(&r->stream));
+  MS_CUBLAS(cublasLtCreate(&r->lt));
+  MS_CUDA(cudaDeviceGetAttribute(&r->sms, cudaDevAttrMultiProcessorCount, device));
+  r->allocator = new CachingAllocator(r->stream);
+  r->staging = new Staging(r->stream);
+  static std::once_flag registered;
+  std::call_once(registered, [] { register_device_memory(Device::CUDA, new CurrentDeviceMemory()); });
+  return r;
+}
+
+// The calling thread's current device's runtime (made on first use, on that device).
+Runtime& runtime() {
+  const int count = device_count();
+  int device = 0;
+  MS_CUDA(cudaGetDevice(&device));
+  MS_CHECK(device < count, "CUDA device ", device, " is beyond the ", count, " this backend serves");
+  if (Runtime* r = g_runtimes[size_t(device)].load(std::memory_order_acquire)) return *r;
+  std::lock_guard<std::mutex> lock(g_runtimes_mu);
+  if (!g_runtimes[size_t(device)].load()) g_runtimes[size_t(device)].store(make_runtime(device), std::memory_order_release);
+  return *g_runtimes[size_t(device)].load();
 }
 
 }  // namespace
 
-void init() { (void)runtime(); }
+void init(int gpu) {
+  const int count = device_count();
+  if (gpu >= 0) {
+    MS_CHECK(gpu < count, "GPU ", gpu, " requested but ", count, " CUDA device", count == 1 ? " is" : "s are", " visible");
+    MS_CUDA(cudaSetDevice(gpu));
+  }
+  (void)runtime();
+}
+
+int current_device() {
+  int device = 0;
+  MS_CUDA(cudaGetDevice(&device));
+  return device;
+}
+
 cudaStream_t stream() { return runtime().stream; }
 cublasLtHandle_t lt_handle() { return runtime().lt; }
 int sm_count() { return runtime().sms; }
+
+void* lt_workspace(size_t bytes) {
+  Runtime& r = runtime();
+  if (!r.workspace.defined() || size_t(r.workspace.numel()) < bytes) r.workspace = scratch(DType::U8, {int64_t(bytes)});
+  return r.workspace.raw();
+}
 
 Tensor scratch(DType dtype, Shape shape) {
   int64_t n = 1;

@@ -3,7 +3,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 
 #include "core/check.h"
 
@@ -58,7 +60,53 @@ struct NcclComm::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   int device = 0;
+  std::atomic<bool> aborted{false};
+  std::once_flag abort_once;
+  bool timing = false;
+  int depth = 0;  // collectives in progress on this thread (nested ones are not timed apart)
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> spans;  // recorded since the last reading
+  std::vector<cudaEvent_t> spare;
+
+  cudaEvent_t event() {
+    if (spare.empty()) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+      return e;
+    }
+    cudaEvent_t e = spare.back();
+    spare.pop_back();
+    return e;
+  }
 };
+
+// Only the outermost collective is timed (all_gather_v exchanges its row counts with another).
+NcclComm::Timed::Timed(Impl& i) : impl(i) {
+  if (!impl.timing || impl.depth++ > 0) return;
+  impl.spans.push_back({impl.event(), impl.event()});
+  check_cuda(cudaEventRecord(impl.spans.back().first, impl.stream), "cudaEventRecord");
+}
+
+NcclComm::Timed::~Timed() {
+  if (impl.timing && --impl.depth == 0) (void)cudaEventRecord(impl.spans.back().second, impl.stream);
+}
+
+void NcclComm::time_collectives(bool on) {
+  impl_->timing = on;
+  impl_->depth = 0;
+}
+
+double NcclComm::collective_seconds() {
+  double total = 0;
+  for (auto [start, stop] : impl_->spans) {
+    float ms = 0;
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    total += ms * 1e-3;
+    impl_->spare.push_back(start), impl_->spare.push_back(stop);
+  }
+  impl_->spans.clear();
+  return total;
+}
 
 NcclComm::NcclComm(const NcclId& id, int size, int rank, int device, void* stream)
     : impl_(std::make_unique<Impl>()), size_(size), rank_(rank) {
@@ -71,22 +119,41 @@ NcclComm::NcclComm(const NcclId& id, int size, int rank, int device, void* strea
 }
 
 NcclComm::~NcclComm() {
-  if (impl_->comm) ncclCommDestroy(impl_->comm);
+  if (impl_->comm && !impl_->aborted) ncclCommDestroy(impl_->comm);
+  for (auto [start, stop] : impl_->spans) impl_->spare.push_back(start), impl_->spare.push_back(stop);
+  for (cudaEvent_t e : impl_->spare) cudaEventDestroy(e);
+}
+
+void NcclComm::abort() {
+  std::call_once(impl_->abort_once, [this] {
+    impl_->aborted = true;
+    (void)ncclCommAbort(impl_->comm);  // also frees the communicator
+  });
+}
+
+void NcclComm::check_alive() const {
+  if (impl_->aborted) throw PeerAborted();
 }
 
 void NcclComm::all_reduce(Tensor& x) {
+  check_alive();
+  Timed timed(*impl_);
   MS_CHECK(x.device() == Device::CUDA && x.is_contiguous(), "NCCL all_reduce needs a contiguous CUDA tensor");
   check_nccl(ncclAllReduce(x.raw(), x.raw(), size_t(x.numel()), nccl_type(x.dtype()), ncclSum, impl_->comm, impl_->stream),
              "ncclAllReduce");
 }
 
 std::vector<int64_t> NcclComm::all_gather_vector(const std::vector<int64_t>& mine) {
+  check_alive();
+  Timed timed(*impl_);
   const size_t n = mine.size();
   Tensor send = Tensor::empty(DType::I64, {int64_t(n)});
   std::memcpy(send.raw(), mine.data(), n * 8);
   Tensor dsend = send.to(Device::CUDA), drecv = Tensor::empty(DType::I64, {int64_t(n) * size_}, Device::CUDA);
   check_nccl(ncclAllGather(dsend.raw(), drecv.raw(), n, ncclInt64, impl_->comm, impl_->stream), "ncclAllGather");
-  check_cuda(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
+  const cudaError_t synced = cudaStreamSynchronize(impl_->stream);
+  check_alive();  // an abort ends the wait with an error that is not this rank's
+  check_cuda(synced, "cudaStreamSynchronize");
   Tensor host = drecv.to(Device::CPU);
   return {host.data<int64_t>(), host.data<int64_t>() + host.numel()};
 }
@@ -97,6 +164,8 @@ void NcclComm::barrier() { all_gather_values(0); }
 
 // Every rank broadcasts its rows to all: an all-gather with uneven counts.
 Tensor NcclComm::all_gather_v(const Tensor& in) {
+  check_alive();
+  Timed timed(*impl_);
   std::vector<int64_t> rows = all_gather_values(in.size(0));
   int64_t total = 0;
   for (auto r : rows) total += r;
@@ -116,6 +185,8 @@ Tensor NcclComm::all_gather_v(const Tensor& in) {
 
 // Each rank's slice of the sum is reduced onto that rank.
 Tensor NcclComm::reduce_scatter_v(const Tensor& in, const std::vector<int64_t>& counts) {
+  check_alive();
+  Timed timed(*impl_);
   MS_CHECK(int(counts.size()) == size_, "reduce_scatter_v: ", counts.size(), " counts for ", size_, " ranks");
   Tensor out = Tensor::empty(in.dtype(), with_rows(in, counts[size_t(rank_)]), Device::CUDA);
   const size_t per_row = row_elems(in);
@@ -133,6 +204,8 @@ Tensor NcclComm::reduce_scatter_v(const Tensor& in, const std::vector<int64_t>& 
 
 Tensor NcclComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts,
                               std::vector<int64_t>* recv_counts) {
+  check_alive();
+  Timed timed(*impl_);
   MS_CHECK(int(send_counts.size()) == size_, "all_to_all_v: ", send_counts.size(), " send counts for ", size_, " ranks");
   std::vector<int64_t> all = all_gather_vector(send_counts);  // all[s * size + d]: rows s sends d
   std::vector<int64_t> recv(static_cast<size_t>(size_));
@@ -157,6 +230,8 @@ Tensor NcclComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send
 }
 
 void NcclComm::broadcast(Tensor& x, int root) {
+  check_alive();
+  Timed timed(*impl_);
   check_nccl(ncclBroadcast(x.raw(), x.raw(), size_t(x.numel()), nccl_type(x.dtype()), root, impl_->comm, impl_->stream),
              "ncclBroadcast");
 }

@@ -30,10 +30,22 @@ class NcclComm : public DeviceComm {
   void broadcast(Tensor& x, int root) override;
   void barrier() override;
   std::vector<int64_t> all_gather_values(int64_t value) override;
+  // Aborts the communicator (another rank failed): enqueued collectives end, and this and
+  // later calls throw PeerAborted instead of waiting for the failed rank.
+  void abort();
+  void time_collectives(bool on) override;
+  double collective_seconds() override;
 
  private:
-  std::vector<int64_t> all_gather_vector(const std::vector<int64_t>& mine);  // every rank's list
   struct Impl;
+  void check_alive() const;
+  // Brackets one collective's enqueue with timing events while timing is on.
+  struct Timed {
+    explicit Timed(Impl& impl);
+    ~Timed();
+    Impl& impl;
+  };
+  std::vector<int64_t> all_gather_vector(const std::vector<int64_t>& mine);  // every rank's list
   std::unique_ptr<Impl> impl_;
   int size_, rank_;
 };
