@@ -191,7 +191,7 @@ bool matmul_fp8_blocks(int64_t m, int64_t n, int64_t k, const void* a, int64_t l
   if (!plan.first) return false;
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t st = cublasLtMatmul(lt_handle(), desc.h, &alpha, a, la.h, b, lb.h, &beta, d, ld.h, d, ld.h,
-                                     &plan.second, workspace(), kWorkspaceBytes, stream());
+                                     &plan.second, lt_workspace(kWorkspaceBytes), kWorkspaceBytes, stream());
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
     std::lock_guard<std::mutex> lock(g_plan_mu);
     g_fp8_plans[key].first = false;
