@@ -190,11 +190,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mma_kernel(MmaArgs p, TO* out
 
 template <class TO>
 void launch_mma(const MmaArgs& a, TO* out) {
-  static const bool configured = [] {
-    MS_CUDA(cudaFuncSetAttribute(fp8_mma_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-    return true;
-  }();
-  (void)configured;
+  static PerDeviceOnce raise_smem_limit;
+  raise_smem_limit(
+      [] { MS_CUDA(cudaFuncSetAttribute(fp8_mma_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes))); });
   dim3 grid(unsigned((a.N + kTile - 1) / kTile), unsigned((a.M + kTile - 1) / kTile));
   fp8_mma_kernel<TO><<<grid, kThreads, kSmemBytes, stream()>>>(a, out);
   MS_CUDA_LAUNCHED("fp8_mma_kernel");
