@@ -118,7 +118,8 @@ void run_bench_offline(const OfflineArgs& a) {
                          {"request_throughput", r.requests / r.seconds},
                          {"input_throughput", double(r.input_tokens) / r.seconds},
                          {"output_throughput", double(r.output_tokens) / r.seconds},
-                         {"total_throughput", double(r.input_tokens + r.output_tokens) / r.seconds}}
+                         {"total_throughput", double(r.input_tokens + r.output_tokens) / r.seconds},
+                         {"cuda_graph_replays", engine.stats().cuda_graph_replays}}
               .dump()
        << "\n";
 }

@@ -24,10 +24,12 @@ struct SpecBenchArgs {
   std::vector<double> error_rates = {0.0, 0.25, 0.5, 1.0};
   bool mtp = false;
   uint64_t seed = 1;
+  CudaGraphSettings graphs;
 };
 
 struct Timed {
   double seconds = 0;
+  int same_as_plain = 0;  // requests whose output equals the plain run's
   EngineStats stats;
   std::vector<GenerateResult> results;
 };
@@ -65,12 +67,12 @@ class SpecBench {
     spec.num_steps = a_.num_steps;
     for (double e : a_.error_rates) {
       auto draft = std::make_unique<ReplayDraft>(continuations, e, a_.seed, model_->config.vocab_size);
-      const Timed t = run_engine(spec, std::move(draft), a_.output_len);
+      Timed t = run_engine(spec, std::move(draft), a_.output_len);
       check_lossless(t, plain, "replay");
       report(out, "replay", e, t, t.seconds - prefill, plain_decode);
     }
     if (!a_.mtp) return;
-    const Timed t = run_engine(spec, nullptr, a_.output_len);
+    Timed t = run_engine(spec, nullptr, a_.output_len);
     check_lossless(t, plain, "mtp");
     report(out, "mtp", -1, t, t.seconds - prefill, plain_decode);
   }
@@ -82,6 +84,7 @@ class SpecBench {
     o.scheduler.max_running_requests = a_.batch_size;
     o.max_total_tokens = int64_t(a_.batch_size) * (a_.input_len + a_.output_len + a_.num_steps + 1);
     o.speculative = spec;
+    o.cuda_graph = a_.graphs;  // captured here, before the clock starts
     std::vector<GenerateRequest> reqs = requests_;
     for (auto& r : reqs) r.sampling.max_new_tokens = output_len;
     Engine engine(*model_, o, {}, std::move(draft));
@@ -93,10 +96,16 @@ class SpecBench {
     return t;
   }
 
-  static void check_lossless(const Timed& t, const Timed& plain, const char* draft) {
-    for (size_t i = 0; i < t.results.size(); ++i)
-      MS_CHECK(t.results[i].output_ids == plain.results[i].output_ids, "bench-speculative: the ", draft,
-               " run changed the greedy output of request ", i);
+  // On the CPU (f32) the outputs must be equal. On the GPU the verify forward (several tokens
+  // per request) and the plain decode step (one, often a replayed graph) round differently in
+  // bf16, so a near-tied greedy choice may flip; the report counts the requests that kept the
+  // plain output instead.
+  void check_lossless(Timed& t, const Timed& plain, const char* draft) const {
+    for (size_t i = 0; i < t.results.size(); ++i) {
+      const bool same = t.results[i].output_ids == plain.results[i].output_ids;
+      MS_CHECK(same || a_.device != "cpu", "bench-speculative: the ", draft, " run changed the greedy output of request ", i);
+      t.same_as_plain += same ? 1 : 0;
+    }
   }
 
   void report(std::ostream& out, const char* draft, double e, const Timed& t, double decode, double plain_decode) {
@@ -109,9 +118,11 @@ class SpecBench {
                      {"decode_seconds", decode},
                      {"decode_tokens_per_s", tokens / decode},
                      {"speedup", plain_decode / decode},
-                     {"decode_batches", t.stats.scheduler.decode_batches}};
+                     {"decode_batches", t.stats.scheduler.decode_batches},
+                     {"cuda_graph_replays", t.stats.cuda_graph_replays}};
     if (e >= 0 && std::string(draft) == "replay") j["error_rate"] = e;
     if (t.stats.speculative) {
+      j["same_output_as_plain"] = t.same_as_plain;
       j["accept_length"] = t.stats.spec.mean_accept_length();
       j["acceptance_rate"] = t.stats.spec.acceptance_rate();
       j["draft_overhead"] = t.stats.spec.draft_overhead();
@@ -143,6 +154,9 @@ void add_bench_speculative(CLI::App& app) {
   cmd->add_flag("--mtp", a->mtp, "also measure the checkpoint's MTP layer as the draft");
   cmd->add_option("--seed", a->seed, "prompts and draft errors");
   cmd->add_option("--result-file", a->result_file, "append the JSON lines here too");
+  cmd->add_option("--cuda-graph-max-bs", a->graphs.max_bs, "largest decode batch replayed from a CUDA graph")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--disable-cuda-graph", a->graphs.disable, "run every decode and draft step op by op");
   cmd->callback([a] { SpecBench(*a).run(std::cout); });
 }
 

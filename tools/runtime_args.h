@@ -28,6 +28,10 @@ struct RuntimeArgs {
     cmd->add_flag("--disable-radix-cache", disable_radix_cache, "no prefix reuse across requests");
     cmd->add_option("--random-seed", engine.random_seed, "seed for requests without their own seed");
     add_speculative_flags(cmd, engine.speculative);
+    cmd->add_option("--cuda-graph-max-bs", engine.cuda_graph.max_bs,
+                    "largest decode batch replayed from a CUDA graph (--device cuda)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--disable-cuda-graph", engine.cuda_graph.disable, "run every decode step op by op");
   }
   EngineOptions options(bool bf16) const {
     EngineOptions o = engine;

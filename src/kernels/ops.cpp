@@ -74,9 +74,6 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
   MS_DISPATCH(x, moe_experts(x, ids, weights, experts, out));
 }
-std::vector<int32_t> argmax_rows(const Tensor& logits) {
-  if (logits.device() == Device::CUDA) fail("argmax_rows: copy logits to the host first");
-  return cpu::argmax_rows(logits);
-}
+std::vector<int32_t> argmax_rows(const Tensor& logits) { return MS_DISPATCH(logits, argmax_rows(logits)); }
 
 }  // namespace ms::ops

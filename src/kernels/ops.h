@@ -114,7 +114,8 @@ struct ExpertWeights {
 };
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 
-// Index of the largest value in each row of logits [T, V].
+// Index of the largest value in each row of logits [T, V] (ties: the lower index). On the GPU only
+// the indices are copied to the host.
 std::vector<int32_t> argmax_rows(const Tensor& logits);
 
 }  // namespace ms::ops

@@ -7,10 +7,16 @@
 namespace ms {
 
 CudaGraphRunner::CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOptions options)
-    : model_(model), kv_(kv), options_(options), sizes_(capture_sizes(options.max_bs)) {
+    : CudaGraphRunner(model, kv, options, [&model](const ForwardContext& ctx, const Tensor&) {
+        return std::vector<Tensor>{model.forward(ctx)};
+      }) {}
+
+CudaGraphRunner::CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOptions options, GraphBody body)
+    : model_(model), kv_(kv), options_(options), body_(std::move(body)), sizes_(capture_sizes(options.max_bs)) {
   MS_CHECK(model.device == Device::CUDA, "CUDA graphs need a model on the GPU");
   MS_CHECK(options.pad_slot >= 0 && options.pad_slot < kv.num_slots(), "CUDA graphs: padding slot ",
            options.pad_slot, " outside the KV pool of ", kv.num_slots());
+  MS_CHECK(options.max_context > 0, "CUDA graphs: max_context ", options.max_context);
 }
 
 std::vector<int> CudaGraphRunner::capture_sizes(int max_bs) {
@@ -21,10 +27,10 @@ std::vector<int> CudaGraphRunner::capture_sizes(int max_bs) {
   return s;
 }
 
-Tensor CudaGraphRunner::run_eager(const ForwardBatch& b) const {
+std::vector<Tensor> CudaGraphRunner::run_eager(const ForwardBatch& b, const Tensor& input) const {
   ForwardContext ctx{b, kv_, options_.bf16_activations};
   ctx.device = model_.device, ctx.act_dtype = model_.act_dtype;
-  return model_.forward(ctx);
+  return body_(ctx, input);
 }
 
 // Real sequences first, then dummies of one token at position 0 in the padding slot.
@@ -43,13 +49,27 @@ ForwardBatch CudaGraphRunner::padded(const ForwardBatch& b, int bs) const {
 CudaGraphRunner::Captured& CudaGraphRunner::captured(int bs) {
   auto it = graphs_.find(bs);
   if (it != graphs_.end()) return it->second;
-  Captured& c = graphs_[bs];
-  c.batch = padded(ForwardBatch{}, bs);
-  run_eager(c.batch);  // allocations, GEMM plans and expert tables exist before the capture
-  ops::StepArrays arrays{c.batch.input_ids, c.batch.positions, c.batch.out_cache_loc, &c.batch.attn};
-  c.graph = ops::capture_step(model_.device, arrays, int64_t(bs) * options_.max_context, options_.max_context,
-                              [&] { c.logits = run_eager(c.batch); });
+  Captured& c = graphs_[bs];  // in place: the capture records the addresses of c.batch's arrays
+  try {
+    c.batch = padded(ForwardBatch{}, bs);
+    // Distinct sequences use distinct slots, so a batch names at most the pool plus its dummies;
+    // more (sequences sharing a radix prefix) runs op by op.
+    c.kv_capacity = std::min<int64_t>(int64_t(bs) * options_.max_context, kv_.num_slots() + bs);
+    if (options_.input_width > 0)  // zeros: padding rows stay finite whatever the body does with them
+      c.input = Tensor::empty(model_.act_dtype, {bs, options_.input_width}, model_.device);
+    run_eager(c.batch, c.input);  // allocations, GEMM plans and expert tables exist before the capture
+    ops::StepArrays arrays{c.batch.input_ids, c.batch.positions, c.batch.out_cache_loc, &c.batch.attn};
+    c.graph = ops::capture_step(model_.device, arrays, c.kv_capacity, options_.max_context,
+                                [&] { c.outputs = run_eager(c.batch, c.input); });
+  } catch (...) {
+    graphs_.erase(bs);
+    throw;
+  }
   return c;
+}
+
+void CudaGraphRunner::capture_all() {
+  for (int bs : sizes_) captured(bs);
 }
 
 // A replay runs no op, so none of their host-side checks: the ranges are checked here.
@@ -62,19 +82,37 @@ void CudaGraphRunner::check_ranges(const ForwardBatch& b) const {
   for (int32_t s : b.attn.kv_slots) MS_CHECK(s >= 0 && s < slots, "KV slot ", s, " outside the pool of ", slots);
 }
 
-std::optional<Tensor> CudaGraphRunner::decode(const ForwardBatch& batch) {
+std::optional<std::vector<Tensor>> CudaGraphRunner::run(const ForwardBatch& batch, const Tensor* input) {
   const int n = batch.num_seqs();
-  if (n == 0 || batch.all_logits || batch.num_tokens() != n || sizes_.empty() || n > sizes_.back()) return std::nullopt;
+  if (n <= 0 || batch.num_tokens() != n || sizes_.empty() || n > sizes_.back()) return std::nullopt;
   for (int s = 0; s < n; ++s) {
     const int nk = batch.attn.kv_start[s + 1] - batch.attn.kv_start[s];
     if (batch.attn.q_start[s + 1] - batch.attn.q_start[s] != 1 || nk > options_.max_context) return std::nullopt;
   }
   const int bs = *std::lower_bound(sizes_.begin(), sizes_.end(), n);
+  MS_CHECK((options_.input_width > 0) == (input != nullptr), "CUDA graphs: this body ",
+           options_.input_width > 0 ? "needs" : "takes no", " input rows");
+  if (input) MS_CHECK(input->dim() == 2 && input->size(0) == n && input->size(1) == options_.input_width,
+                      "CUDA graphs: input ", input->describe(), " for ", n, " sequences of width ", options_.input_width);
   check_ranges(batch);
   Captured& c = captured(bs);
+  if (int64_t(batch.attn.kv_slots.size()) + (bs - n) > c.kv_capacity) return std::nullopt;
+  if (input) {
+    Tensor rows = c.input.narrow_rows(0, n);
+    rows.copy_from(input->is_contiguous() ? *input : input->clone());
+  }
   ForwardBatch p = padded(batch, bs);
   c.graph->replay(ops::StepArrays{p.input_ids, p.positions, p.out_cache_loc, &p.attn});
-  return c.logits.slice(0, 0, n);
+  ++replays_;
+  std::vector<Tensor> out;
+  for (const Tensor& t : c.outputs) out.push_back(t.narrow_rows(0, n));
+  return out;
+}
+
+std::optional<Tensor> CudaGraphRunner::decode(const ForwardBatch& batch) {
+  auto out = run(batch);
+  if (!out) return std::nullopt;
+  return out->front();
 }
 
 }  // namespace ms

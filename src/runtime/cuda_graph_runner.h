@@ -1,11 +1,22 @@
 // Decode steps replayed from CUDA graphs, one per padded batch size (1, 2, 4, 8, then multiples
-// of 8 up to --cuda-graph-max-bs), captured on first use: a warm-up step at that size, then the
+// of 8 up to --cuda-graph-max-bs), each captured once: a warm-up step at that size, then the
 // capture. A batch is padded to the next captured size with dummy sequences that read and write
-// one reserved KV slot; its logits are the first rows of the graph's output.
+// one reserved KV slot; its outputs are the first rows of the graph's outputs.
+//
+// What a graph computes is its body: by default the model's logits of each sequence's token;
+// a draft model passes its own (the MTP layer: its hidden state and logits, from one input row
+// per sequence that the runner copies into the graph's input buffer before each replay).
+//
+// The outputs live in the graph's buffers and are overwritten by the next replay. The graph's
+// intermediates return to the caching allocator after the capture and are rewritten by every
+// replay, so a device tensor allocated after a capture must not be kept across a replay of it
+// (buffers made before the capture, such as the KV cache, are safe).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "kernels/step_graph.h"
 #include "layers/forward.h"
@@ -13,21 +24,42 @@
 
 namespace ms {
 
+// The flags, with SGLang's names.
+struct CudaGraphSettings {
+  int max_bs = 160;      // --cuda-graph-max-bs: the largest decode batch replayed from a graph
+  bool disable = false;  // --disable-cuda-graph: every step op by op
+  bool enabled_on(Device device) const { return device == Device::CUDA && !disable && max_bs > 0; }
+};
+
 struct CudaGraphOptions {
   int max_bs = 160;          // --cuda-graph-max-bs
   int32_t pad_slot = -1;     // a KV slot no sequence uses (padding writes there)
-  int max_context = 4096;    // sizes split-KV attention and the kv-slot arena per sequence
+  int max_context = 4096;    // keys one sequence may have; sizes split-KV attention
   bool bf16_activations = false;
+  int input_width = 0;       // columns of the body's per-sequence input rows; 0: it takes none
 };
+
+// The step a graph records: outputs with one row per sequence of ctx.batch, computed from the
+// batch and `input` ([sequences, input_width] in the model's activation dtype; undefined when
+// the runner takes no input).
+using GraphBody = std::function<std::vector<Tensor>(const ForwardContext& ctx, const Tensor& input)>;
 
 class CudaGraphRunner {
  public:
+  // The model's decode step: body = its logits.
   CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOptions options);
+  CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOptions options, GraphBody body);
 
-  // Device logits [sequences, vocab] of a decode batch (one new token per sequence, last-token
-  // logits), or nullopt when no graph serves it (not a decode batch, too many sequences, or
-  // contexts beyond max_context).
+  // The body's outputs (rows of this batch's sequences, on the device) for a batch of one new
+  // token per sequence, or nullopt when no graph serves it (a sequence with several tokens,
+  // too many sequences, or more keys than max_context or the captured capacity).
+  std::optional<std::vector<Tensor>> run(const ForwardBatch& batch, const Tensor* input = nullptr);
+  // run's first output: device logits [sequences, vocab] with the default body.
   std::optional<Tensor> decode(const ForwardBatch& batch);
+
+  // Captures every size up front (as SGLang does at start-up), so that no step pays for it.
+  void capture_all();
+  int64_t replays() const { return replays_; }
 
   static std::vector<int> capture_sizes(int max_bs);
 
@@ -35,18 +67,22 @@ class CudaGraphRunner {
   struct Captured {
     ForwardBatch batch;  // the dummy step captured (its arrays were the staged ones)
     std::unique_ptr<ops::StepGraph> graph;
-    Tensor logits;
+    Tensor input;        // [bs, input_width], made before the capture
+    std::vector<Tensor> outputs;
+    int64_t kv_capacity = 0;
   };
   Captured& captured(int bs);
   ForwardBatch padded(const ForwardBatch& b, int bs) const;
   void check_ranges(const ForwardBatch& b) const;
-  Tensor run_eager(const ForwardBatch& b) const;
+  std::vector<Tensor> run_eager(const ForwardBatch& b, const Tensor& input) const;
 
   const CausalLM& model_;
   KvCache& kv_;
   CudaGraphOptions options_;
+  GraphBody body_;
   std::vector<int> sizes_;
   std::map<int, Captured> graphs_;
+  int64_t replays_ = 0;
 };
 
 }  // namespace ms

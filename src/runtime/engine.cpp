@@ -28,13 +28,28 @@ uint64_t mix_seed(uint64_t seed, uint64_t id) {
   return x ^ (x >> 29);
 }
 
+// No decode batch is larger than the running requests: no graph beyond them is captured.
+CudaGraphSettings graph_settings(const EngineOptions& o) {
+  CudaGraphSettings g = o.cuda_graph;
+  g.max_bs = std::min(g.max_bs, o.scheduler.max_running_requests);
+  return g;
+}
+
+// With speculation every decode step of the target verifies several tokens per request (op by
+// op); only the draft's one-token chain steps replay graphs.
+CudaGraphSettings target_graph_settings(const EngineOptions& o) {
+  CudaGraphSettings g = graph_settings(o);
+  g.disable = g.disable || o.speculative.enabled();
+  return g;
+}
+
 std::unique_ptr<DraftModel> make_draft(const CausalLM& model, const EngineOptions& o, std::unique_ptr<DraftModel> given) {
   o.speculative.validate();
   if (!o.speculative.enabled()) {
     MS_CHECK(!given, "a draft model was given but speculative decoding is off (set --speculative-algorithm)");
     return nullptr;
   }
-  return given ? std::move(given) : std::make_unique<MtpDraft>(model, o.bf16_activations);
+  return given ? std::move(given) : std::make_unique<MtpDraft>(model, o.bf16_activations, graph_settings(o));
 }
 
 SchedulerOptions scheduler_options(const EngineOptions& o) {
@@ -51,7 +66,8 @@ Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer 
       options_(options),
       detok_(std::move(detokenizer)),
       draft_(make_draft(model, options, std::move(draft))),
-      runner_(model, pool_slots(model, options, draft_.get()), options.bf16_activations),
+      runner_(model, pool_slots(model, options, draft_.get()), options.bf16_activations,
+              target_graph_settings(options)),
       scheduler_(scheduler_options(options), runner_.num_slots(),
                  int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {
   if (!draft_) return;
@@ -158,13 +174,12 @@ bool Engine::step() {
   } else if (spec_) {
     spec_->run_verify(batch, table, append);
   } else {
-    Tensor logits = runner_.forward(batch, table);
-    const int64_t V = logits.size(1);
-    for (size_t i = 0; i < batch.seqs.size(); ++i) {
-      if (!batch.seqs[i].sample) continue;
-      Request& r = *batch.seqs[i].req;
-      append_token(r, sample_next(std::span<const float>(logits.data<float>() + int64_t(i) * V, size_t(V)), r));
-    }
+    const Tensor logits = runner_.forward(batch, table);
+    std::vector<const Request*> sampled;
+    for (const ScheduledSeq& s : batch.seqs) sampled.push_back(s.sample ? s.req : nullptr);
+    const std::vector<SampleResult> next = sample_rows(logits, sampled);
+    for (size_t i = 0; i < batch.seqs.size(); ++i)
+      if (batch.seqs[i].sample) append_token(*batch.seqs[i].req, next[i]);
   }
   std::vector<std::unique_ptr<Request>> done = scheduler_.finish_step(batch);
   for (const ScheduledSeq& s : batch.seqs)
@@ -290,6 +305,7 @@ EngineStats Engine::stats() {
   s.pool_used = scheduler_.kv().pool().used();
   s.cached_slots = scheduler_.kv().radix() ? scheduler_.kv().radix()->total_size() : 0;
   s.generated_tokens = generated_;
+  s.cuda_graph_replays = runner_.graph_replays() + (draft_ ? draft_->graph_replays() : 0);
   s.speculative = spec_ != nullptr;
   if (spec_) s.spec = spec_->stats();
   return s;

@@ -28,6 +28,7 @@ struct EngineOptions {
   bool bf16_activations = false;    // CPU: round activations as bf16 storage would
   uint64_t random_seed = 0;         // seeds requests that bring no seed of their own
   SpeculativeOptions speculative;   // draft-then-verify decoding (off unless an algorithm is set)
+  CudaGraphSettings cuda_graph;     // decode steps (and MTP draft steps) replayed on the GPU
 };
 
 struct GenerateRequest {
@@ -61,6 +62,7 @@ struct EngineStats {
   int waiting = 0, running = 0;
   int64_t pool_capacity = 0, pool_used = 0, cached_slots = 0;
   int64_t generated_tokens = 0;
+  int64_t cuda_graph_replays = 0;  // decode steps (target's or draft's) replayed from CUDA graphs
   bool speculative = false;  // speculative decoding is on; `spec` counts its work
   SpeculativeStats spec;
 };

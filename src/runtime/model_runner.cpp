@@ -1,12 +1,23 @@
 #include "runtime/model_runner.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "core/device_memory.h"
 
 namespace ms {
 
-ModelRunner::ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations)
-    : model_(model), kv_(model.make_kv_cache(num_slots)), bf16_(bf16_activations) {}
+ModelRunner::ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs)
+    : model_(model),
+      num_slots_(num_slots),
+      kv_(model.make_kv_cache(num_slots + (graphs.enabled_on(model.device) ? 1 : 0))),
+      bf16_(bf16_activations) {
+  if (!graphs.enabled_on(model.device)) return;
+  const int max_context = int(std::min<int64_t>(model.config.max_position_embeddings, num_slots));
+  graphs_ = std::make_unique<CudaGraphRunner>(
+      model, kv_, CudaGraphOptions{graphs.max_bs, int32_t(num_slots), max_context, bf16_activations, 0});
+  graphs_->capture_all();
+}
 
 size_t ModelRunner::bytes_per_slot(const CausalLM& model) {
   size_t per_layer = 0;
@@ -45,10 +56,12 @@ ForwardBatch ModelRunner::build_forward_batch(const ScheduleBatch& batch, const 
 
 Tensor ModelRunner::forward(const ScheduleBatch& batch, const ReqToTokenTable& table) {
   ForwardBatch fb = build_forward_batch(batch, table);
+  if (graphs_)
+    if (std::optional<Tensor> logits = graphs_->decode(fb)) return *logits;
   ForwardContext ctx{fb, kv_, bf16_};
   ctx.device = model_.device;
   ctx.act_dtype = model_.act_dtype;
-  return model_.forward(ctx).to_f32();
+  return model_.forward(ctx);
 }
 
 Tensor ModelRunner::forward_hidden(const ForwardBatch& fb) {

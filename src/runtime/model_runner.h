@@ -1,11 +1,15 @@
 // Owns the KV cache of the token-slot pool and turns a ScheduleBatch into logits: it builds
 // the ForwardBatch (flat ids, positions, out_cache_loc, and per sequence its slots read from
-// req_to_token) and runs the model on its device.
+// req_to_token) and runs the model on its device. On the GPU, batches of one new token per
+// sequence replay CUDA graphs (captured at construction); the KV cache then has one slot beyond
+// the pool's, where padding sequences write.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "layers/forward.h"
 #include "models/causal_lm.h"
+#include "runtime/cuda_graph_runner.h"
 #include "runtime/kv_pool.h"
 #include "runtime/scheduler.h"
 
@@ -13,9 +17,11 @@ namespace ms {
 
 class ModelRunner {
  public:
-  ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations);
+  // graphs: captured for batches up to graphs.max_bs sequences when enabled on the model's device.
+  ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs = {});
 
-  // Host F32 logits [sequences, vocab]: the last token of each sequence of the batch.
+  // Logits [sequences, vocab] of the last token of each sequence of the batch, on the model's
+  // device; a replayed graph's logits stay valid until the next forward.
   Tensor forward(const ScheduleBatch& batch, const ReqToTokenTable& table);
   // Final hidden states [T, H] of every token of a built batch, on the model's device (the
   // speculative path takes logits of chosen rows and hands the rest to its draft model).
@@ -26,12 +32,15 @@ class ModelRunner {
   static size_t bytes_per_slot(const CausalLM& model);
 
   const CausalLM& model() const { return model_; }
-  int64_t num_slots() const { return kv_.num_slots(); }
+  int64_t num_slots() const { return num_slots_; }
+  int64_t graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
 
  private:
   const CausalLM& model_;
+  int64_t num_slots_;
   KvCache kv_;
   bool bf16_;
+  std::unique_ptr<CudaGraphRunner> graphs_;  // null: every step op by op
 };
 
 // Memory of `device` for sizing the pool from --mem-fraction-static.

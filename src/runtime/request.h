@@ -37,6 +37,12 @@ struct SamplingParams {
   int top_logprobs_num = 0;     // and the n most likely tokens at each step
 
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+  // Greedy with nothing that needs the whole distribution (no penalty, no logprobs): the token
+  // is the argmax of the raw logits, which the GPU can pick without copying them.
+  bool argmax_only() const {
+    return greedy() && repetition_penalty == 1.0f && frequency_penalty == 0.0f && presence_penalty == 0.0f &&
+           !return_logprob && top_logprobs_num <= 0;
+  }
   // Throws naming the field when a value is outside its range.
   void validate(int vocab_size) const;
 };

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "kernels/ops.h"
 
 namespace ms {
 namespace {
@@ -144,6 +145,36 @@ SampleResult chosen_token(const std::vector<float>& penalized, const SamplingPar
 
 SampleResult sample_next(std::span<const float> logits, const Request& r) {
   return sample_token({logits, &r.sampling, r.input_ids, r.output_ids, r.rng_seed, r.output_ids.size()});
+}
+
+Tensor select_logit_rows(const Tensor& logits, std::span<const int32_t> rows) {
+  bool all = int64_t(rows.size()) == logits.size(0);
+  for (size_t i = 0; all && i < rows.size(); ++i) all = rows[i] == int32_t(i);
+  if (all) return logits;
+  Tensor out = Tensor::empty(logits.dtype(), {int64_t(rows.size()), logits.size(1)}, logits.device());
+  if (!rows.empty()) ops::gather_rows(logits, rows, out);
+  return out;
+}
+
+std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Request* const> reqs) {
+  MS_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(reqs.size()), "sample_rows: ", logits.describe(), " for ",
+           reqs.size(), " rows");
+  std::vector<int32_t> argmax, full;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (reqs[i]) (reqs[i]->sampling.argmax_only() ? argmax : full).push_back(int32_t(i));
+  std::vector<SampleResult> out(reqs.size());
+  if (!argmax.empty()) {
+    const std::vector<int32_t> ids = ops::argmax_rows(select_logit_rows(logits, argmax));
+    for (size_t j = 0; j < argmax.size(); ++j) out[size_t(argmax[j])].token = ids[j];
+  }
+  if (!full.empty()) {
+    const Tensor host = select_logit_rows(logits, full).to_f32();
+    const int64_t V = host.size(1);
+    for (size_t j = 0; j < full.size(); ++j)
+      out[size_t(full[j])] = sample_next(std::span<const float>(host.data<float>() + int64_t(j) * V, size_t(V)),
+                                         *reqs[size_t(full[j])]);
+  }
+  return out;
 }
 
 }  // namespace ms

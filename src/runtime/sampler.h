@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "core/tensor.h"
 #include "runtime/request.h"
 
 namespace ms {
@@ -24,6 +25,15 @@ SampleResult sample_token(const SampleInput& in);
 
 // Shorthand for a request's next token.
 SampleResult sample_next(std::span<const float> logits, const Request& r);
+
+// The next tokens of a batch: row i of `logits` [rows, vocab] (on any device) for reqs[i] (null:
+// row i is not sampled; its result stays empty). Rows whose request is argmax_only are picked on
+// the logits' device and only their ids cross to the host; the other rows are copied to the host
+// and go through sample_next. The result is what sample_next on every row would give.
+std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Request* const> reqs);
+
+// Rows `rows` of a 2-D tensor on its device (the tensor itself when that is every row in order).
+Tensor select_logit_rows(const Tensor& logits, std::span<const int32_t> rows);
 
 // The logits after the penalties of `in` (what the distribution and the logprobs come from).
 std::vector<float> penalized_logits(const SampleInput& in);

@@ -74,6 +74,8 @@ class DraftModel {
   virtual std::vector<std::vector<int32_t>> propose(std::span<const DraftSeq> seqs, const ReqToTokenTable& table) = 0;
   // Draft-model forwards so far (the overhead the stats report).
   virtual int64_t forward_passes() const { return 0; }
+  // Of those, the ones replayed from CUDA graphs.
+  virtual int64_t graph_replays() const { return 0; }
 };
 
 }  // namespace ms

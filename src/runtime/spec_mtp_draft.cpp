@@ -1,5 +1,7 @@
 #include "runtime/spec_mtp_draft.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace ms {
@@ -22,7 +24,8 @@ void close_sequence(ForwardBatch& b, const int32_t* row, int end) {
 
 }  // namespace
 
-MtpDraft::MtpDraft(const CausalLM& model, bool bf16_activations) : model_(model), bf16_(bf16_activations) {
+MtpDraft::MtpDraft(const CausalLM& model, bool bf16_activations, CudaGraphSettings graphs)
+    : model_(model), bf16_(bf16_activations), graph_settings_(graphs) {
   MS_CHECK(model.mtp != nullptr, "speculative decoding with NEXTN/EAGLE drafts with the checkpoint's MTP layer, "
                                  "and this checkpoint has none (num_nextn_predict_layers is 0)");
 }
@@ -38,9 +41,20 @@ size_t MtpDraft::kv_bytes_per_slot() const {
 }
 
 void MtpDraft::attach(int64_t num_slots, int rows) {
-  kv_ = std::make_unique<KvCache>(model_.make_mtp_kv_cache(num_slots));
+  const bool graphs = graph_settings_.enabled_on(model_.device);
+  kv_ = std::make_unique<KvCache>(model_.make_mtp_kv_cache(num_slots + (graphs ? 1 : 0)));
+  // Before the capture: a buffer made after it may share memory with the graphs' intermediates.
   last_hidden_ = Tensor::empty(model_.act_dtype, {rows, model_.config.hidden_size}, model_.device);
   next_guess_.assign(size_t(rows), 0);
+  if (!graphs) return;
+  CudaGraphOptions o{graph_settings_.max_bs, int32_t(num_slots),
+                     int(std::min<int64_t>(model_.config.max_position_embeddings, num_slots)), bf16_,
+                     int(model_.config.hidden_size)};
+  graphs_ = std::make_unique<CudaGraphRunner>(model_, *kv_, o, [this](const ForwardContext& ctx, const Tensor& hidden) {
+    Tensor h = model_.mtp_hidden(ctx, hidden);
+    return std::vector<Tensor>{h, model_.mtp->head(h)};
+  });
+  graphs_->capture_all();
 }
 
 ForwardContext MtpDraft::context(const ForwardBatch& b) {
@@ -74,7 +88,7 @@ void MtpDraft::observe(std::span<const DraftSeq> seqs, const Tensor& hidden, con
   Tensor last = ctx.empty({int64_t(last_rows.size()), h.size(1)});
   ops::gather_rows(h, last_rows, last);
   ops::scatter_rows(last, req_rows, last_hidden_);
-  const std::vector<int32_t> guesses = ops::argmax_rows(model_.mtp->head(last).to_f32());
+  const std::vector<int32_t> guesses = ops::argmax_rows(model_.mtp->head(last));
   for (size_t i = 0; i < req_rows.size(); ++i) next_guess_[size_t(req_rows[i])] = guesses[i];
 }
 
@@ -89,10 +103,16 @@ Tensor MtpDraft::chain_step(std::span<const DraftSeq> seqs, const std::vector<in
     b.out_cache_loc.push_back(row[positions[i]]);  // a verify slot, scratch until observe
     close_sequence(b, row, positions[i] + 1);
   }
-  ForwardContext ctx = context(b);
-  Tensor h = model_.mtp_hidden(ctx, hidden);
+  Tensor h, logits;
+  if (auto replayed = graphs_ ? graphs_->run(b, &hidden) : std::nullopt) {
+    h = (*replayed)[0], logits = (*replayed)[1];
+  } else {
+    ForwardContext ctx = context(b);
+    h = model_.mtp_hidden(ctx, hidden);
+    logits = model_.mtp->head(h);
+  }
   ++forwards_;
-  guesses = ops::argmax_rows(model_.mtp->head(h).to_f32());  // the draft picks on the host
+  guesses = ops::argmax_rows(logits);  // on the device: only the ids cross
   return h;
 }
 

@@ -10,6 +10,9 @@
 // reused from the radix cache carries MTP keys computed with the inserting request's next
 // token; where a later request branches off right after it, that token differs, which only
 // perturbs the draft, never the output.
+//
+// On the GPU its chain steps (one token per request) replay CUDA graphs captured at attach();
+// the cache then has one slot beyond the pool's for the padding sequences.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,19 +20,21 @@
 
 #include "layers/forward.h"
 #include "models/causal_lm.h"
+#include "runtime/cuda_graph_runner.h"
 #include "runtime/spec_draft.h"
 
 namespace ms {
 
 class MtpDraft : public DraftModel {
  public:
-  MtpDraft(const CausalLM& model, bool bf16_activations);
+  MtpDraft(const CausalLM& model, bool bf16_activations, CudaGraphSettings graphs = {});
 
   size_t kv_bytes_per_slot() const override;
   void attach(int64_t num_slots, int rows) override;
   void observe(std::span<const DraftSeq> seqs, const Tensor& hidden, const ReqToTokenTable& table) override;
   std::vector<std::vector<int32_t>> propose(std::span<const DraftSeq> seqs, const ReqToTokenTable& table) override;
   int64_t forward_passes() const override { return forwards_; }
+  int64_t graph_replays() const override { return graphs_ ? graphs_->replays() : 0; }
 
  private:
   ForwardContext context(const ForwardBatch& b);
@@ -41,7 +46,9 @@ class MtpDraft : public DraftModel {
 
   const CausalLM& model_;
   bool bf16_;
+  CudaGraphSettings graph_settings_;
   std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<CudaGraphRunner> graphs_;  // chain steps; null: op by op
   // Per req_to_token row: the MTP output hidden state at the request's last observed position
   // and the MTP's guess of the token after the request's last token.
   Tensor last_hidden_;

@@ -62,4 +62,16 @@ VerifyResult verify_drafts(std::span<const float> logits, int64_t vocab, const R
   return v;
 }
 
+VerifyResult verify_argmax(std::span<const int32_t> target_ids, std::span<const int32_t> drafts) {
+  MS_CHECK(target_ids.size() == drafts.size() + 1, "verify: ", target_ids.size(), " target tokens for ", drafts.size(),
+           " drafts");
+  VerifyResult v;
+  for (size_t j = 0; j < target_ids.size(); ++j) {
+    v.tokens.push_back(SampleResult{target_ids[j]});
+    if (j == drafts.size() || target_ids[j] != drafts[j]) break;
+    ++v.accepted;
+  }
+  return v;
+}
+
 }  // namespace ms

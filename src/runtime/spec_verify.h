@@ -27,6 +27,10 @@ struct VerifyResult {
 VerifyResult verify_drafts(std::span<const float> logits, int64_t vocab, const Request& r,
                            std::span<const int32_t> drafts);
 
+// verify_drafts for a request whose sampling is argmax_only, from the target's argmax of each
+// of the drafts.size() + 1 rows (picked on the device): the drafts equal to it, then its token.
+VerifyResult verify_argmax(std::span<const int32_t> target_ids, std::span<const int32_t> drafts);
+
 // One step of speculative sampling on a target distribution `p` (sums to 1) for a one-hot
 // draft on `draft`: accepts with probability p[draft] (decided by u_accept), else draws from
 // the residual with u_resample. Returns the token; `accepted` says which case it was.

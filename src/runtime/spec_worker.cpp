@@ -39,13 +39,15 @@ void SpeculativeWorker::run_extend(const ScheduleBatch& batch, const ReqToTokenT
   Tensor hidden = runner_.forward_hidden(fb);
   std::vector<int32_t> last;
   for (int s = 0; s < fb.num_seqs(); ++s) last.push_back(fb.attn.q_start[size_t(s) + 1] - 1);
-  Tensor logits = runner_.model().logits(take_rows(hidden, last)).to_f32();
+  const Tensor logits = runner_.model().logits(take_rows(hidden, last));
+  std::vector<const Request*> sampled;
+  for (const ScheduledSeq& s : batch.seqs) sampled.push_back(s.sample ? s.req : nullptr);
+  const std::vector<SampleResult> next = sample_rows(logits, sampled);
   stats_.target_seconds += seconds_since(t0);
-  const int64_t V = logits.size(1);
   std::vector<DraftSeq> kept;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& s = batch.seqs[i];
-    if (s.sample) append(*s.req, sample_next(std::span<const float>(logits.data<float>() + int64_t(i) * V, size_t(V)), *s.req));
+    if (s.sample) append(*s.req, next[i]);
     kept.push_back({s.req, s.start, s.num_tokens});
   }
   const Clock::time_point t1 = Clock::now();
@@ -89,18 +91,16 @@ void SpeculativeWorker::run_verify(const ScheduleBatch& batch, const ReqToTokenT
   ForwardBatch fb = verify_batch(batch, drafts, table);
   const Clock::time_point t1 = Clock::now();
   Tensor hidden = runner_.forward_hidden(fb);
-  Tensor logits = runner_.model().logits(hidden).to_f32();
+  const std::vector<VerifyResult> verdicts = verify(batch, fb, runner_.model().logits(hidden), drafts);
   stats_.target_seconds += seconds_since(t1);
   ++stats_.verify_forwards;
 
-  const int64_t V = logits.size(1);
   std::vector<DraftSeq> kept;
   std::vector<int32_t> kept_rows;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& s = batch.seqs[i];
     const int32_t q0 = fb.attn.q_start[i];
-    std::span<const float> rows(logits.data<float>() + int64_t(q0) * V, size_t(s.num_tokens) * size_t(V));
-    const VerifyResult v = verify_drafts(rows, V, *s.req, drafts[i]);
+    const VerifyResult& v = verdicts[i];
     int emitted = 0;
     for (const SampleResult& t : v.tokens) {
       ++emitted;
@@ -115,6 +115,38 @@ void SpeculativeWorker::run_verify(const ScheduleBatch& batch, const ReqToTokenT
   const Clock::time_point t2 = Clock::now();
   draft_.observe(kept, take_rows(hidden, kept_rows), table);
   stats_.draft_seconds += seconds_since(t2);
+}
+
+// Requests whose sampling is argmax_only are verified from the target's argmax of their rows,
+// picked on the device (only ids cross to the host); the others' rows are copied to the host.
+std::vector<VerifyResult> SpeculativeWorker::verify(const ScheduleBatch& batch, const ForwardBatch& fb,
+                                                    const Tensor& logits,
+                                                    const std::vector<std::vector<int32_t>>& drafts) {
+  std::vector<int32_t> by_argmax, by_host;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    std::vector<int32_t>& rows = batch.seqs[i].req->sampling.argmax_only() ? by_argmax : by_host;
+    for (int32_t r = fb.attn.q_start[i]; r < fb.attn.q_start[i + 1]; ++r) rows.push_back(r);
+  }
+  std::vector<int32_t> ids;
+  if (!by_argmax.empty()) ids = ops::argmax_rows(select_logit_rows(logits, by_argmax));
+  Tensor host;
+  if (!by_host.empty()) host = select_logit_rows(logits, by_host).to_f32();
+  std::vector<VerifyResult> out;
+  size_t at_ids = 0, at_host = 0;  // rows of each kind used so far
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const ScheduledSeq& s = batch.seqs[i];
+    const size_t n = size_t(s.num_tokens);
+    if (s.req->sampling.argmax_only()) {
+      out.push_back(verify_argmax(std::span<const int32_t>(ids).subspan(at_ids, n), drafts[i]));
+      at_ids += n;
+    } else {
+      const int64_t V = host.size(1);
+      std::span<const float> rows(host.data<float>() + int64_t(at_host) * V, n * size_t(V));
+      out.push_back(verify_drafts(rows, V, *s.req, drafts[i]));
+      at_host += n;
+    }
+  }
+  return out;
 }
 
 void SpeculativeWorker::record(int drafted, int accepted, int emitted) {

@@ -10,6 +10,7 @@
 #include "runtime/model_runner.h"
 #include "runtime/scheduler.h"
 #include "runtime/spec_draft.h"
+#include "runtime/spec_verify.h"
 
 namespace ms {
 
@@ -31,6 +32,9 @@ class SpeculativeWorker {
   // [start, start + k], in the slots the scheduler allocated.
   static ForwardBatch verify_batch(const ScheduleBatch& batch, const std::vector<std::vector<int32_t>>& drafts,
                                    const ReqToTokenTable& table);
+  // Each request's verdict on its drafts from the verify forward's logits [T, vocab] (device).
+  static std::vector<VerifyResult> verify(const ScheduleBatch& batch, const ForwardBatch& fb, const Tensor& logits,
+                                          const std::vector<std::vector<int32_t>>& drafts);
   // Rows `rows` of hidden [T, H] (a new tensor on its device).
   static Tensor take_rows(const Tensor& hidden, const std::vector<int32_t>& rows);
   void record(int drafted, int accepted, int emitted);

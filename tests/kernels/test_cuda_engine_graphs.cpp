@@ -1,0 +1,170 @@
+// The engine on the GPU with CUDA graphs against the engine without them: greedy generation on
+// every fixture (decode steps replayed, greedy ids picked on the device), and speculative
+// decoding with the MTP draft's chain steps replayed. Ids are compared up to the first step
+// whose margin between the top two logits of the op-by-op run is below 5e-2 (bf16 cannot
+// resolve smaller ones; the graph's attention splits its keys differently), as the fixture
+// tests do. Also: the GPU argmax against the host's, ties included.
+#include <algorithm>
+
+#include "cuda_test_util.h"
+#include "io/safetensors.h"
+#include "runtime/engine.h"
+#include "runtime/spec_mtp_draft.h"
+
+namespace ms {
+namespace {
+using namespace test;
+
+constexpr float kMarginBf16 = 5e-2f;
+constexpr int kNewTokens = 16;
+
+TEST(CudaArgmax, MatchesHostArgmaxWithTiesToTheLowerIndex) {
+  MS_REQUIRE_CUDA();
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    for (int64_t vocab : {int64_t(7), int64_t(1000), int64_t(129280)}) {
+      Tensor host = randn({5, vocab}, 3.0f);
+      float* row2 = host.data<float>() + 2 * vocab;  // a tie: the lower index must win
+      row2[vocab / 3] = row2[vocab - 1] = 100.0f;
+      float* row3 = host.data<float>() + 3 * vocab;  // all equal
+      std::fill(row3, row3 + vocab, -1.0f);
+      Tensor dev = gpu(host, dtype);
+      EXPECT_EQ(ops::argmax_rows(dev), ops::argmax_rows(host)) << dtype_name(dtype) << " vocab " << vocab;
+      EXPECT_EQ(ops::argmax_rows(dev)[2], int32_t(vocab / 3));
+      // Rows [1, 4) of the device tensor: a view whose first row is not the buffer's.
+      const auto part = ops::argmax_rows(dev.narrow_rows(1, 3)), whole = ops::argmax_rows(host);
+      EXPECT_EQ(part, std::vector<int32_t>(whole.begin() + 1, whole.begin() + 4));
+    }
+  }
+}
+
+std::unique_ptr<CausalLM> load_gpu(const std::string& fixture) {
+  LoadOptions o;
+  o.device = Device::CUDA;
+  o.act_dtype = DType::BF16;
+  return load_model(fixture_dir(fixture), o);
+}
+
+// Three of the fixture's reference prompts, greedy; with logprobs of the top two tokens when
+// the margins are wanted (that run samples on the host).
+std::vector<GenerateRequest> requests(const std::string& fixture, bool margins) {
+  auto ref = WeightStore::open_file(fixture_dir(fixture) + "/reference.safetensors");
+  std::vector<GenerateRequest> out;
+  for (int i = 0; i < 3; ++i) {
+    GenerateRequest g;
+    g.input_ids = to_ids(ref.get("prompt." + std::to_string(i) + ".input_ids"));
+    g.sampling.temperature = 0.0f;
+    g.sampling.max_new_tokens = kNewTokens;
+    g.sampling.ignore_eos = true;
+    g.sampling.top_logprobs_num = margins ? 2 : 0;
+    out.push_back(g);
+  }
+  return out;
+}
+
+EngineOptions engine_options(bool graphs) {
+  EngineOptions o;
+  o.max_total_tokens = 2048;
+  o.scheduler.max_running_requests = 8;
+  o.cuda_graph.disable = !graphs;
+  o.cuda_graph.max_bs = 8;
+  return o;
+}
+
+// Compares `got` with `want` up to the first step whose margin in `want` is below bf16's
+// resolution; returns the steps compared.
+int compare_up_to_margin(const std::vector<GenerateResult>& got, const std::vector<GenerateResult>& want,
+                         const std::string& what) {
+  int compared = 0;
+  for (size_t r = 0; r < want.size(); ++r) {
+    const auto& w = want[r];
+    EXPECT_EQ(got[r].output_ids.size(), w.output_ids.size()) << what << " request " << r;
+    for (size_t s = 0; s < w.output_ids.size() && s < got[r].output_ids.size(); ++s) {
+      const auto& top = w.logprobs.at(s).top;
+      if (top.size() < 2 || top[0].logprob - top[1].logprob < kMarginBf16) break;
+      EXPECT_EQ(got[r].output_ids[s], w.output_ids[s]) << what << " request " << r << " step " << s;
+      if (got[r].output_ids[s] != w.output_ids[s]) break;  // the rest follows another context
+      ++compared;
+    }
+  }
+  return compared;
+}
+
+class CudaEngineGraphTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaEngineGraphTest, GreedyGenerateWithGraphsEqualsOpByOp) {
+  MS_REQUIRE_CUDA();
+  auto model = load_gpu(GetParam());
+  Engine eager(*model, engine_options(false));
+  const std::vector<GenerateResult> want = eager.generate(requests(GetParam(), true));
+  Engine graphs(*model, engine_options(true));
+  const std::vector<GenerateResult> got = graphs.generate(requests(GetParam(), false));
+  const int compared = compare_up_to_margin(got, want, GetParam());
+  EXPECT_GT(compared, 0) << "no step was resolvable";
+  // Three requests decode together (padded to a graph of 4): every decode step is a replay.
+  const EngineStats stats = graphs.stats();
+  EXPECT_GT(stats.cuda_graph_replays, 0);
+  EXPECT_EQ(stats.cuda_graph_replays, stats.scheduler.decode_batches);
+  EXPECT_EQ(eager.stats().cuda_graph_replays, 0);
+  std::printf("[ graphs ] %s: %d greedy steps compared\n", GetParam().c_str(), compared);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaEngineGraphTest, ::testing::ValuesIn(test::all_fixtures()),
+                         test::FixtureName());
+
+using Proposals = std::vector<std::vector<std::vector<int32_t>>>;
+
+// The MTP draft, recording every proposal it makes into `sink`.
+class RecordingMtp : public MtpDraft {
+ public:
+  RecordingMtp(const CausalLM& model, CudaGraphSettings graphs, Proposals* sink)
+      : MtpDraft(model, false, graphs), sink_(sink) {}
+  std::vector<std::vector<int32_t>> propose(std::span<const DraftSeq> seqs, const ReqToTokenTable& table) override {
+    auto out = MtpDraft::propose(seqs, table);
+    sink_->push_back(out);
+    return out;
+  }
+
+ private:
+  Proposals* sink_;
+};
+
+// Speculative decoding with the MTP draft's chain steps replayed from graphs gives the plain
+// engine's greedy ids, for 1 and 3 draft steps; its drafts are the op-by-op draft's.
+TEST(CudaSpeculativeGraphs, MtpDraftUnderGraphsIsLosslessAndDraftsAsOpByOp) {
+  MS_REQUIRE_CUDA();
+  const std::string fixture = "deepseek-v3-tiny";
+  auto model = load_gpu(fixture);
+  Engine plain(*model, engine_options(false));
+  const std::vector<GenerateResult> want = plain.generate(requests(fixture, true));
+  for (int steps : {1, 3}) {
+    Proposals proposals[2];
+    for (bool graphs : {false, true}) {
+      EngineOptions o = engine_options(graphs);
+      o.speculative.algorithm = "NEXTN";
+      o.speculative.num_steps = steps;
+      auto owned = std::make_unique<RecordingMtp>(*model, o.cuda_graph, &proposals[graphs]);
+      const RecordingMtp* draft = owned.get();
+      Engine engine(*model, o, Detokenizer{}, std::move(owned));
+      const std::vector<GenerateResult> got = engine.generate(requests(fixture, false));
+      const std::string what = fixture + " steps=" + std::to_string(steps) + (graphs ? " graphs" : " op by op");
+      EXPECT_GT(compare_up_to_margin(got, want, what), 0) << what;
+      if (graphs && steps > 1) EXPECT_GT(draft->graph_replays(), 0) << what;
+      if (!graphs) EXPECT_EQ(draft->graph_replays(), 0) << what;
+    }
+    // Drafts beyond the first come from chain steps (replayed or not); while both runs decode
+    // the same tokens their proposals must agree but for near-ties of the MTP head.
+    int same = 0, total = 0;
+    const Proposals &a = proposals[0], &b = proposals[1];
+    for (size_t c = 0; c < std::min(a.size(), b.size()) && a[c].size() == b[c].size(); ++c)
+      for (size_t r = 0; r < a[c].size() && a[c][r].size() == b[c][r].size(); ++r)
+        for (size_t j = 1; j < a[c][r].size(); ++j) same += a[c][r][j] == b[c][r][j], ++total;
+    if (steps > 1) {
+      EXPECT_GT(total, 0);
+      EXPECT_GE(same * 10, total * 9) << same << " of " << total << " chain drafts agree";
+    }
+    std::printf("[ graphs ] speculative steps=%d: %d of %d chain drafts agree\n", steps, same, total);
+  }
+}
+
+}  // namespace
+}  // namespace ms
