@@ -293,6 +293,7 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
   check_pairs(k_cache, "attention", "key cache");
   check_pairs(v_cache, "attention", "value cache");
   check_pairs(out, "attention", "output");
+  if (T == 0) return;  // an IDLE batch (a DP rank without work)
   // Steps whose sequences bring 16 queries or more each (prefill, extend) go to the tensor cores;
   // decode keeps the split-KV kernel, and captured steps never have a host layout to tile.
   if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_prefill_supported(q, k_cache, v_cache, out))
@@ -320,6 +321,7 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   MS_CHECK(q_latent.strides()[2] == 1 && q_rope.strides()[2] == 1, "mla_attention: head dims must be contiguous");
   check_pairs(kv_cache, "mla_attention", "latent cache");
   check_pairs(out, "mla_attention", "output");
+  if (T == 0) return;  // an IDLE batch (a DP rank without work)
   // Prefill as for GQA; decode too runs on the tensor cores when the shapes allow (split-KV below).
   if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_mla_supported(q_latent, q_rope, kv_cache, out))
     return flash_mla_prefill(q_latent, q_rope, kv_cache, layout, scale, out);

@@ -135,11 +135,19 @@ void NcclComm::check_alive() const {
   if (impl_->aborted) throw PeerAborted();
 }
 
+// A call that fails because another rank aborted the communicator reports PeerAborted, so the
+// runner names the rank that failed first rather than NCCL's "internal error" here.
+void NcclComm::check(int result, const char* what) const {
+  if (result != ncclSuccess) check_alive();
+  check_nccl(ncclResult_t(result), what);
+}
+
 void NcclComm::all_reduce(Tensor& x) {
   check_alive();
   Timed timed(*impl_);
   MS_CHECK(x.device() == Device::CUDA && x.is_contiguous(), "NCCL all_reduce needs a contiguous CUDA tensor");
-  check_nccl(ncclAllReduce(x.raw(), x.raw(), size_t(x.numel()), nccl_type(x.dtype()), ncclSum, impl_->comm, impl_->stream),
+  if (x.numel() == 0) return;  // the same shape on every rank: all skip (IDLE batches)
+  check(ncclAllReduce(x.raw(), x.raw(), size_t(x.numel()), nccl_type(x.dtype()), ncclSum, impl_->comm, impl_->stream),
              "ncclAllReduce");
 }
 
@@ -150,7 +158,7 @@ std::vector<int64_t> NcclComm::all_gather_vector(const std::vector<int64_t>& min
   Tensor send = Tensor::empty(DType::I64, {int64_t(n)});
   std::memcpy(send.raw(), mine.data(), n * 8);
   Tensor dsend = send.to(Device::CUDA), drecv = Tensor::empty(DType::I64, {int64_t(n) * size_}, Device::CUDA);
-  check_nccl(ncclAllGather(dsend.raw(), drecv.raw(), n, ncclInt64, impl_->comm, impl_->stream), "ncclAllGather");
+  check(ncclAllGather(dsend.raw(), drecv.raw(), n, ncclInt64, impl_->comm, impl_->stream), "ncclAllGather");
   const cudaError_t synced = cudaStreamSynchronize(impl_->stream);
   check_alive();  // an abort ends the wait with an error that is not this rank's
   check_cuda(synced, "cudaStreamSynchronize");
@@ -171,15 +179,16 @@ Tensor NcclComm::all_gather_v(const Tensor& in) {
   for (auto r : rows) total += r;
   Tensor out = Tensor::empty(in.dtype(), with_rows(in, total), Device::CUDA);
   const size_t per_row = row_elems(in);
-  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  check(ncclGroupStart(), "ncclGroupStart");
   int64_t offset = 0;
   for (int r = 0; r < size_; ++r) {
-    check_nccl(ncclBroadcast(in.raw(), at_row(out, offset), size_t(rows[r]) * per_row, nccl_type(in.dtype()), r,
-                             impl_->comm, impl_->stream),
-               "ncclBroadcast");
+    if (rows[r] > 0)  // every rank knows every count, so all skip the same empty ones
+      check(ncclBroadcast(in.raw(), at_row(out, offset), size_t(rows[r]) * per_row, nccl_type(in.dtype()), r,
+                          impl_->comm, impl_->stream),
+            "ncclBroadcast");
     offset += rows[r];
   }
-  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  check(ncclGroupEnd(), "ncclGroupEnd");
   return out;
 }
 
@@ -190,15 +199,16 @@ Tensor NcclComm::reduce_scatter_v(const Tensor& in, const std::vector<int64_t>& 
   MS_CHECK(int(counts.size()) == size_, "reduce_scatter_v: ", counts.size(), " counts for ", size_, " ranks");
   Tensor out = Tensor::empty(in.dtype(), with_rows(in, counts[size_t(rank_)]), Device::CUDA);
   const size_t per_row = row_elems(in);
-  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  check(ncclGroupStart(), "ncclGroupStart");
   int64_t offset = 0;
   for (int r = 0; r < size_; ++r) {
-    check_nccl(ncclReduce(at_row(in, offset), out.raw(), size_t(counts[r]) * per_row, nccl_type(in.dtype()), ncclSum, r,
-                          impl_->comm, impl_->stream),
-               "ncclReduce");
+    if (counts[r] > 0)
+      check(ncclReduce(at_row(in, offset), out.raw(), size_t(counts[r]) * per_row, nccl_type(in.dtype()), ncclSum, r,
+                       impl_->comm, impl_->stream),
+            "ncclReduce");
     offset += counts[r];
   }
-  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  check(ncclGroupEnd(), "ncclGroupEnd");
   return out;
 }
 
@@ -214,25 +224,26 @@ Tensor NcclComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send
   Tensor out = Tensor::empty(in.dtype(), with_rows(in, total), Device::CUDA);
   const size_t per_row = row_elems(in);
   const ncclDataType_t type = nccl_type(in.dtype());
-  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  check(ncclGroupStart(), "ncclGroupStart");
   int64_t soff = 0, roff = 0;
   for (int p = 0; p < size_; ++p) {
     if (send_counts[p] > 0)
-      check_nccl(ncclSend(at_row(in, soff), size_t(send_counts[p]) * per_row, type, p, impl_->comm, impl_->stream),
+      check(ncclSend(at_row(in, soff), size_t(send_counts[p]) * per_row, type, p, impl_->comm, impl_->stream),
                  "ncclSend");
     if (recv[p] > 0)
-      check_nccl(ncclRecv(at_row(out, roff), size_t(recv[p]) * per_row, type, p, impl_->comm, impl_->stream), "ncclRecv");
+      check(ncclRecv(at_row(out, roff), size_t(recv[p]) * per_row, type, p, impl_->comm, impl_->stream), "ncclRecv");
     soff += send_counts[p], roff += recv[p];
   }
-  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  check(ncclGroupEnd(), "ncclGroupEnd");
   if (recv_counts) *recv_counts = std::move(recv);
   return out;
 }
 
 void NcclComm::broadcast(Tensor& x, int root) {
   check_alive();
+  if (x.numel() == 0) return;
   Timed timed(*impl_);
-  check_nccl(ncclBroadcast(x.raw(), x.raw(), size_t(x.numel()), nccl_type(x.dtype()), root, impl_->comm, impl_->stream),
+  check(ncclBroadcast(x.raw(), x.raw(), size_t(x.numel()), nccl_type(x.dtype()), root, impl_->comm, impl_->stream),
              "ncclBroadcast");
 }
 

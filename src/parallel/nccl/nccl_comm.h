@@ -39,6 +39,7 @@ class NcclComm : public DeviceComm {
  private:
   struct Impl;
   void check_alive() const;
+  void check(int result, const char* what) const;  // an ncclResult_t
   // Brackets one collective's enqueue with timing events while timing is on.
   struct Timed {
     explicit Timed(Impl& impl);
