@@ -16,6 +16,7 @@
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/parallel_engine.h"
 #include "runtime/parallel_runner.h"
 #include "speculative_args.h"
 
@@ -127,9 +128,7 @@ void run_generate_ranks(const ModelArgs& args, const SamplingParams& p) {
 void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const SamplingParams& defaults,
                   const std::string& input_file) {
   MS_CHECK(args.ids.empty() != input_file.empty(), "generate: give exactly one of --ids and --input-file");
-  if (args.parallel.multi_rank()) {
-    MS_CHECK(input_file.empty(), "--input-file runs the batching engine on one rank; a scheduler per DP rank is not "
-                                 "built yet (use --tp 1)");
+  if (args.parallel.multi_rank() && input_file.empty()) {
     MS_CHECK(!runtime.engine.speculative.enabled(), "--speculative-algorithm runs on the batching engine on one rank "
                                                     "(use --tp 1)");
     return run_generate_ranks(args, defaults);
@@ -138,18 +137,27 @@ void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const Sampl
   std::vector<InputLine> inputs = read_inputs(args, defaults, input_file, tokenizer.get());
   Detokenizer detok;
   if (tokenizer) detok = [t = tokenizer.get()](std::span<const int32_t> ids) { return t->decode(ids); };
-  auto model = args.load();
-  Engine engine(*model, runtime.options(args.bf16()), detok);
+  // Several ranks: one engine per rank in lockstep, requests spread over the DP groups.
+  std::unique_ptr<ParallelRunner> runner;
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<EngineApi> engine;
+  if (args.parallel.multi_rank()) {
+    runner = args.load_ranks();
+    engine = std::make_unique<ParallelEngine>(*runner, runtime.options(false), detok);
+  } else {
+    model = args.load();
+    engine = std::make_unique<Engine>(*model, runtime.options(args.bf16()), detok);
+  }
   std::vector<GenerateRequest> requests;
   for (const InputLine& line : inputs) {
     try {
-      engine.validate(line.request);
+      engine->validate(line.request);
     } catch (const Error& e) {
       fail(line.where, ": ", e.what());
     }
     requests.push_back(line.request);
   }
-  std::vector<GenerateResult> results = engine.generate(requests);
+  std::vector<GenerateResult> results = engine->generate(requests);
   for (size_t i = 0; i < results.size(); ++i) {
     if (input_file.empty()) {
       std::cout << nlohmann::json{{"output_ids", results[i].output_ids}}.dump() << "\n";
@@ -160,7 +168,7 @@ void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const Sampl
     std::cout << result_json(results[i], requests[i].sampling, inputs[i].text ? &text : nullptr) << "\n";
   }
   std::cout << std::flush;
-  if (runtime.engine.speculative.enabled()) print_speculative_stats(std::cerr, engine.stats().spec);
+  if (runtime.engine.speculative.enabled()) print_speculative_stats(std::cerr, engine->stats().spec);
 }
 
 void add_generate(CLI::App& app) {

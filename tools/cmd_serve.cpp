@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "parallel_args.h"
 #include "runtime_args.h"
+#include "runtime/parallel_engine.h"
 #include "server/http_server.h"
 
 namespace ms::cli {
@@ -56,7 +57,6 @@ std::thread signal_thread(server::HttpServer& http, sigset_t set) {
 }
 
 void run_serve(ServeArgs& a) {
-  MS_CHECK(!a.parallel.multi_rank(), "serve runs one rank for now (use --tp 1); the per-DP-rank dispatcher is not built");
   if (a.model_path.empty()) a.model_path = ensure_demo_model();
   sigset_t set;
   sigemptyset(&set);
@@ -69,15 +69,28 @@ void run_serve(ServeArgs& a) {
   lo.device = a.device == "cuda" ? Device::CUDA : Device::CPU;
   lo.act_dtype = a.device == "cuda" ? DType::BF16 : DType::F32;
   lo.parallel = a.parallel.resolved();
-  auto model = load_model(a.model_path, lo);
   auto text = server::TextProcessor::load_if_present(a.model_path);
   Detokenizer detok;
   if (text) detok = [t = text.get()](std::span<const int32_t> ids) { return t->decode(ids, false); };
   const EngineOptions eo = a.runtime.options(a.dtype == "bfloat16" && a.device == "cpu");
-  Engine engine(*model, eo, detok);
-  server::ServerContext ctx{engine, model->config, text.get(), a.model_path,
+  // One rank: the engine on this thread's device. Several: a rank thread per GPU (or CPU
+  // shard), one engine each, stepped in lockstep (runtime/parallel_engine.h).
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<ParallelRunner> ranks;
+  std::unique_ptr<EngineApi> engine_owner;
+  if (a.parallel.multi_rank()) {
+    MS_CHECK(a.dtype != "bfloat16" || a.device == "cuda", "--tp > 1 on the CPU computes in float32");
+    ranks = std::make_unique<ParallelRunner>(a.model_path, lo.parallel, lo);
+    engine_owner = std::make_unique<ParallelEngine>(*ranks, eo, detok);
+  } else {
+    model = load_model(a.model_path, lo);
+    engine_owner = std::make_unique<Engine>(*model, eo, detok);
+  }
+  EngineApi& engine = *engine_owner;
+  const CausalLM& first_model = model ? *model : ranks->model(0);
+  server::ServerContext ctx{engine, first_model.config, text.get(), a.model_path,
                             a.server.served_model_name.empty() ? a.model_path : a.server.served_model_name, eo};
-  ctx.limits.max_sequence_len = int(std::min<int64_t>(model->config.max_position_embeddings, engine.kv_slots()));
+  ctx.limits.max_sequence_len = int(std::min<int64_t>(first_model.config.max_position_embeddings, engine.kv_slots()));
   std::cerr << "loaded in " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
             << " s: KV pool " << engine.kv_slots() << " tokens"
             << (text ? "" : "; no tokenizer.json: token ids only (/generate with input_ids)") << std::endl;

@@ -10,8 +10,10 @@
 #define MS_DISPATCH(t, call) \
   ((t).device() == Device::CUDA ? ::ms::cuda::call : ::ms::cpu::call)
 #else
-#define MS_DISPATCH(t, call)                                                                  \
-  ((t).device() == Device::CUDA ? ::ms::fail("this build has no CUDA backend (nvcc was not found)") \
+// fail() never returns; the comma gives both branches the CPU op's type (void or a value).
+#define MS_DISPATCH(t, call)                                                                            \
+  ((t).device() == Device::CUDA ? (::ms::fail("this build has no CUDA backend (nvcc was not found)"), \
+                                   ::ms::cpu::call)                                                 \
                                 : ::ms::cpu::call)
 #endif
 

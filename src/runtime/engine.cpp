@@ -12,7 +12,7 @@ namespace ms {
 namespace {
 
 // The draft pays its KV from the same budget: every slot holds the target's and the draft's.
-int64_t pool_slots(const CausalLM& model, const EngineOptions& o, const DraftModel* draft) {
+int64_t slots_with_draft(const CausalLM& model, const EngineOptions& o, const DraftModel* draft) {
   KvBudget b;
   b.max_total_tokens = o.max_total_tokens;
   b.mem_fraction_static = o.mem_fraction_static > 0 ? o.mem_fraction_static : model.device == Device::CPU ? 0.3 : 0.88;
@@ -66,7 +66,7 @@ Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer 
       options_(options),
       detok_(std::move(detokenizer)),
       draft_(make_draft(model, options, std::move(draft))),
-      runner_(model, pool_slots(model, options, draft_.get()), options.bf16_activations,
+      runner_(model, slots_with_draft(model, options, draft_.get()), options.bf16_activations,
               target_graph_settings(options)),
       scheduler_(scheduler_options(options), runner_.num_slots(),
                  int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {
@@ -76,6 +76,10 @@ Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer 
 }
 
 Engine::~Engine() { stop(); }
+
+int64_t Engine::pool_slots(const CausalLM& model, const EngineOptions& options) {
+  return slots_with_draft(model, options, nullptr);
+}
 
 void Engine::validate(const GenerateRequest& g) const {
   const int vocab = model_.config.vocab_size;
@@ -162,11 +166,14 @@ void Engine::drain_inbox() {
     if (auto r = scheduler_.abort(id)) report(*r);
 }
 
-bool Engine::step() {
+bool Engine::step(bool forward_when_idle) {
   std::lock_guard lk(step_mu_);
   drain_inbox();
   ScheduleBatch batch = scheduler_.next_batch();
-  if (batch.empty()) return false;
+  if (batch.empty()) {
+    if (forward_when_idle) runner_.idle_forward();
+    return false;
+  }
   const ReqToTokenTable& table = scheduler_.kv().table();
   auto append = [this](Request& r, SampleResult s) { return append_token(r, std::move(s)); };
   if (spec_ && batch.mode == ForwardMode::Extend) {
@@ -194,6 +201,15 @@ bool Engine::append_token(Request& r, SampleResult s) {
   check_finish(r, model_.config.eos_token_ids, detok_);
   ++generated_;
   return !r.finished();
+}
+
+bool Engine::has_work() {
+  {
+    std::lock_guard lk(inbox_mu_);
+    if (!inbox_.empty() || !aborts_.empty()) return true;
+  }
+  std::lock_guard lk(step_mu_);
+  return !scheduler_.idle();
 }
 
 void Engine::run_until_idle() {
@@ -249,7 +265,7 @@ std::vector<StreamOutput> Engine::poll() {
   return std::exchange(polled_, {});
 }
 
-std::vector<GenerateResult> Engine::generate(const std::vector<GenerateRequest>& requests) {
+std::vector<GenerateResult> EngineApi::generate(const std::vector<GenerateRequest>& requests) {
   for (size_t i = 0; i < requests.size(); ++i) {  // all or none: no half-submitted list
     try {
       validate(requests[i]);
@@ -259,7 +275,6 @@ std::vector<GenerateResult> Engine::generate(const std::vector<GenerateRequest>&
   }
   std::vector<GenerateResult> results(requests.size());
   std::mutex mu;
-  std::condition_variable cv;
   size_t remaining = requests.size();
   for (size_t i = 0; i < requests.size(); ++i)
     submit(requests[i], [&, i](const StreamOutput& o) {
@@ -272,21 +287,27 @@ std::vector<GenerateResult> Engine::generate(const std::vector<GenerateRequest>&
       g.finish_reason = o.finish_reason;
       g.matched_stop = o.matched_stop;
       std::lock_guard lk(mu);
-      if (--remaining == 0) cv.notify_all();
+      --remaining;
     });
+  run_until([&] {
+    std::lock_guard lk(mu);
+    return remaining == 0;
+  });
+  return results;
+}
+
+void Engine::run_until(const std::function<bool()>& finished) {
   if (!thread_.joinable()) {
     while (step()) {
     }
-    MS_CHECK(remaining == 0, "engine went idle with ", remaining, " requests unfinished");
-    return results;
+    MS_CHECK(finished(), "engine went idle with requests unfinished");
+    return;
   }
-  std::unique_lock lk(mu);
-  while (remaining > 0) {
-    cv.wait_for(lk, std::chrono::milliseconds(50));
+  while (!finished()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::lock_guard ek(inbox_mu_);
     MS_CHECK(error_.empty(), "engine failed: ", error_);
   }
-  return results;
 }
 
 void Engine::flush_cache() {

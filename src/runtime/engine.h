@@ -67,7 +67,35 @@ struct EngineStats {
   SpeculativeStats spec;
 };
 
-class Engine {
+// What a front end (the HTTP server) needs of an engine: Engine on one rank, ParallelEngine
+// over the ranks of a --tp/--dp/--ep configuration.
+class EngineApi {
+ public:
+  virtual ~EngineApi() = default;
+  // Validates and queues a request; throws ms::Error naming the bad field. Without a callback
+  // its outputs are kept for poll().
+  virtual RequestId submit(GenerateRequest request, StreamCallback on_output = {}) = 0;
+  // The checks submit makes: ids in the vocabulary, parameters in range, prompt plus
+  // max_new_tokens within the context and the KV pool.
+  virtual void validate(const GenerateRequest& request) const = 0;
+  // Ends a waiting or running request; it reports finish_reason abort. Unknown ids are ignored.
+  virtual void abort(RequestId id) = 0;
+  virtual void start() = 0;  // background thread(s) step whenever there is work
+  virtual void stop() = 0;
+  virtual void flush_cache() = 0;  // empties the radix cache; only while no request is in flight
+  virtual EngineStats stats() = 0;
+  virtual int64_t kv_slots() const = 0;
+
+  // Submits all, waits until all have finished, and returns their results in order.
+  std::vector<GenerateResult> generate(const std::vector<GenerateRequest>& requests);
+
+ protected:
+  // Returns once finished() holds (stepping in the caller's thread where nothing runs in the
+  // background); throws if the engine failed meanwhile.
+  virtual void run_until(const std::function<bool()>& finished) = 0;
+};
+
+class Engine final : public EngineApi {
  public:
   // With options.speculative set, `draft` proposes the tokens to verify (null: the model's own
   // MTP layer); a draft without options.speculative is an error.
@@ -77,28 +105,28 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Validates and queues a request; throws ms::Error naming the bad field. Without a callback
-  // its outputs are kept for poll().
-  RequestId submit(GenerateRequest request, StreamCallback on_output = {});
-  // The checks submit makes: ids in the vocabulary, parameters in range, prompt plus
-  // max_new_tokens within the context and the KV pool.
-  void validate(const GenerateRequest& request) const;
-  // Ends a waiting or running request; it reports finish_reason abort. Unknown ids are ignored.
-  void abort(RequestId id);
+  RequestId submit(GenerateRequest request, StreamCallback on_output = {}) override;
+  void validate(const GenerateRequest& request) const override;
+  void abort(RequestId id) override;
+  void start() override;
+  void stop() override;
+  void flush_cache() override;
+  EngineStats stats() override;
+  int64_t kv_slots() const override { return runner_.num_slots(); }
 
-  bool step();  // one scheduler step; false when there was nothing to do
+  // One scheduler step; false when there was nothing to do. With forward_when_idle a step with
+  // nothing to do still runs an IDLE forward (no tokens), so that a rank of a parallel group
+  // joins its peers' collectives.
+  bool step(bool forward_when_idle = false);
   void run_until_idle();
-  void start();  // a background thread steps whenever there is work
-  void stop();
-
+  bool has_work();  // requests queued, waiting or running
   std::vector<StreamOutput> poll();  // reports of callback-less requests since the last poll
-  // Submits all, waits until all have finished (stepping here unless the thread runs), and
-  // returns their results in order.
-  std::vector<GenerateResult> generate(const std::vector<GenerateRequest>& requests);
 
-  void flush_cache();  // empties the radix cache; only while no request is in flight
-  EngineStats stats();
-  int64_t kv_slots() const { return runner_.num_slots(); }
+  // The KV pool size Engine(model, options) would take (its slots; no draft model).
+  static int64_t pool_slots(const CausalLM& model, const EngineOptions& options);
+
+ protected:
+  void run_until(const std::function<bool()>& finished) override;
 
  private:
   struct Pending {

@@ -58,17 +58,26 @@ Tensor ModelRunner::forward(const ScheduleBatch& batch, const ReqToTokenTable& t
   ForwardBatch fb = build_forward_batch(batch, table);
   if (graphs_)
     if (std::optional<Tensor> logits = graphs_->decode(fb)) return *logits;
-  ForwardContext ctx{fb, kv_, bf16_};
-  ctx.device = model_.device;
-  ctx.act_dtype = model_.act_dtype;
-  return model_.forward(ctx);
+  return model_.forward(context(fb));
 }
 
 Tensor ModelRunner::forward_hidden(const ForwardBatch& fb) {
+  return model_.forward_hidden(context(fb));
+}
+
+ForwardContext ModelRunner::context(const ForwardBatch& fb) {
   ForwardContext ctx{fb, kv_, bf16_};
   ctx.device = model_.device;
   ctx.act_dtype = model_.act_dtype;
-  return model_.forward_hidden(ctx);
+  ctx.parallel = model_.groups;  // this rank's groups when the model is one shard of several
+  return ctx;
+}
+
+void ModelRunner::idle_forward() {
+  ForwardBatch fb;
+  fb.attn.q_start = {0};
+  fb.attn.kv_start = {0};
+  model_.forward(context(fb));
 }
 
 MemoryInfo device_memory_info(Device device) {

@@ -26,6 +26,9 @@ class ModelRunner {
   // Final hidden states [T, H] of every token of a built batch, on the model's device (the
   // speculative path takes logits of chosen rows and hands the rest to its draft model).
   Tensor forward_hidden(const ForwardBatch& fb);
+  // A forward of no tokens: what a rank whose DP group has nothing to run does in a step, so
+  // that it still joins the MoE and TP collectives of its peers.
+  void idle_forward();
 
   static ForwardBatch build_forward_batch(const ScheduleBatch& batch, const ReqToTokenTable& table);
   // KV bytes of one token slot (all layers) for this model.
@@ -36,6 +39,8 @@ class ModelRunner {
   int64_t graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
 
  private:
+  ForwardContext context(const ForwardBatch& fb);
+
   const CausalLM& model_;
   int64_t num_slots_;
   KvCache kv_;

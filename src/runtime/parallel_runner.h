@@ -27,6 +27,9 @@ class ParallelRunner {
   ParallelRunner(const std::string& model_dir, const ParallelConfig& config, const LoadOptions& base = {});
   int dp_size() const { return config_.enable_dp_attention ? config_.dp_size : 1; }
   const CausalLM& model(int local_rank) const { return *models_.at(size_t(local_rank)); }
+  const ParallelGroups& groups(int local_rank) const { return groups_->rank(local_rank); }
+  int num_local_ranks() const { return groups_->size(); }
+  const ParallelConfig& config() const { return config_; }
 
   // One forward per DP group over prompts[g] (empty: IDLE); host logits [n_g, vocab] per group
   // (for the groups whose first attention-TP rank lives in this process; others undefined).
@@ -42,9 +45,10 @@ class ParallelRunner {
   // step starts and ends with all ranks together. On CUDA one untimed prefill warms up first.
   StaticBatchTimes static_batch(const std::vector<std::vector<int32_t>>& prompts, int output_len);
 
- private:
   // Runs fn(rank) on every rank's thread (bound to its GPU on CUDA); rethrows the first failure.
   void on_all_ranks(const std::function<void(int)>& fn);
+
+ private:
   void check_prompts(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens) const;
 
   ParallelConfig config_;

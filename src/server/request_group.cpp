@@ -24,7 +24,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
-RequestGroup::RequestGroup(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping)
+RequestGroup::RequestGroup(EngineApi& engine, Metrics& metrics, const std::atomic<bool>& stopping)
     : engine_(engine), metrics_(metrics), stopping_(stopping), state_(std::make_shared<State>()) {}
 
 RequestGroup::~RequestGroup() { abort(); }

@@ -24,7 +24,7 @@ struct ChoiceEvent {
 class RequestGroup {
  public:
   // `stopping` set means the server is shutting down: waits end and the requests are aborted.
-  RequestGroup(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping);
+  RequestGroup(EngineApi& engine, Metrics& metrics, const std::atomic<bool>& stopping);
   ~RequestGroup();
   RequestGroup(const RequestGroup&) = delete;
   RequestGroup& operator=(const RequestGroup&) = delete;
@@ -42,7 +42,7 @@ class RequestGroup {
 
  private:
   struct State;
-  Engine& engine_;
+  EngineApi& engine_;
   Metrics& metrics_;
   const std::atomic<bool>& stopping_;
   std::shared_ptr<State> state_;  // shared with the engine's callbacks, which may outlive this

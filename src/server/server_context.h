@@ -23,7 +23,7 @@ struct ServerOptions {
 };
 
 struct ServerContext {
-  Engine& engine;
+  EngineApi& engine;  // one rank's Engine, or a ParallelEngine over several
   const ModelConfig& config;
   const TextProcessor* text;  // null: the model directory has no tokenizer (token ids only)
   std::string model_path, model_name;

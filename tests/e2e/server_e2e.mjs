@@ -269,13 +269,29 @@ async function speculativeTests(url) {
   check(/moeserve:spec_verify_forwards_total\{[^}]*\} [1-9]/.test(metrics), 'verify forwards counted');
 }
 
+// The server over four CPU ranks (two DP-attention groups, experts split over four EP ranks):
+// the same greedy ids as one rank, and the whole API and a burst of streams on top of it.
+const parallelFlags = ['--tp', '4', '--dp', '2', '--enable-dp-attention', '--ep-size', '4'];
+async function parallelTests(url) {
+  const ids = [5, 17, 3, 99, 410, 7];
+  const one = JSON.parse(execFileSync(bin, ['generate', '--model-path', model, '--ids', ids.join(','),
+                                            '--max-new-tokens', '12', '--ignore-eos']).toString());
+  const res = await raw(url, '/generate', { input_ids: ids, sampling_params: { max_new_tokens: 12, temperature: 0, ignore_eos: true } });
+  check(res.status === 200, `generate: ${res.status} ${res.text}`);
+  check(JSON.stringify(JSON.parse(res.text).output_ids) === JSON.stringify(one.output_ids),
+        `4-rank ids ${res.text} equal one rank's ${JSON.stringify(one)}`);
+  await apiTests(url);
+  await loadTest(url, 32, 8);
+}
+
 async function main() {
-  const extra = mode === 'bad' ? ['--api-key', 'sekret'] : [];
+  const extra = mode === 'bad' ? ['--api-key', 'sekret'] : mode === 'parallel' ? parallelFlags : [];
   const spec = mode === 'speculative';
   const specFlags = ['--speculative-algorithm', 'NEXTN', '--speculative-num-steps', '3', '--speculative-num-draft-tokens', '4'];
   const url = await startServer(spec ? specFlags : extra, spec ? fixture : null);
   if (spec) await speculativeTests(url);
   else if (mode === 'api') await apiTests(url);
+  else if (mode === 'parallel') await parallelTests(url);
   else if (mode === 'bad') await badInputTests(url);
   else if (mode === 'disconnect') await disconnectTests(url);
   else if (mode === 'load') await loadTest(url, Number(arg1 ?? 64), Number(arg2 ?? 16));
