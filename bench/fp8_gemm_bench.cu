@@ -80,11 +80,11 @@ void bench_shape(int64_t M, int64_t K, int64_t N) {
     matmul_fp8_blocks(N, M, K, w.w.raw(), K, w.scale_inv.data<float>(), xq.q.raw(), xq.scales.data<float>(), out.raw(),
                       DType::BF16, N);
   }, warm, reps) : 0.f;
-  set_fp8_mode(Fp8Mode::Gemm);
+  set_fp8_mode(Fp8Mode::Fp8GemmAllRows);
   const float linear_ms = median_ms([&] { cuda::linear(x, w, nullptr, out); }, warm, reps);
   set_fp8_mode(Fp8Mode::OwnKernel);
   const float own_ms = median_ms([&] { cuda::linear(x, w, nullptr, out); }, warm, reps);
-  set_fp8_mode(Fp8Mode::Auto);
+  set_fp8_mode(Fp8Mode::Dequant);
   const float old_ms = median_ms([&] { gemm_xwT(x, weight_bf16(w), out.raw(), DType::BF16, N); }, warm, reps);
   Tensor wb = weight_bf16(w);
   const float bf16_ms = median_ms([&] { gemm_xwT(x, wb, out.raw(), DType::BF16, N); }, warm, reps);

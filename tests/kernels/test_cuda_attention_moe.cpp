@@ -8,6 +8,7 @@
 
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/fp8_gemm.h"
 
 namespace ms {
 namespace {
@@ -166,9 +167,10 @@ ops::ExpertWeights to_device(const ops::ExpertWeights& e) {
 }
 
 // T = 1 and 100 take the grouped device path (device-side sort, weight-streaming products);
-// T = 300, above kGroupedMaxTokens (128), the host-sorted tensor-core path: cuBLASLt in BF16,
-// or the FP8 block-scaled GEMM whose activations are rounded to e4m3 per 1x128 group (the FP8
-// bound, 5e-2: test_cuda_fp8_gemm.cpp says why). Both dtypes on each.
+// T = 300, above kGroupedMaxTokens (128), the host-sorted tensor-core path: cuBLASLt in BF16
+// (FP8 blocks dequantised), or in Fp8Gemm mode the FP8 block-scaled GEMM whose activations are
+// rounded to e4m3 per 1x128 group (the FP8 bound, 5e-2: test_cuda_fp8_gemm.cpp says why). Both
+// dtypes on each, FP8 in both modes.
 TEST(CudaOps, MoeExpertsMatchCpu) {
   MS_REQUIRE_CUDA();
   const int64_t H = 1024, I = 512, K = 4;
@@ -176,7 +178,9 @@ TEST(CudaOps, MoeExpertsMatchCpu) {
   // T = 64 with every token's first choice expert 3: one expert's 64 rows take two passes over
   // its weights in the grouped product (32 rows a pass).
   for (auto [T, skewed] : std::vector<std::pair<int64_t, bool>>{{1, false}, {100, false}, {300, false}, {64, true}})
-  for (bool fp8 : {false, true}) {
+  for (int variant : {0, 1, 2}) {  // bf16; fp8 dequantised; fp8 through the FP8 GEMM
+    const bool fp8 = variant > 0;
+    const cuda::Fp8Mode mode = variant == 2 ? cuda::Fp8Mode::Fp8Gemm : cuda::Fp8Mode::Dequant;
     ops::ExpertWeights ex;
     for (int e = 0; e < E; ++e) {
       if (fp8) {
@@ -200,9 +204,11 @@ TEST(CudaOps, MoeExpertsMatchCpu) {
     Tensor ref = Tensor::empty(DType::F32, {T, H});
     cpu::moe_experts(x, ids, w, ex, ref);
     Tensor out = poisoned(DType::BF16, {T, H});
+    cuda::set_fp8_mode(mode);
     cuda::moe_experts(gpu(x), ids.to(Device::CUDA), w.to(Device::CUDA), to_device(ex), out);
-    const double tol = fp8 && T > 128 ? 5e-2 : kBf16Tol;
-    EXPECT_LT(rel_error(out, ref), tol) << "fp8=" << fp8 << " T=" << T << (skewed ? " skewed" : "");
+    cuda::set_fp8_mode(cuda::Fp8Mode::Dequant);
+    const double tol = mode == cuda::Fp8Mode::Fp8Gemm && T > 128 ? 5e-2 : kBf16Tol;
+    EXPECT_LT(rel_error(out, ref), tol) << "variant " << variant << " T=" << T << (skewed ? " skewed" : "");
   }
 }
 

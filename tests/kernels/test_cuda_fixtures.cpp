@@ -9,7 +9,6 @@
 
 #include "cuda_test_util.h"
 #include "io/safetensors.h"
-#include "kernels/cuda/fp8_gemm.h"
 #include "runtime/generator.h"
 
 namespace ms {
@@ -31,17 +30,38 @@ class CudaFixtureTest : public ::testing::TestWithParam<std::string> {
     ref_ = std::make_unique<WeightStore>(WeightStore::open_file(dir_ + "/reference.safetensors"));
   }
   std::vector<int32_t> prompt(int i) const { return to_ids(ref_->get("prompt." + std::to_string(i) + ".input_ids")); }
-  bool fp8() const { return GetParam().find("fp8") != std::string::npos; }
-  double tolerance() const { return fp8() ? 5e-2 : 2e-2; }
-  // The two checks below, `path` naming the FP8 product in the log.
-  void expect_logits_match(const char* path);
-  void expect_greedy_match(const char* path);
+  double tolerance() const { return GetParam().find("fp8") != std::string::npos ? 5e-2 : 2e-2; }
 
   std::string dir_;
   std::unique_ptr<CausalLM> cpu_, gpu_;
   std::unique_ptr<WeightStore> ref_;
 };
 
+
+TEST_P(CudaFixtureTest, LogitsMatchReferenceOnStablyRoutedTokens) {
+  Generator cpu_gen(*cpu_), gpu_gen(*gpu_);
+  int64_t total = 0, flipped = 0;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<Tensor> route32, route16;
+    cpu_gen.prompt_logits(prompt(i), &route32);
+    Tensor out = gpu_gen.prompt_logits(prompt(i), &route16).to_f32();
+    Tensor ref = ref_->get("prompt." + std::to_string(i) + ".logits");
+    ASSERT_EQ(out.shape(), ref.shape());
+    const int64_t T = ref.size(0);
+    auto stable = same_routing(route32, route16, T);
+    std::vector<int64_t> keep;
+    for (int64_t t = 0; t < T; ++t) {
+      if (stable[t]) keep.push_back(t); else ++flipped;
+    }
+    total += T;
+    ASSERT_FALSE(keep.empty()) << "every token changed experts";
+    double err = rel_error(select_rows(out, keep), select_rows(ref, keep));
+    EXPECT_LT(err, tolerance()) << GetParam() << " prompt " << i;
+    std::printf("[ fixture ] %s prompt %d: %lld tokens, rel error %.3e on %zu stably routed\n", GetParam().c_str(), i,
+                static_cast<long long>(T), err, keep.size());
+  }
+  EXPECT_LE(flipped * 10, total) << flipped << " of " << total << " tokens changed experts on the GPU";
+}
 
 // One sequence's forward of `ids` at positions [start, start + n), slot p holding position p.
 ForwardBatch one_sequence(const std::vector<int32_t>& ids, int start, bool all_logits) {
@@ -76,32 +96,11 @@ bool routing_matches(const std::vector<Tensor>& full, const std::vector<Tensor>&
   return true;
 }
 
-void CudaFixtureTest::expect_logits_match(const char* path) {
-  Generator cpu_gen(*cpu_), gpu_gen(*gpu_);
-  int64_t total = 0, flipped = 0;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<Tensor> route32, route16;
-    cpu_gen.prompt_logits(prompt(i), &route32);
-    Tensor out = gpu_gen.prompt_logits(prompt(i), &route16).to_f32();
-    Tensor ref = ref_->get("prompt." + std::to_string(i) + ".logits");
-    ASSERT_EQ(out.shape(), ref.shape());
-    const int64_t T = ref.size(0);
-    auto stable = same_routing(route32, route16, T);
-    std::vector<int64_t> keep;
-    for (int64_t t = 0; t < T; ++t) {
-      if (stable[t]) keep.push_back(t); else ++flipped;
-    }
-    total += T;
-    ASSERT_FALSE(keep.empty()) << "every token changed experts";
-    double err = rel_error(select_rows(out, keep), select_rows(ref, keep));
-    EXPECT_LT(err, tolerance()) << GetParam() << " (" << path << ") prompt " << i;
-    std::printf("[ fixture ] %s (%s) prompt %d: %lld tokens, rel error %.3e on %zu stably routed\n",
-                GetParam().c_str(), path, i, static_cast<long long>(T), err, keep.size());
-  }
-  EXPECT_LE(flipped * 10, total) << flipped << " of " << total << " tokens changed experts on the GPU";
-}
-
-void CudaFixtureTest::expect_greedy_match(const char* path) {
+// Greedy decoding with the KV cache on the GPU, step by step, fed the reference tokens. Steps are
+// compared until the first reference margin that bf16 cannot resolve; a step whose last token
+// changed experts against the fp32 CPU run over the same tokens is skipped (its logits
+// legitimately move far, as in the logits test).
+TEST_P(CudaFixtureTest, GreedyIdsMatchUpToAnUnresolvableMarginOrARoutingFlip) {
   int compared = 0;
   for (int i = 0; i < 4; ++i) {
     std::string p = "prompt." + std::to_string(i);
@@ -125,39 +124,14 @@ void CudaFixtureTest::expect_greedy_match(const char* path) {
         ++skipped;
         continue;
       }
-      ASSERT_EQ(ops::argmax_rows(logits)[0], ref_ids[s]) << GetParam() << " (" << path << ") prompt " << i << " step "
-                                                         << s;
+      ASSERT_EQ(ops::argmax_rows(logits)[0], ref_ids[s]) << GetParam() << " prompt " << i << " step " << s;
       ++here;
     }
     compared += here;
-    std::printf("[ fixture ] %s (%s) prompt %d: %d greedy steps compared, %d skipped for a routing flip\n",
-                GetParam().c_str(), path, i, here, skipped);
+    std::printf("[ fixture ] %s prompt %d: %d greedy steps compared, %d skipped for a routing flip\n",
+                GetParam().c_str(), i, here, skipped);
   }
   EXPECT_GT(compared, 0) << "no greedy step was resolvable";
-}
-
-TEST_P(CudaFixtureTest, LogitsMatchReferenceOnStablyRoutedTokens) { expect_logits_match("default"); }
-
-// Greedy decoding with the KV cache on the GPU, step by step, fed the reference tokens. Steps are
-// compared until the first reference margin that bf16 cannot resolve; a step whose last token
-// changed experts against the fp32 CPU run over the same tokens is skipped (its logits
-// legitimately move far, as in the logits test).
-TEST_P(CudaFixtureTest, GreedyIdsMatchUpToAnUnresolvableMarginOrARoutingFlip) { expect_greedy_match("default"); }
-
-// The FP8 checkpoint with every FP8 linear and expert on the block-scaled tensor-core GEMM and
-// its per-token activation quantisation (the fixture's prompts are below the weight-streaming
-// threshold otherwise): cuBLASLt where it takes the shape, then the own kernel throughout.
-TEST_P(CudaFixtureTest, Fp8GemmAtEveryRowCountMatchesReference) {
-  if (!fp8()) GTEST_SKIP() << "no FP8 weights";
-  struct Reset {
-    ~Reset() { cuda::set_fp8_mode(cuda::Fp8Mode::Auto); }
-  } reset;
-  cuda::set_fp8_mode(cuda::Fp8Mode::Gemm);
-  expect_logits_match("fp8 gemm");
-  expect_greedy_match("fp8 gemm");
-  cuda::set_fp8_mode(cuda::Fp8Mode::OwnKernel);
-  expect_logits_match("fp8 own kernel");
-  expect_greedy_match("fp8 own kernel");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaFixtureTest, ::testing::ValuesIn(test::all_fixtures()), test::FixtureName());

@@ -1,6 +1,6 @@
 // The FP8 block-scaled GEMM (per-token 1x128 e4m3 activations times 128x128-block weights) on
-// DeepSeek-V3's linear shapes, through cuda::linear with the GEMM forced at every row count, by
-// cuBLASLt where it takes the shape and by the own kernel. Two references on sampled rows: the
+// DeepSeek-V3's linear shapes, through cuda::linear with the GEMM forced at every row count
+// (Fp8GemmAllRows), by cuBLASLt where it takes the shape and by the own kernel. Two references on sampled rows: the
 // CPU op on the BF16 activations (the FP8 bound: e4m3 keeps 3 mantissa bits, so rounding the
 // activations moves each product by up to 2^-4 relative, about 2.5% rms, and sums of random
 // terms keep that ratio: 5e-2 holds it with margin), and the CPU op on the activations quantised
@@ -43,8 +43,9 @@ Tensor cpu_linear(const Tensor& x, const ops::Weight& w) {
 }
 
 struct ModeGuard {
-  explicit ModeGuard(cuda::Fp8Mode m) { cuda::set_fp8_mode(m); }
-  ~ModeGuard() { cuda::set_fp8_mode(cuda::Fp8Mode::Auto); }
+  explicit ModeGuard(cuda::Fp8Mode m) : previous(cuda::fp8_mode()) { cuda::set_fp8_mode(m); }
+  ~ModeGuard() { cuda::set_fp8_mode(previous); }
+  cuda::Fp8Mode previous;
 };
 
 bool all_finite(const Tensor& f32) {
@@ -70,12 +71,12 @@ TEST(CudaFp8Gemm, MatchesCpuOnDeepSeekV3Shapes) {
       Tensor xs = select_rows(x, rows);
       Tensor ref = cpu_linear(xs, w.cpu), ref_q = cpu_linear(quantised_like_gpu(xs), w.cpu);
       Tensor xg = gpu(x);
-      for (cuda::Fp8Mode mode : {cuda::Fp8Mode::Gemm, cuda::Fp8Mode::OwnKernel}) {
+      for (cuda::Fp8Mode mode : {cuda::Fp8Mode::Fp8GemmAllRows, cuda::Fp8Mode::OwnKernel}) {
         ModeGuard guard(mode);
         Tensor out = poisoned(DType::BF16, {T, s.N});
         cuda::linear(xg, w.gpu, nullptr, out);
         Tensor host = out.to_f32();
-        const char* name = mode == cuda::Fp8Mode::Gemm ? "gemm" : "own";
+        const char* name = mode == cuda::Fp8Mode::OwnKernel ? "own" : "gemm";
         ASSERT_TRUE(all_finite(host)) << name << " K=" << s.K << " N=" << s.N << " T=" << T << ": unwritten output";
         Tensor got = select_rows(host, rows);
         const double err = rel_error(got, ref), err_q = rel_error(got, ref_q);

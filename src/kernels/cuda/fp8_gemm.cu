@@ -11,7 +11,7 @@
 namespace ms::cuda {
 namespace {
 
-std::atomic<Fp8Mode> g_mode{Fp8Mode::Auto};
+std::atomic<Fp8Mode> g_mode{Fp8Mode::Dequant};
 
 constexpr float kE4m3Max = 448.0f;
 constexpr int kGroup = 128;  // activation group = weight block along K

@@ -1,8 +1,8 @@
 // Dense matrix products for the CUDA ops: cuBLASLt in BF16 with f32 accumulation (a plain
 // kernel takes over for layouts no cuBLASLt algorithm accepts), cuBLASLt's FP8 block-scaled
 // product (fp8_gemm.h builds on it), and the weight conversions that feed the BF16 product
-// (f32/f16 weights rounded to bf16; fp8 blocks dequantised where no FP8 product applies: the
-// MLA absorptions, and blocks that are not 128 wide along K).
+// (f32/f16 weights rounded to bf16; fp8 blocks dequantised: the default FP8 mode, the MLA
+// absorptions, and blocks the FP8 product does not take).
 #pragma once
 #include "kernels/cuda/cuda_common.h"
 

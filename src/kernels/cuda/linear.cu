@@ -1,8 +1,8 @@
 // Linear layers and the MLA absorptions on the GPU. Up to kGemvMaxRows rows (decode) stream
 // the weight through the CUDA-core product of gemv.h, FP8 blocks dequantised in registers;
-// more rows go to the tensor cores: BF16 weights through cuBLASLt (gemm.h), FP8 blocks through
-// the block-scaled FP8 product with the activations quantised per token (fp8_gemm.h).
-// Activations are BF16, accumulation f32.
+// more rows go to the tensor cores: cuBLASLt in BF16 (FP8 blocks dequantised into scratch
+// first), or, when fp8_mode() asks for it, the block-scaled FP8 product with the activations
+// quantised per token (fp8_gemm.h). Activations are BF16, accumulation f32.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
@@ -80,8 +80,10 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
     check_device_tensor(*bias, {DType::F32}, "linear", "bias");
     MS_CHECK(bias->numel() == N, "linear: bias ", bias->describe(), " for ", N, " outputs");
   }
-  if ((!w.is_fp8() || fp8_mode() == Fp8Mode::Auto) && try_gemv(xb, w, bias, out)) return;
-  if (fp8_gemm_supported(w)) return linear_fp8(xb, w, bias, out);
+  const Fp8Mode mode = fp8_mode();
+  const bool fp8_gemm = mode != Fp8Mode::Dequant && fp8_gemm_supported(w);
+  if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out)) return;
+  if (fp8_gemm) return linear_fp8(xb, w, bias, out);
   Tensor wb = weight_bf16(w);
   if (!bias) {
     gemm_xwT(xb, wb, out.raw(), out.dtype(), out.strides()[0]);

@@ -3,8 +3,9 @@
 // sum, scatter) and lists the experts that have rows; one grouped product streams each listed
 // expert's gate and up rows once and writes silu(gate) * up, a second its down rows; no host
 // sync. More tokens (prefill) sort the pairs on the host and run each selected expert's
-// projections on the tensor cores over its contiguous rows: cuBLASLt in BF16, or the FP8
-// block-scaled product (fp8_gemm.h) with each expert's rows quantised as one segment. Both end
+// projections on the tensor cores over its contiguous rows: cuBLASLt in BF16 (FP8 blocks
+// dequantised first), or, when fp8_mode() asks for it, the FP8 block-scaled product
+// (fp8_gemm.h) with each expert's rows quantised as one segment. Both end
 // in the same kernel that sums each token's k outputs with their router weights in a fixed slot
 // order.
 #include <map>
@@ -194,14 +195,15 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (T == 0) return;
   const auto [first, total] = local_range(experts);
   const ExpertTable* table = expert_table(experts);
-  const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_mode() != Fp8Mode::Auto);
+  const Fp8Mode mode = fp8_mode();
+  const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_gemm_all_rows(mode));
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
     return grouped_experts(x, ids, weights, *table, first, out);
   MS_CHECK(!capturing(), "moe_experts: these expert weights need the host-sorted path, which cannot be captured");
   std::vector<int32_t> host_ids(size_t(T * K));
   download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));
-  const bool fp8 = all_fp8_gemm(experts);
+  const bool fp8 = mode != Fp8Mode::Dequant && all_fp8_gemm(experts);
   Permutation perm = sort_by_expert(host_ids, T, K, first, E, total, fp8 ? 4 : 1);
   const int64_t rows = perm.offsets[E], I = experts.gate[0].out_features();
   for (int e = 0; e < E; ++e)
