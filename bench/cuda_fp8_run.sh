@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (the device tool), from the repository root, logs under $OUT: builds the
 # committed tree given as $1 (a `git archive HEAD`, default .devsrc-fp8), runs the FP8 GEMM test
-# and its benchmark first, then the GPU suites the FP8 path touches (fixtures, ops, MoE, graphs).
+# and its benchmark first, then the GPU suites the FP8 paths touch (fixtures, ops, MoE, graphs;
+# ops and MoE check FP8 weights in both modes, the fixtures in the default one).
 set -uo pipefail
 SRC=${1:-.devsrc-fp8}
 source "$(dirname "$0")/device_env.sh"
@@ -22,6 +23,6 @@ timeout 90 /tmp/b/ms_fp8_gemm_bench > "$OUT/bench.log" 2>&1
 log "ms_fp8_gemm_bench rc=$?"
 grep -v '^{' "$OUT/bench.log" | tee -a "$OUT/summary.log"
 run_test test_cuda_fixtures 200
-grep -E '\(fp8' "$OUT/test_cuda_fixtures.log" | tee -a "$OUT/summary.log"
+grep -E 'fixture \] deepseek-v3-fp8' "$OUT/test_cuda_fixtures.log" | tee -a "$OUT/summary.log"
 for t in test_cuda_ops test_cuda_attention_moe test_cuda_graphs; do run_test $t 120; done
 grep -E -B2 -A6 'Failure' "$OUT"/test_cuda_*.log | head -60
