@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 9, kernel side, on the GPU machine (the device tool), from the repository root, logs under
 # $OUT: the GPU tests of the new kernels, then bench-one-batch with the binary of the commit before
-# them (before/moeserve) and after them (after/moeserve, after/tests/*), both built elsewhere from
+# them (before/moeserve) and after them (after/moeserve, after/tests/*, after/ms_cuda_ceilings for the
+# copy bandwidth and bf16 matrix rate, logged as JSON in summary.log), both built elsewhere from
 # snapshots and packed with the shared libraries they need (lib/) into BUNDLE, on random models of
 # the Qwen3-30B-A3B (12 layers) and DeepSeek-V2-Lite (9 layers) shapes: decode at B = 1 (4k
 # context) and 64, prefill of 8k tokens, CUDA graphs on; then Nsight Compute on the after binary's
@@ -24,6 +25,7 @@ for t in test_cuda_ops test_cuda_attention_moe test_cuda_graphs test_cuda_fixtur
   log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tail -1)"
 done
 grep -E "^\[  FAILED|Failure|error:|Expected" "$OUT/tests.log" | head -20
+timeout 60 "$AFTER/ms_cuda_ceilings" > /tmp/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < /tmp/ceilings.json)"
 bench() {  # label binary model B I O
   local label=$1 bin=$2 model=$3 b=$4 i=$5 o=$6
   echo "== $label $model B=$b I=$i O=$o" >> "$OUT/bench.log"
