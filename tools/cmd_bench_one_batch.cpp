@@ -150,7 +150,7 @@ void bench(const BenchArgs& a) {
                 times.prefill_comm, comm, median > 0 ? 100 * comm / median : 0.0);
   std::printf("Total. latency: %.3f s, throughput: %9.2f token/s\n", total, double(B) * (a.input_len + a.output_len) / total);
   std::printf("Decode step reads %.3f GB of weights%s (expected experts under uniform routing)\n", bytes / 1e9,
-              ranks ? " on rank 0" : "");
+              ranks ? " over all ranks" : "");
   if (!a.result_file.empty()) {
     const ParallelConfig& p = o.parallel;
     nlohmann::json r = {{"model_path", a.model_path}, {"device", a.device},   {"batch_size", B},

@@ -50,12 +50,21 @@ LoadOptions on_gpu() {
   return o;
 }
 
-// Fused shared-expert slots (ids >= n_routed, one per replica) count as one expert: replicas
-// differ between EP sizes by design.
-std::vector<Tensor> routed(std::vector<Tensor> trace, int n_routed) {
-  for (auto& t : trace)
-    for (auto& id : t.span<int32_t>()) id = std::min(id, n_routed);
-  return trace;
+// The routed experts of each row without the fused shared-expert slots (ids >= n_routed): runs
+// with and without fusion, and with different replica counts, then compare like for like.
+std::vector<Tensor> routed(const std::vector<Tensor>& trace, int n_routed) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : trace) {
+    const int64_t T = t.size(0), C = t.size(1);
+    std::vector<int32_t> kept;
+    for (int64_t i = 0; i < T * C; ++i)
+      if (t.data<int32_t>()[i] < n_routed) kept.push_back(t.data<int32_t>()[i]);
+    const int64_t k = T ? int64_t(kept.size()) / T : C;
+    Tensor r = Tensor::empty(DType::I32, {T, k});
+    std::copy(kept.begin(), kept.end(), r.data<int32_t>());
+    out.push_back(r);
+  }
+  return out;
 }
 
 // What one GPU gives (ranks as the parallel runs, tp 1), and the fp32 CPU model, per fixture.
