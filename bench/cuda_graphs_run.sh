@@ -3,7 +3,7 @@
 # machine (the device tool), from the repository root, logs under $OUT: builds the committed tree
 # ($SRC, a `git archive HEAD`) and, while the engine-with-graphs tests run, writes two random
 # checkpoints on the CPU; then bench-speculative with the replay draft on the DeepSeek-V3 shape
-# (FP8, full width: 256 experts, top-8, MLA with 128 heads; 3 layers, the first dense, no MTP
+# (FP8, full width: 256 experts, top-8, MLA with 128 heads; 2 layers, the first dense, no MTP
 # layer) at batch 1 and 8 with graphs and at batch 1 without, bench-offline on the Qwen3-30B-A3B
 # shape (bf16, 6 layers) with and without graphs, and last the other GPU tests.
 set -uo pipefail
@@ -18,7 +18,7 @@ cmake -S "$SRC" -B /tmp/b -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=
 log "built"
 B=/tmp/b/moeserve
 (
-  $B make-random-model --shape deepseek-v3 --fp8 --layers 3 --set num_nextn_predict_layers=0 /tmp/v3 > /tmp/make.log 2>&1 &&
+  $B make-random-model --shape deepseek-v3 --fp8 --layers 2 --set num_nextn_predict_layers=0 /tmp/v3 > /tmp/make.log 2>&1 &&
     touch /tmp/v3.done
   $B make-random-model --shape qwen3-30b-a3b --layers 6 /tmp/qwen3 >> /tmp/make.log 2>&1 && touch /tmp/qwen3.done
 ) &
