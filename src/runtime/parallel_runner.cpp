@@ -26,16 +26,23 @@ void ParallelRunner::on_all_ranks(const std::function<void(int)>& fn) {
   const int n = groups_->size();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        if (device_ != Device::CPU) ops::init_backend(device_, config_.gpu_of(r));
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-        groups_->abort();  // peers waiting in a collective for this rank give up instead of hanging
-      }
-    });
+  for (int r = 0; r < n; ++r) {
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          if (device_ != Device::CPU) ops::init_backend(device_, config_.gpu_of(r));
+          fn(r);
+        } catch (...) {
+          errors[r] = std::current_exception();
+          groups_->abort();  // peers waiting in a collective for this rank give up instead of hanging
+        }
+      });
+    } catch (...) {  // no thread for this rank (a resource limit): the started ranks must not wait for it
+      errors[r] = std::current_exception();
+      groups_->abort();
+      break;
+    }
+  }
   for (auto& t : threads) t.join();
   // The first failure that is not a peer giving up is the cause.
   for (auto& e : errors) {
