@@ -20,8 +20,8 @@ for m in tp1 tp2 dp2ep2; do
   for i in $(seq 1 120); do grep -q ready "$OUT/serve_$m.out" 2>/dev/null && break; sleep 1; done
   got=$(python3 -c "import json,urllib.request as u; b=json.dumps({'input_ids':$IDS,'sampling_params':{'max_new_tokens':16,'temperature':0,'ignore_eos':True}}).encode(); print(json.loads(u.urlopen(u.Request('http://127.0.0.1:$PORT/generate',b,{'Content-Type':'application/json'})).read())['output_ids'])" 2>&1 | tail -1)
   echo "$m /generate: $got" >> "$OUT/serving.log"
-  timeout 200 $B bench-serving --base-url http://127.0.0.1:$PORT --num-prompts 256 --random-input-len 1024 \
-    --random-output-len 256 --random-range-ratio 0.5 --request-rate inf --max-concurrency 128 --seed 1 \
+  timeout 200 $B bench-serving --base-url http://127.0.0.1:$PORT --num-prompts 128 --random-input-len 1024 \
+    --random-output-len 128 --random-range-ratio 0.5 --request-rate inf --max-concurrency 64 --seed 1 \
     --warmup-requests 4 --output-file "$OUT/serving.jsonl" --disable-tqdm >> "$OUT/serving.log" 2>&1
   echo "$m bench-serving rc=$?" >> "$OUT/serving.log"
   kill -TERM $pid; wait $pid
