@@ -128,11 +128,10 @@ void run_generate_ranks(const ModelArgs& args, const SamplingParams& p) {
 void run_generate(const ModelArgs& args, const RuntimeArgs& runtime, const SamplingParams& defaults,
                   const std::string& input_file) {
   MS_CHECK(args.ids.empty() != input_file.empty(), "generate: give exactly one of --ids and --input-file");
-  if (args.parallel.multi_rank() && input_file.empty()) {
-    MS_CHECK(!runtime.engine.speculative.enabled(), "--speculative-algorithm runs on the batching engine on one rank "
-                                                    "(use --tp 1)");
+  // One prompt over several ranks takes the simple lockstep runner, unless it speculates: the
+  // draft-then-verify loop lives in the batching engine.
+  if (args.parallel.multi_rank() && input_file.empty() && !runtime.engine.speculative.enabled())
     return run_generate_ranks(args, defaults);
-  }
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_if_present(args.model_path);
   std::vector<InputLine> inputs = read_inputs(args, defaults, input_file, tokenizer.get());
   Detokenizer detok;

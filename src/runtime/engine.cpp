@@ -52,6 +52,10 @@ std::unique_ptr<DraftModel> make_draft(const CausalLM& model, const EngineOption
   return given ? std::move(given) : std::make_unique<MtpDraft>(model, o.bf16_activations, graph_settings(o));
 }
 
+// A shard of a model (several ranks): its forwards join collectives that every rank must enter
+// in the same order, so every rank's speculative step runs the same sequence of forwards.
+bool in_lockstep(const CausalLM& model) { return model.groups && model.groups->world->size() > 1; }
+
 SchedulerOptions scheduler_options(const EngineOptions& o) {
   SchedulerOptions s = o.scheduler;
   s.speculative_num_steps = o.speculative.enabled() ? o.speculative.num_steps : 0;
@@ -72,13 +76,14 @@ Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer 
                  int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {
   if (!draft_) return;
   draft_->attach(runner_.num_slots(), scheduler_.kv().table().rows());
-  spec_ = std::make_unique<SpeculativeWorker>(runner_, *draft_);
+  spec_ = std::make_unique<SpeculativeWorker>(runner_, *draft_, in_lockstep(model));
 }
 
 Engine::~Engine() { stop(); }
 
 int64_t Engine::pool_slots(const CausalLM& model, const EngineOptions& options) {
-  return slots_with_draft(model, options, nullptr);
+  const std::unique_ptr<DraftModel> draft = make_draft(model, options, nullptr);
+  return slots_with_draft(model, options, draft.get());
 }
 
 void Engine::validate(const GenerateRequest& g) const {
@@ -171,7 +176,8 @@ bool Engine::step(bool forward_when_idle) {
   drain_inbox();
   ScheduleBatch batch = scheduler_.next_batch();
   if (batch.empty()) {
-    if (forward_when_idle) runner_.idle_forward();
+    if (forward_when_idle && spec_) spec_->run_idle(scheduler_.kv().table());
+    else if (forward_when_idle) runner_.idle_forward();
     return false;
   }
   const ReqToTokenTable& table = scheduler_.kv().table();

@@ -116,13 +116,16 @@ class Engine final : public EngineApi {
 
   // One scheduler step; false when there was nothing to do. With forward_when_idle a step with
   // nothing to do still runs an IDLE forward (no tokens), so that a rank of a parallel group
-  // joins its peers' collectives.
+  // joins its peers' collectives. On such a rank (a model with groups) a speculative step is
+  // always the same sequence of forwards — the draft's chain, the target, the draft's observe
+  // — padded with IDLE ones (spec_worker.h); alone, a step runs only the forwards it needs.
   bool step(bool forward_when_idle = false);
   void run_until_idle();
   bool has_work();  // requests queued, waiting or running
   std::vector<StreamOutput> poll();  // reports of callback-less requests since the last poll
 
-  // The KV pool size Engine(model, options) would take (its slots; no draft model).
+  // The KV pool size Engine(model, options) would take with the model's own draft (MTP) when
+  // speculation is on.
   static int64_t pool_slots(const CausalLM& model, const EngineOptions& options);
 
  protected:

@@ -13,14 +13,25 @@ namespace {
 // one replica is valid on all. On the CPU the ranks share the host's memory: each gets its part
 // of the fraction.
 EngineOptions rank_options(const ParallelRunner& runner, EngineOptions o) {
-  MS_CHECK(!o.speculative.enabled(),
-           "speculative decoding runs on one rank only; drop --speculative-algorithm or the parallel flags");
   MS_CHECK(runner.config().nnodes == 1,
            "serving over several nodes is not supported; run one node (--nnodes 1) per server");
   o.cuda_graph.disable = true;  // graphs would capture the collectives; every step runs op by op
   if (o.max_total_tokens == 0 && runner.model(0).device == Device::CPU)
     o.mem_fraction_static = (o.mem_fraction_static > 0 ? o.mem_fraction_static : 0.3) / runner.num_local_ranks();
   return o;
+}
+
+void add_speculative(SpeculativeStats& total, const SpeculativeStats& s) {
+  total.verify_forwards += s.verify_forwards;
+  total.verified_seqs += s.verified_seqs;
+  total.drafted_tokens += s.drafted_tokens;
+  total.accepted_tokens += s.accepted_tokens;
+  total.emitted_tokens += s.emitted_tokens;
+  total.draft_forwards += s.draft_forwards;
+  total.draft_seconds += s.draft_seconds;
+  total.target_seconds += s.target_seconds;
+  if (total.accept_histogram.size() < s.accept_histogram.size()) total.accept_histogram.resize(s.accept_histogram.size());
+  for (size_t k = 0; k < s.accept_histogram.size(); ++k) total.accept_histogram[k] += s.accept_histogram[k];
 }
 
 }  // namespace
@@ -215,6 +226,8 @@ EngineStats ParallelEngine::stats() {
     total.waiting += s.waiting, total.running += s.running;
     total.pool_capacity += s.pool_capacity, total.pool_used += s.pool_used, total.cached_slots += s.cached_slots;
     total.generated_tokens += s.generated_tokens;
+    total.speculative = s.speculative;
+    add_speculative(total.spec, s.spec);
   }
   return total;
 }

@@ -7,7 +7,10 @@
 // schedule, sample and cache identically, and only the group's first rank reports tokens.
 // In every step every rank runs exactly one forward — an IDLE one when its group has nothing to
 // do — so that the MoE and TP collectives of all ranks line up, as SGLang's DP-attention
-// schedulers do. When no rank has work the rank threads sleep until a request arrives.
+// schedulers do. With speculative decoding (the MTP draft) a step is a fixed sequence of
+// forwards on every rank instead: the draft's chain, the target, the draft's observe, IDLE
+// where the rank's group has less to do (spec_worker.h). When no rank has work the rank
+// threads sleep until a request arrives.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -23,7 +26,8 @@ namespace ms {
 
 class ParallelEngine final : public EngineApi {
  public:
-  // Speculative decoding and CUDA graphs are not supported across ranks (refused / turned off).
+  // CUDA graphs are not used across ranks (turned off). Speculative decoding drafts with each
+  // rank's shard of the MTP layer.
   ParallelEngine(ParallelRunner& runner, const EngineOptions& options, Detokenizer detokenizer = {});
   ~ParallelEngine() override;
 
@@ -34,7 +38,7 @@ class ParallelEngine final : public EngineApi {
   void start() override;
   void stop() override;
   void flush_cache() override;  // applied by every rank at the start of the next step
-  EngineStats stats() override;  // summed over the DP groups
+  EngineStats stats() override;  // summed over the DP groups (speculative counters too)
   int64_t kv_slots() const override { return kv_slots_; }  // per DP group
 
  protected:

@@ -72,7 +72,14 @@ class DraftModel {
   // table already holds slots for positions [start, start + count] (the verify's), which a
   // draft may use as scratch: the verify overwrites the target's and observe the draft's.
   virtual std::vector<std::vector<int32_t>> propose(std::span<const DraftSeq> seqs, const ReqToTokenTable& table) = 0;
-  // Draft-model forwards so far (the overhead the stats report).
+  // For a rank stepped in lockstep with peers whose forwards share collectives with its own
+  // (a shard of the model under --tp/--dp/--ep). From then on propose() is called on every rank
+  // in every step (with no sequences where the rank has none to draft for) and runs as many
+  // forwards as the rank that needs the most, IDLE ones (no tokens) for the rest; observe()
+  // runs exactly one forward, IDLE when it has nothing to observe. A draft whose forwards join
+  // no collective ignores it.
+  virtual void enter_lockstep() {}
+  // Draft-model forwards so far (the overhead the stats report; IDLE padding not counted).
   virtual int64_t forward_passes() const { return 0; }
   // Of those, the ones replayed from CUDA graphs.
   virtual int64_t graph_replays() const { return 0; }

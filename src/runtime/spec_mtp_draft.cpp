@@ -62,7 +62,14 @@ ForwardContext MtpDraft::context(const ForwardBatch& b) {
   ForwardContext ctx{b, *kv_, bf16_};
   ctx.device = model_.device;
   ctx.act_dtype = model_.act_dtype;
+  ctx.parallel = model_.groups;  // this rank's groups when the model is one shard of several
   return ctx;
+}
+
+void MtpDraft::idle_forward() {
+  ForwardBatch b = empty_batch();
+  ForwardContext ctx = context(b);
+  model_.mtp_hidden(ctx, ctx.empty({0, model_.config.hidden_size}));
 }
 
 void MtpDraft::observe(std::span<const DraftSeq> seqs, const Tensor& hidden, const ReqToTokenTable& table) {
@@ -79,7 +86,10 @@ void MtpDraft::observe(std::span<const DraftSeq> seqs, const Tensor& hidden, con
     last_rows.push_back(int32_t(b.input_ids.size()) - 1);
     req_rows.push_back(s.req->row);
   }
-  if (b.input_ids.empty()) return;
+  if (b.input_ids.empty()) {
+    if (lockstep_) idle_forward();
+    return;
+  }
   MS_CHECK(hidden.size(0) == b.num_tokens(), "MTP observe: ", b.num_tokens(), " positions but ", hidden.size(0),
            " hidden rows");
   ForwardContext ctx = context(b);
@@ -118,6 +128,19 @@ Tensor MtpDraft::chain_step(std::span<const DraftSeq> seqs, const std::vector<in
 
 std::vector<std::vector<int32_t>> MtpDraft::propose(std::span<const DraftSeq> seqs, const ReqToTokenTable& table) {
   std::vector<std::vector<int32_t>> out(seqs.size());
+  int64_t agreed = 0;  // chain forwards every rank runs: the most any rank needs
+  if (lockstep_) {
+    int64_t needed = 0;  // the first draft of each request comes from observe
+    for (const DraftSeq& s : seqs) needed = std::max<int64_t>(needed, s.count - 1);
+    const std::vector<int64_t> all = model_.groups->world->all_gather_values(needed);
+    agreed = *std::max_element(all.begin(), all.end());
+  }
+  for (int64_t i = chain(seqs, table, out); i < agreed; ++i) idle_forward();
+  return out;
+}
+
+int MtpDraft::chain(std::span<const DraftSeq> seqs, const ReqToTokenTable& table,
+                    std::vector<std::vector<int32_t>>& out) {
   std::vector<size_t> active;  // sequences that want more drafts, in the row order of `hidden`
   std::vector<int32_t> rows;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -126,7 +149,7 @@ std::vector<std::vector<int32_t>> MtpDraft::propose(std::span<const DraftSeq> se
     active.push_back(i);
     rows.push_back(seqs[i].req->row);
   }
-  if (active.empty()) return out;
+  if (active.empty()) return 0;
   Tensor hidden = Tensor::empty(model_.act_dtype, {int64_t(active.size()), model_.config.hidden_size}, model_.device);
   ops::gather_rows(last_hidden_, rows, hidden);
   for (int k = 1;; ++k) {  // k drafts so far; the next one comes from MTP position start + k - 1
@@ -137,7 +160,7 @@ std::vector<std::vector<int32_t>> MtpDraft::propose(std::span<const DraftSeq> se
         still.push_back(active[j]);
         keep.push_back(int32_t(j));
       }
-    if (still.empty()) break;
+    if (still.empty()) return k - 1;
     if (still.size() != active.size()) {
       Tensor kept = Tensor::empty(hidden.dtype(), {int64_t(keep.size()), hidden.size(1)}, hidden.device());
       ops::gather_rows(hidden, keep, kept);
@@ -154,7 +177,6 @@ std::vector<std::vector<int32_t>> MtpDraft::propose(std::span<const DraftSeq> se
     hidden = chain_step(step, tokens, positions, hidden, table, guesses);
     for (size_t j = 0; j < active.size(); ++j) out[active[j]].push_back(guesses[j]);
   }
-  return out;
 }
 
 }  // namespace ms

@@ -13,6 +13,10 @@
 //
 // On the GPU its chain steps (one token per request) replay CUDA graphs captured at attach();
 // the cache then has one slot beyond the pool's for the padding sequences.
+//
+// On a shard of the model (--tp/--dp/--ep) the layer's attention and MoE join the rank's
+// collectives: its forwards run with the rank's groups, and in lockstep the ranks agree on the
+// number of chain forwards of each propose (the most any rank needs; one world all-gather).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -33,11 +37,16 @@ class MtpDraft : public DraftModel {
   void attach(int64_t num_slots, int rows) override;
   void observe(std::span<const DraftSeq> seqs, const Tensor& hidden, const ReqToTokenTable& table) override;
   std::vector<std::vector<int32_t>> propose(std::span<const DraftSeq> seqs, const ReqToTokenTable& table) override;
+  void enter_lockstep() override { lockstep_ = true; }
   int64_t forward_passes() const override { return forwards_; }
   int64_t graph_replays() const override { return graphs_ ? graphs_->replays() : 0; }
 
  private:
   ForwardContext context(const ForwardBatch& b);
+  // The chain of propose(): fills `out`, returns the chain forwards it ran.
+  int chain(std::span<const DraftSeq> seqs, const ReqToTokenTable& table, std::vector<std::vector<int32_t>>& out);
+  // A forward of no tokens, so that this rank joins its peers' collectives.
+  void idle_forward();
   // One chain step: each sequence's token `tokens[i]` at `positions[i]`, with `hidden` [B, H]
   // standing in for the target's; returns the MTP output hidden [B, H] and writes the guesses.
   Tensor chain_step(std::span<const DraftSeq> seqs, const std::vector<int32_t>& tokens,
@@ -54,6 +63,7 @@ class MtpDraft : public DraftModel {
   Tensor last_hidden_;
   std::vector<int32_t> next_guess_;
   int64_t forwards_ = 0;
+  bool lockstep_ = false;  // enter_lockstep(): pad to the peers' forwards
 };
 
 }  // namespace ms

@@ -26,6 +26,11 @@ void SpeculativeOptions::validate() const {
            "--speculative-num-steps + 1 (", num_steps + 1, ") with a chain draft, got ", num_draft_tokens);
 }
 
+SpeculativeWorker::SpeculativeWorker(ModelRunner& runner, DraftModel& draft, bool lockstep)
+    : runner_(runner), draft_(draft), lockstep_(lockstep) {
+  if (lockstep_) draft_.enter_lockstep();
+}
+
 Tensor SpeculativeWorker::take_rows(const Tensor& hidden, const std::vector<int32_t>& rows) {
   Tensor out = Tensor::empty(hidden.dtype(), {int64_t(rows.size()), hidden.size(1)}, hidden.device());
   if (!rows.empty()) ops::gather_rows(hidden, rows, out);
@@ -34,6 +39,7 @@ Tensor SpeculativeWorker::take_rows(const Tensor& hidden, const std::vector<int3
 
 void SpeculativeWorker::run_extend(const ScheduleBatch& batch, const ReqToTokenTable& table,
                                    const AppendToken& append) {
+  if (lockstep_) draft_.propose({}, table);  // joins the chain forwards of peers that verify
   ForwardBatch fb = ModelRunner::build_forward_batch(batch, table);
   const Clock::time_point t0 = Clock::now();
   Tensor hidden = runner_.forward_hidden(fb);
@@ -53,6 +59,12 @@ void SpeculativeWorker::run_extend(const ScheduleBatch& batch, const ReqToTokenT
   const Clock::time_point t1 = Clock::now();
   draft_.observe(kept, hidden, table);
   stats_.draft_seconds += seconds_since(t1);
+}
+
+void SpeculativeWorker::run_idle(const ReqToTokenTable& table) {
+  if (lockstep_) draft_.propose({}, table);
+  runner_.idle_forward();
+  if (lockstep_) draft_.observe({}, Tensor(), table);
 }
 
 ForwardBatch SpeculativeWorker::verify_batch(const ScheduleBatch& batch, const std::vector<std::vector<int32_t>>& drafts,

@@ -4,6 +4,12 @@
 // scheduler under the memory budget): the draft proposes k tokens, one target forward verifies
 // all of them, the accepted ones and the target's next token are appended, and the draft
 // observes the kept positions. The scheduler's finish_step then frees the rejected slots.
+//
+// In lockstep with other ranks (a shard of the model: the target's and the MTP layer's MoE and
+// TP collectives span the ranks) every step runs the same sequence of forwards on every rank:
+// the draft's chain forwards (as many as the rank that verifies the most drafts needs), one
+// target forward, one draft observe — IDLE ones (no tokens) where this rank's batch is an
+// extend, is empty, or wants fewer drafts.
 #pragma once
 #include <functional>
 
@@ -20,10 +26,13 @@ using AppendToken = std::function<bool(Request&, SampleResult)>;
 
 class SpeculativeWorker {
  public:
-  SpeculativeWorker(ModelRunner& runner, DraftModel& draft) : runner_(runner), draft_(draft) {}
+  // lockstep: this rank's forwards join collectives with peers that step with it.
+  SpeculativeWorker(ModelRunner& runner, DraftModel& draft, bool lockstep = false);
 
   void run_extend(const ScheduleBatch& batch, const ReqToTokenTable& table, const AppendToken& append);
   void run_verify(const ScheduleBatch& batch, const ReqToTokenTable& table, const AppendToken& append);
+  // A step with nothing to compute: the target's IDLE forward (and the draft's, in lockstep).
+  void run_idle(const ReqToTokenTable& table);
 
   SpeculativeStats stats() const;
 
@@ -41,6 +50,7 @@ class SpeculativeWorker {
 
   ModelRunner& runner_;
   DraftModel& draft_;
+  bool lockstep_;
   SpeculativeStats stats_;
 };
 
