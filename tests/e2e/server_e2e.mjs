@@ -1,5 +1,6 @@
 // End-to-end tests of `moeserve serve` through the official openai client and raw HTTP.
-//   node tests/e2e/server_e2e.mjs MOESERVE_BIN api|bad|disconnect|load [clients] [tokens]
+//   node tests/e2e/server_e2e.mjs MOESERVE_BIN api|bad|disconnect|speculative|speculative_parallel|parallel|load
+//        [clients] [tokens]
 // Each mode starts its own server on a free loopback port with a fresh demo model (random
 // weights, a real byte-level BPE tokenizer) and exits non-zero on the first failed check.
 import { spawn, execFileSync } from 'node:child_process';
@@ -253,16 +254,19 @@ async function loadTest(url, clients, tokens) {
 }
 
 // MTP speculative decoding through the server (a DeepSeek fixture: token ids only): the same
-// ids as `moeserve generate` without speculation, and the acceptance metrics exported.
+// ids as `moeserve generate` without speculation, and the acceptance metrics exported. Over
+// ranks (speculative_parallel) several prompts at once, so the DP groups verify side by side.
 const fixture = join(import.meta.dirname, '../fixtures/deepseek-v3-tiny');
-async function speculativeTests(url) {
-  const ids = [5, 17, 3, 99, 410, 7];
-  const plain = JSON.parse(execFileSync(bin, ['generate', '--model-path', fixture, '--ids', ids.join(','),
-                                              '--max-new-tokens', '12', '--ignore-eos']).toString());
-  const res = await raw(url, '/generate', { input_ids: ids, sampling_params: { max_new_tokens: 12, temperature: 0, ignore_eos: true } });
-  check(res.status === 200, `generate: ${res.status} ${res.text}`);
-  check(JSON.stringify(JSON.parse(res.text).output_ids) === JSON.stringify(plain.output_ids),
-        `speculative ids ${res.text} equal plain ${JSON.stringify(plain)}`);
+async function speculativeTests(url, prompts = [[5, 17, 3, 99, 410, 7]]) {
+  const plain = prompts.map((ids) => JSON.parse(execFileSync(bin, ['generate', '--model-path', fixture, '--ids', ids.join(','),
+                                                                   '--max-new-tokens', '12', '--ignore-eos']).toString()));
+  const results = await Promise.all(prompts.map((ids) => raw(url, '/generate',
+    { input_ids: ids, sampling_params: { max_new_tokens: 12, temperature: 0, ignore_eos: true } })));
+  results.forEach((res, i) => {
+    check(res.status === 200, `generate: ${res.status} ${res.text}`);
+    check(JSON.stringify(JSON.parse(res.text).output_ids) === JSON.stringify(plain[i].output_ids),
+          `speculative ids ${res.text} equal plain ${JSON.stringify(plain[i])}`);
+  });
   const metrics = (await raw(url, '/metrics', undefined, { method: 'GET' })).text;
   const m = metrics.match(/moeserve:spec_accept_length\{[^}]*\} ([0-9.e+-]+)/);
   check(m && Number(m[1]) >= 1, `spec_accept_length exported: ${m && m[1]}`);
@@ -286,10 +290,12 @@ async function parallelTests(url) {
 
 async function main() {
   const extra = mode === 'bad' ? ['--api-key', 'sekret'] : mode === 'parallel' ? parallelFlags : [];
-  const spec = mode === 'speculative';
-  const specFlags = ['--speculative-algorithm', 'NEXTN', '--speculative-num-steps', '3', '--speculative-num-draft-tokens', '4'];
+  const spec = mode === 'speculative' || mode === 'speculative_parallel';
+  const specFlags = ['--speculative-algorithm', 'NEXTN', '--speculative-num-steps', '3', '--speculative-num-draft-tokens', '4',
+                     ...(mode === 'speculative_parallel' ? ['--tp', '2', '--dp', '2', '--enable-dp-attention', '--ep-size', '2'] : [])];
   const url = await startServer(spec ? specFlags : extra, spec ? fixture : null);
-  if (spec) await speculativeTests(url);
+  if (mode === 'speculative') await speculativeTests(url);
+  else if (mode === 'speculative_parallel') await speculativeTests(url, [[5, 17, 3, 99, 410, 7], [9, 8, 7], [300, 12, 41, 1000, 2]]);
   else if (mode === 'api') await apiTests(url);
   else if (mode === 'parallel') await parallelTests(url);
   else if (mode === 'bad') await badInputTests(url);

@@ -1,5 +1,6 @@
 // `moeserve generate --input-file`: one result line per request in input order, the reference
-// greedy tokens, cached_tokens from the radix cache; `--ids` keeps its one-line output.
+// greedy tokens, cached_tokens from the radix cache; `--ids` keeps its one-line output;
+// speculation over ranks gives the tokens of one rank.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -141,6 +142,42 @@ TEST_F(CliGenerateTest, TextInputAndStopStringsWithATokenizer) {
   ASSERT_LE(cut.size(), 5u);
   EXPECT_TRUE(std::equal(cut.begin(), cut.end(), ids.begin()));
   EXPECT_NE(tok.decode(cut).find(line["stop"][0].get<std::string>()), std::string::npos);
+}
+
+// Speculation over ranks from the command line: --ids (which then runs on the batching engine
+// instead of the simple lockstep runner) and --input-file give the tokens of one rank without
+// speculation, and the speculative counters are reported.
+TEST(CliGenerateSpeculative, OverRanksGivesTheTokensOfOneRank) {
+  const std::string base = test::moeserve_bin() + " generate --model-path " + test::fixture_dir("deepseek-v3-tiny") +
+                           " --max-total-tokens 512 --max-new-tokens 12 --ignore-eos ";
+  const std::string ranks = "--tp 2 --dp 2 --enable-dp-attention --ep-size 2 ";
+  const std::string spec = "--speculative-algorithm NEXTN --speculative-num-steps 3 ";
+  const std::string err = test::temp_dir() + "/stderr.txt";
+  auto output_ids = [&](const std::string& args) {
+    std::string out;
+    EXPECT_EQ(test::run_command("(" + base + args + " 2>" + err + ")", out), 0) << out;  // stdout only
+    std::istringstream lines(out);
+    std::vector<json> ids;
+    for (std::string line; std::getline(lines, line);) ids.push_back(json::parse(line).at("output_ids"));
+    return ids;
+  };
+  auto stderr_text = [&] {
+    std::ifstream in(err);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::vector<json> one = output_ids("--ids 5,17,3,99,410,7");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(output_ids(ranks + spec + "--ids 5,17,3,99,410,7"), one);
+  EXPECT_NE(stderr_text().find("speculative: verify_forwards="), std::string::npos) << stderr_text();
+
+  const std::string file = test::temp_dir() + "/prompts.jsonl";
+  std::ofstream(file) << json{{"input_ids", {9, 8, 7}}}.dump() << "\n"
+                      << json{{"input_ids", {5, 17, 3, 99, 410, 7}}}.dump() << "\n"
+                      << json{{"input_ids", {300, 12, 41, 1000, 2}}}.dump() << "\n";
+  const std::vector<json> plain = output_ids("--input-file " + file);
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(plain[1], one[0]);
+  EXPECT_EQ(output_ids(ranks + spec + "--input-file " + file), plain);
 }
 
 }  // namespace
