@@ -116,9 +116,9 @@ class Engine final : public EngineApi {
 
   // One scheduler step; false when there was nothing to do. With forward_when_idle a step with
   // nothing to do still runs an IDLE forward (no tokens), so that a rank of a parallel group
-  // joins its peers' collectives. On such a rank (a model with groups) a speculative step is
-  // always the same sequence of forwards — the draft's chain, the target, the draft's observe
-  // — padded with IDLE ones (spec_worker.h); alone, a step runs only the forwards it needs.
+  // joins its peers' collectives. On such a rank (a model with groups) a speculative step runs
+  // the same sequence of forwards as its peers' — the draft's chain, the target, the draft's
+  // observe — padded with IDLE ones (spec_worker.h); alone, a step runs only what it needs.
   bool step(bool forward_when_idle = false);
   void run_until_idle();
   bool has_work();  // requests queued, waiting or running

@@ -7,9 +7,9 @@
 // schedule, sample and cache identically, and only the group's first rank reports tokens.
 // In every step every rank runs exactly one forward — an IDLE one when its group has nothing to
 // do — so that the MoE and TP collectives of all ranks line up, as SGLang's DP-attention
-// schedulers do. With speculative decoding (the MTP draft) a step is a fixed sequence of
+// schedulers do. With speculative decoding (the MTP draft) a step is the same sequence of
 // forwards on every rank instead: the draft's chain, the target, the draft's observe, IDLE
-// where the rank's group has less to do (spec_worker.h). When no rank has work the rank
+// ones where the rank's group has less to do (spec_worker.h). When no rank has work the rank
 // threads sleep until a request arrives.
 #pragma once
 #include <condition_variable>
