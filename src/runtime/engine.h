@@ -28,7 +28,7 @@ struct EngineOptions {
   bool bf16_activations = false;    // CPU: round activations as bf16 storage would
   uint64_t random_seed = 0;         // seeds requests that bring no seed of their own
   SpeculativeOptions speculative;   // draft-then-verify decoding (off unless an algorithm is set)
-  CudaGraphSettings cuda_graph;     // decode steps (and MTP draft steps) replayed on the GPU
+  CudaGraphSettings cuda_graph;     // decode steps replayed on the GPU (not the MTP draft's)
 };
 
 struct GenerateRequest {

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <vector>
 
 namespace ms::cuda {
 namespace {
@@ -131,14 +132,19 @@ bool matches(const ExpertTable& t, const ops::ExpertWeights& ex) {
 const ExpertTable* expert_table(const ops::ExpertWeights& experts) {
   static std::mutex mu;
   // Keyed by the first expert's address; a copy of ExpertWeights shares the table.
-  static std::map<const void*, std::unique_ptr<ExpertTable>> tables;
+  // A table is never freed: a captured graph keeps reading the device pointer array it was
+  // captured with, so a replaced table's memory must not go back to the allocator.
+  static std::map<const void*, std::vector<std::unique_ptr<ExpertTable>>> tables;
   if (experts.gate.empty()) return nullptr;
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = tables[experts.gate[0].w.raw()];
-  if (slot && matches(*slot, experts)) return slot.get();
+  auto& slots = tables[experts.gate[0].w.raw()];
+  for (const auto& t : slots)
+    if (t && matches(*t, experts)) return t.get();
   MS_CHECK(!capturing(), "moe_experts: the expert table must be built before graph capture");
-  slot = build_table(experts);
-  return slot.get();
+  std::unique_ptr<ExpertTable> built = build_table(experts);
+  if (!built) return nullptr;  // these weights cannot use the grouped kernels
+  slots.push_back(std::move(built));
+  return slots.back().get();
 }
 
 Permuted permute_on_device(const Tensor& ids, int first, int E) {
