@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cuda_bench_timing.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
 
@@ -20,26 +21,6 @@ __global__ void fill_random(bf16* p, int64_t n, uint32_t seed) {
   p[i] = __float2bfloat16_rn(float(x & 0xffff) / 32768.0f - 1.0f);
 }
 
-// Median of `reps` timings (ms) of fn, after `warm` untimed calls.
-template <class Fn>
-float median_ms(Fn fn, int warm, int reps) {
-  cudaEvent_t a, b;
-  MS_CUDA(cudaEventCreate(&a));
-  MS_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i) fn();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    MS_CUDA(cudaEventRecord(a, stream()));
-    fn();
-    MS_CUDA(cudaEventRecord(b, stream()));
-    MS_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    MS_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 void run() {
   init();

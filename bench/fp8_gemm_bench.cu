@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cuda_bench_timing.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
@@ -39,27 +40,6 @@ __global__ void fill_scales(float* p, int64_t n, uint32_t seed) {
   if (i < n) p[i] = 0.002f * (0.5f + float(mix(i, seed) & 0xffff) / 65536.0f);
 }
 
-template <class Fn>
-float median_ms(Fn fn, int warm, int reps) {
-  cudaEvent_t a, b;
-  MS_CUDA(cudaEventCreate(&a));
-  MS_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i) fn();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    MS_CUDA(cudaEventRecord(a, stream()));
-    fn();
-    MS_CUDA(cudaEventRecord(b, stream()));
-    MS_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    MS_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  MS_CUDA(cudaEventDestroy(a));
-  MS_CUDA(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 void bench_shape(int64_t M, int64_t K, int64_t N) {
   Tensor x = scratch(DType::BF16, {M, K}), out = scratch(DType::BF16, {M, N});

@@ -71,6 +71,26 @@ using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
 std::mutex g_plan_mu;
 std::map<PlanKey, std::pair<bool, cublasLtMatmulAlgo_t>> g_plans;
 
+// The cuBLASLt algorithm for a problem, asked of the heuristic once per key; `first` is false
+// when it has none (or a call later refused the one it offered).
+template <class Key>
+std::pair<bool, cublasLtMatmulAlgo_t> cached_plan(std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>>& plans,
+                                                  const Key& key, const LtDesc& desc, const LtLayout& la,
+                                                  const LtLayout& lb, const LtLayout& ld, uint32_t al_a,
+                                                  uint32_t al_b, uint32_t al_d) {
+  std::lock_guard<std::mutex> lock(g_plan_mu);
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  LtPref pref(kWorkspaceBytes, al_a, al_b, al_d);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
+  const std::pair<bool, cublasLtMatmulAlgo_t> plan{st == CUBLAS_STATUS_SUCCESS && found > 0, result.algo};
+  plans.emplace(key, plan);
+  return plan;
+}
+
 // Reference product for layouts cuBLASLt refuses: one thread per output element.
 template <class TD>
 __global__ void naive_matmul(int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda, int64_t sa, bool ta,
@@ -116,22 +136,7 @@ void matmul(int64_t m, int64_t n, int64_t k, const MatRef& a, const MatRef& b, v
   LtLayout ld(lt_type(d_dtype), m, n, ldd, batch, d_batch_stride);
   PlanKey key{m, n, k, a.ld, b.ld, ldd, a.batch_stride, b.batch_stride, d_batch_stride, batch, int(a.trans),
               int(b.trans), int(d_dtype), al_a, al_b, al_d};
-  std::pair<bool, cublasLtMatmulAlgo_t> plan{};
-  {
-    std::lock_guard<std::mutex> lock(g_plan_mu);
-    auto it = g_plans.find(key);
-    if (it != g_plans.end()) {
-      plan = it->second;
-    } else {
-      LtPref pref(kWorkspaceBytes, al_a, al_b, al_d);
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      cublasStatus_t st =
-          cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
-      plan = {st == CUBLAS_STATUS_SUCCESS && found > 0, result.algo};
-      g_plans.emplace(key, plan);
-    }
-  }
+  const std::pair<bool, cublasLtMatmulAlgo_t> plan = cached_plan(g_plans, key, desc, la, lb, ld, al_a, al_b, al_d);
   if (!plan.first) return naive(m, n, k, a, b, d, d_dtype, ldd, d_batch_stride, batch);
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t st = cublasLtMatmul(lt_handle(), desc.h, &alpha, a.ptr, la.h, b.ptr, lb.h, &beta, d, ld.h, d, ld.h,
@@ -172,22 +177,7 @@ bool matmul_fp8_blocks(int64_t m, int64_t n, int64_t k, const void* a, int64_t l
   LtLayout la(CUDA_R_8F_E4M3, k, m, lda, 1, 0), lb(CUDA_R_8F_E4M3, k, n, k, 1, 0);
   LtLayout ld(lt_type(d_dtype), m, n, ldd, 1, 0);
   const Fp8Key key{m, n, k, lda, ldd, int(d_dtype), al_a, al_b, al_d};
-  std::pair<bool, cublasLtMatmulAlgo_t> plan{};
-  {
-    std::lock_guard<std::mutex> lock(g_plan_mu);
-    auto it = g_fp8_plans.find(key);
-    if (it != g_fp8_plans.end()) {
-      plan = it->second;
-    } else {
-      LtPref pref(kWorkspaceBytes, al_a, al_b, al_d);
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      cublasStatus_t st =
-          cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
-      plan = {st == CUBLAS_STATUS_SUCCESS && found > 0, result.algo};
-      g_fp8_plans.emplace(key, plan);
-    }
-  }
+  const std::pair<bool, cublasLtMatmulAlgo_t> plan = cached_plan(g_fp8_plans, key, desc, la, lb, ld, al_a, al_b, al_d);
   if (!plan.first) return false;
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t st = cublasLtMatmul(lt_handle(), desc.h, &alpha, a, la.h, b, lb.h, &beta, d, ld.h, d, ld.h,
