@@ -175,7 +175,11 @@ struct Runtime {
   int sms = 0;
   CachingAllocator* allocator = nullptr;  // never freed: buffers may outlive static destruction
   Staging* staging = nullptr;
-  Tensor workspace;                       // cuBLASLt's, made on first use
+  // cuBLASLt's, made on first use with a cudaMalloc of its own: captured GEMMs keep its address,
+  // and a caching-allocator block may be one a graph writes its intermediates into. A larger
+  // request leaves the old one allocated for the graphs that use it.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 constexpr int kMaxDevices = 64;
@@ -258,8 +262,12 @@ int sm_count() { return runtime().sms; }
 
 void* lt_workspace(size_t bytes) {
   Runtime& r = runtime();
-  if (!r.workspace.defined() || size_t(r.workspace.numel()) < bytes) r.workspace = scratch(DType::U8, {int64_t(bytes)});
-  return r.workspace.raw();
+  if (r.workspace_bytes < bytes) {
+    MS_CHECK(!capturing(), "cuBLASLt workspace: first use inside a graph capture");
+    MS_CUDA(cudaMalloc(&r.workspace, bytes));
+    r.workspace_bytes = bytes;
+  }
+  return r.workspace;
 }
 
 Tensor scratch(DType dtype, Shape shape) {
