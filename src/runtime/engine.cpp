@@ -287,6 +287,7 @@ std::vector<GenerateResult> EngineApi::generate(const std::vector<GenerateReques
   }
   std::vector<GenerateResult> results(requests.size());
   std::mutex mu;
+  std::condition_variable cv;
   size_t remaining = requests.size();
   for (size_t i = 0; i < requests.size(); ++i)
     submit(requests[i], [&, i](const StreamOutput& o) {
@@ -299,24 +300,23 @@ std::vector<GenerateResult> EngineApi::generate(const std::vector<GenerateReques
       g.finish_reason = o.finish_reason;
       g.matched_stop = o.matched_stop;
       std::lock_guard lk(mu);
-      --remaining;
+      if (--remaining == 0) cv.notify_all();
     });
-  run_until([&] {
-    std::lock_guard lk(mu);
-    return remaining == 0;
+  run_until([&](std::chrono::milliseconds wait) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, wait, [&] { return remaining == 0; });
   });
   return results;
 }
 
-void Engine::run_until(const std::function<bool()>& finished) {
+void Engine::run_until(const FinishedWait& finished) {
   if (!thread_.joinable()) {
     while (step()) {
     }
-    MS_CHECK(finished(), "engine went idle with requests unfinished");
+    MS_CHECK(finished(std::chrono::milliseconds(0)), "engine went idle with requests unfinished");
     return;
   }
-  while (!finished()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (!finished(std::chrono::milliseconds(50))) {
     std::lock_guard ek(inbox_mu_);
     MS_CHECK(error_.empty(), "engine failed: ", error_);
   }

@@ -3,6 +3,7 @@
 // (step(), run_until_idle()) or on its own thread (start()). submit, abort and poll may be
 // called from any thread; callbacks run on the thread that steps.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -90,9 +91,11 @@ class EngineApi {
   std::vector<GenerateResult> generate(const std::vector<GenerateRequest>& requests);
 
  protected:
-  // Returns once finished() holds (stepping in the caller's thread where nothing runs in the
-  // background); throws if the engine failed meanwhile.
-  virtual void run_until(const std::function<bool()>& finished) = 0;
+  // Returns once finished holds (stepping in the caller's thread where nothing runs in the
+  // background); throws if the engine failed meanwhile. finished(wait) blocks up to `wait` for
+  // the outcome (woken by the callbacks) and says whether everything finished.
+  using FinishedWait = std::function<bool(std::chrono::milliseconds)>;
+  virtual void run_until(const FinishedWait& finished) = 0;
 };
 
 class Engine final : public EngineApi {
@@ -129,7 +132,7 @@ class Engine final : public EngineApi {
   static int64_t pool_slots(const CausalLM& model, const EngineOptions& options);
 
  protected:
-  void run_until(const std::function<bool()>& finished) override;
+  void run_until(const FinishedWait& finished) override;
 
  private:
   struct Pending {

@@ -43,6 +43,7 @@ ParallelEngine::ParallelEngine(ParallelRunner& runner, const EngineOptions& opti
   runner_.on_all_ranks([&](int r) { slots[size_t(r)] = Engine::pool_slots(runner_.model(r), options_); });
   options_.max_total_tokens = *std::min_element(slots.begin(), slots.end());
   engines_.resize(size_t(n));
+  local_ids_.resize(size_t(n));
   runner_.on_all_ranks(
       [&](int r) { engines_[size_t(r)] = std::make_unique<Engine>(runner_.model(r), options_, detokenizer); });
   kv_slots_ = engines_[0]->kv_slots();
@@ -111,7 +112,7 @@ void ParallelEngine::rank_loop(int r) {
   const ParallelGroups& pg = runner_.groups(r);
   const int group = pg.layout.attn_dp_rank % runner_.dp_size();
   const bool leader = pg.layout.attn_tp_rank == 0;
-  std::unordered_map<RequestId, RequestId> local;  // this group's requests: front id -> engine id
+  auto& local = local_ids_[size_t(r)];  // outlives this loop: a restarted loop serves the same requests
   for (uint64_t step = 0;; ++step) {
     if (r == 0) publish(step);
     StepInputs in = inputs_of(step);
@@ -204,10 +205,9 @@ void ParallelEngine::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ParallelEngine::run_until(const std::function<bool()>& finished) {
+void ParallelEngine::run_until(const FinishedWait& finished) {
   start();
-  while (!finished()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (!finished(std::chrono::milliseconds(50))) {
     std::lock_guard lk(mu_);
     MS_CHECK(!failed_, "engine failed: ", error_);
   }
@@ -226,6 +226,7 @@ EngineStats ParallelEngine::stats() {
     total.waiting += s.waiting, total.running += s.running;
     total.pool_capacity += s.pool_capacity, total.pool_used += s.pool_used, total.cached_slots += s.cached_slots;
     total.generated_tokens += s.generated_tokens;
+    total.cuda_graph_replays += s.cuda_graph_replays;
     total.speculative = s.speculative;
     add_speculative(total.spec, s.spec);
   }

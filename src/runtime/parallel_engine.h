@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "runtime/engine.h"
 #include "runtime/parallel_runner.h"
@@ -42,7 +43,7 @@ class ParallelEngine final : public EngineApi {
   int64_t kv_slots() const override { return kv_slots_; }  // per DP group
 
  protected:
-  void run_until(const std::function<bool()>& finished) override;
+  void run_until(const FinishedWait& finished) override;
 
  private:
   struct Arrival {
@@ -71,6 +72,8 @@ class ParallelEngine final : public EngineApi {
   ParallelRunner& runner_;
   EngineOptions options_;
   std::vector<std::unique_ptr<Engine>> engines_;  // per local rank
+  // Per local rank, touched only by its thread: this DP group's requests, front id -> engine id.
+  std::vector<std::unordered_map<RequestId, RequestId>> local_ids_;
   int64_t kv_slots_ = 0;
 
   std::mutex mu_;  // guards everything below

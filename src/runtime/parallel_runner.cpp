@@ -104,7 +104,7 @@ std::vector<std::vector<int32_t>> ParallelRunner::generate(const std::vector<std
       auto busy = pg.world->all_gather_values(active ? 1 : 0);
       if (std::none_of(busy.begin(), busy.end(), [](int64_t v) { return v != 0; })) break;
       ForwardBatch b = Generator::single_sequence_batch(active ? step : std::vector<int32_t>{}, pos, false);
-      Tensor logits = m.forward(gen.context(b, kv)).to_f32();
+      Tensor logits = m.forward(gen.context(b, kv));
       if (!active) continue;
       pos += int(step.size());
       int32_t next = ops::argmax_rows(logits)[0];

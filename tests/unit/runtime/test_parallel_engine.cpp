@@ -330,5 +330,32 @@ TEST(ParallelEngine, SpeculationNeedsAnMtpLayer) {
   EXPECT_THROW(ParallelEngine(ranks, o), Error);
 }
 
+// Stopping keeps the requests in flight (as Engine::stop does); a restart finishes them.
+TEST(ParallelEngine, StopThenStartFinishesTheRequestsInFlight) {
+  ParallelRunner ranks(test::fixture_dir("qwen3-moe-tiny"), config(2, 2, 2), {});
+  EngineOptions o;
+  o.max_total_tokens = 1024;
+  ParallelEngine engine(ranks, o);
+  engine.start();
+  std::atomic<int> tokens{0}, finished{0};
+  GenerateRequest g;
+  g.input_ids = {5, 17, 3};
+  g.sampling.max_new_tokens = 200;
+  g.sampling.ignore_eos = true;
+  engine.submit(g, [&](const StreamOutput& out) {
+    tokens += int(out.new_ids.size());
+    if (out.finished) ++finished;
+  });
+  while (tokens < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine.stop();
+  const int at_stop = tokens;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(tokens, at_stop);  // stopped: no step runs
+  engine.start();
+  for (int i = 0; i < 5000 && finished == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(finished, 1);
+  EXPECT_EQ(tokens, 200);
+}
+
 }  // namespace
 }  // namespace ms
