@@ -147,7 +147,7 @@ SampleResult sample_next(std::span<const float> logits, const Request& r) {
   return sample_token({logits, &r.sampling, r.input_ids, r.output_ids, r.rng_seed, r.output_ids.size()});
 }
 
-Tensor select_logit_rows(const Tensor& logits, std::span<const int32_t> rows) {
+Tensor take_rows(const Tensor& logits, std::span<const int32_t> rows) {
   bool all = int64_t(rows.size()) == logits.size(0);
   for (size_t i = 0; all && i < rows.size(); ++i) all = rows[i] == int32_t(i);
   if (all) return logits;
@@ -164,11 +164,11 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Requ
     if (reqs[i]) (reqs[i]->sampling.argmax_only() ? argmax : full).push_back(int32_t(i));
   std::vector<SampleResult> out(reqs.size());
   if (!argmax.empty()) {
-    const std::vector<int32_t> ids = ops::argmax_rows(select_logit_rows(logits, argmax));
+    const std::vector<int32_t> ids = ops::argmax_rows(take_rows(logits, argmax));
     for (size_t j = 0; j < argmax.size(); ++j) out[size_t(argmax[j])].token = ids[j];
   }
   if (!full.empty()) {
-    const Tensor host = select_logit_rows(logits, full).to_f32();
+    const Tensor host = take_rows(logits, full).to_f32();
     const int64_t V = host.size(1);
     for (size_t j = 0; j < full.size(); ++j)
       out[size_t(full[j])] = sample_next(std::span<const float>(host.data<float>() + int64_t(j) * V, size_t(V)),

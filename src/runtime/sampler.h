@@ -33,7 +33,7 @@ SampleResult sample_next(std::span<const float> logits, const Request& r);
 std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Request* const> reqs);
 
 // Rows `rows` of a 2-D tensor on its device (the tensor itself when that is every row in order).
-Tensor select_logit_rows(const Tensor& logits, std::span<const int32_t> rows);
+Tensor take_rows(const Tensor& t, std::span<const int32_t> rows);
 
 // The logits after the penalties of `in` (what the distribution and the logprobs come from).
 std::vector<float> penalized_logits(const SampleInput& in);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "runtime/sampler.h"
 
 namespace ms {
 namespace {
@@ -161,11 +162,7 @@ int MtpDraft::chain(std::span<const DraftSeq> seqs, const ReqToTokenTable& table
         keep.push_back(int32_t(j));
       }
     if (still.empty()) return k - 1;
-    if (still.size() != active.size()) {
-      Tensor kept = Tensor::empty(hidden.dtype(), {int64_t(keep.size()), hidden.size(1)}, hidden.device());
-      ops::gather_rows(hidden, keep, kept);
-      hidden = kept;
-    }
+    if (still.size() != active.size()) hidden = take_rows(hidden, keep);
     active = std::move(still);
     std::vector<DraftSeq> step;
     std::vector<int32_t> tokens, positions, guesses;

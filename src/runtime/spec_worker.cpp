@@ -31,12 +31,6 @@ SpeculativeWorker::SpeculativeWorker(ModelRunner& runner, DraftModel& draft, boo
   if (lockstep_) draft_.enter_lockstep();
 }
 
-Tensor SpeculativeWorker::take_rows(const Tensor& hidden, const std::vector<int32_t>& rows) {
-  Tensor out = Tensor::empty(hidden.dtype(), {int64_t(rows.size()), hidden.size(1)}, hidden.device());
-  if (!rows.empty()) ops::gather_rows(hidden, rows, out);
-  return out;
-}
-
 void SpeculativeWorker::run_extend(const ScheduleBatch& batch, const ReqToTokenTable& table,
                                    const AppendToken& append) {
   if (lockstep_) draft_.propose({}, table);  // joins the chain forwards of peers that verify
@@ -140,9 +134,9 @@ std::vector<VerifyResult> SpeculativeWorker::verify(const ScheduleBatch& batch, 
     for (int32_t r = fb.attn.q_start[i]; r < fb.attn.q_start[i + 1]; ++r) rows.push_back(r);
   }
   std::vector<int32_t> ids;
-  if (!by_argmax.empty()) ids = ops::argmax_rows(select_logit_rows(logits, by_argmax));
+  if (!by_argmax.empty()) ids = ops::argmax_rows(take_rows(logits, by_argmax));
   Tensor host;
-  if (!by_host.empty()) host = select_logit_rows(logits, by_host).to_f32();
+  if (!by_host.empty()) host = take_rows(logits, by_host).to_f32();
   std::vector<VerifyResult> out;
   size_t at_ids = 0, at_host = 0;  // rows of each kind used so far
   for (size_t i = 0; i < batch.seqs.size(); ++i) {

@@ -44,8 +44,6 @@ class SpeculativeWorker {
   // Each request's verdict on its drafts from the verify forward's logits [T, vocab] (device).
   static std::vector<VerifyResult> verify(const ScheduleBatch& batch, const ForwardBatch& fb, const Tensor& logits,
                                           const std::vector<std::vector<int32_t>>& drafts);
-  // Rows `rows` of hidden [T, H] (a new tensor on its device).
-  static Tensor take_rows(const Tensor& hidden, const std::vector<int32_t>& rows);
   void record(int drafted, int accepted, int emitted);
 
   ModelRunner& runner_;

@@ -72,8 +72,8 @@ TEST(SampleRows, EveryRowAsTheRequestSamplerGivesIt) {
 TEST(SampleRows, SelectingEveryRowInOrderIsTheTensorItself) {
   Tensor logits = random_logits(3, 10, 1);
   const std::vector<int32_t> all = {0, 1, 2}, some = {2, 0};
-  EXPECT_EQ(select_logit_rows(logits, all).raw(), logits.raw());
-  Tensor picked = select_logit_rows(logits, some);
+  EXPECT_EQ(take_rows(logits, all).raw(), logits.raw());
+  Tensor picked = take_rows(logits, some);
   ASSERT_EQ(picked.size(0), 2);
   EXPECT_EQ(picked.data<float>()[0], logits.data<float>()[20]);
   EXPECT_EQ(picked.data<float>()[10], logits.data<float>()[0]);
