@@ -98,13 +98,31 @@ void ParallelEngine::publish(uint64_t step) {
   cv_.notify_all();
 }
 
-// Local rank 0 publishes step s + 1 only after the collective of step s, which every rank
-// enters after reading step s's inputs: one published slot is enough.
+// Local rank 0 publishes step s + 1 only after the vote of step s, which every rank enters
+// after reading step s's inputs: one published slot is enough.
 ParallelEngine::StepInputs ParallelEngine::inputs_of(uint64_t step) {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return failed_ || (has_published_ && published_.step == step); });
   MS_CHECK(!failed_, "engine failed: ", error_);
   return published_;
+}
+
+// An OR over the rank threads, and the step's barrier. The ranks are threads of this process
+// (one node), so a host-side vote does what a device all-gather would without a stream sync.
+bool ParallelEngine::any_busy(bool mine) {
+  std::unique_lock lk(mu_);
+  const uint64_t round = vote_round_;
+  vote_any_ = vote_any_ || mine;
+  if (++vote_arrived_ == runner_.num_local_ranks()) {
+    vote_result_ = vote_any_;
+    vote_any_ = false, vote_arrived_ = 0, ++vote_round_;
+    cv_.notify_all();
+    return vote_result_;
+  }
+  // The next round cannot end before this rank joins it, so vote_result_ is still this round's.
+  cv_.wait(lk, [&] { return failed_ || vote_round_ != round; });
+  MS_CHECK(!failed_, "engine failed: ", error_);
+  return vote_result_;
 }
 
 void ParallelEngine::rank_loop(int r) {
@@ -128,8 +146,7 @@ void ParallelEngine::rank_loop(int r) {
     }
     for (RequestId id : in.aborts)
       if (auto it = local.find(id); it != local.end()) engine.abort(it->second);
-    const std::vector<int64_t> busy = pg.world->all_gather_values(engine.has_work() ? 1 : 0);
-    if (std::any_of(busy.begin(), busy.end(), [](int64_t b) { return b != 0; })) {
+    if (any_busy(engine.has_work())) {
       engine.step(/*forward_when_idle=*/true);
       continue;
     }

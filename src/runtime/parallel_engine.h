@@ -64,6 +64,7 @@ class ParallelEngine final : public EngineApi {
   };
 
   void rank_loop(int r);
+  bool any_busy(bool mine);                  // whether any rank has work this step
   void publish(uint64_t step);               // local rank 0: the inbox becomes step's inputs
   StepInputs inputs_of(uint64_t step);       // blocks until step's inputs are published
   void deliver(RequestId id, StreamOutput o);  // a group leader's report, to the caller
@@ -85,6 +86,9 @@ class ParallelEngine final : public EngineApi {
   StepInputs published_;
   bool has_published_ = false;
   std::map<RequestId, Outstanding> outstanding_;
+  int vote_arrived_ = 0;  // any_busy: ranks in the current round, their OR, the last result
+  bool vote_any_ = false, vote_result_ = false;
+  uint64_t vote_round_ = 0;
   std::vector<int> group_load_;  // unfinished requests per DP group
   RequestId next_id_ = 1;
   std::thread thread_;  // runs the rank threads (ParallelRunner::on_all_ranks)
