@@ -80,4 +80,17 @@ std::string temp_dir() {
   return dir.string();
 }
 
+std::vector<GenerateRequest> greedy_requests(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens) {
+  std::vector<GenerateRequest> out;
+  for (const auto& p : prompts) {
+    GenerateRequest g;
+    g.input_ids = p;
+    g.sampling.temperature = 0.0f;
+    g.sampling.max_new_tokens = max_new_tokens;
+    g.sampling.ignore_eos = true;
+    out.push_back(g);
+  }
+  return out;
+}
+
 }  // namespace ms::test

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "runtime/engine.h"
 
 namespace ms::test {
 
@@ -33,5 +34,7 @@ Tensor select_rows(const Tensor& t, const std::vector<int64_t>& keep);
 // Runs a shell command, returns its exit status and captures stdout+stderr into `output`.
 int run_command(const std::string& cmd, std::string& output);
 std::string temp_dir();  // a fresh directory under the test's temporary root
+// Greedy requests (temperature 0, EOS ignored) of max_new_tokens each, one per prompt.
+std::vector<GenerateRequest> greedy_requests(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens);
 
 }  // namespace ms::test

@@ -42,18 +42,7 @@ class ReplayDraftTest : public ::testing::Test {
     model_ = nullptr;
   }
 
-  static std::vector<GenerateRequest> requests() {
-    std::vector<GenerateRequest> out;
-    for (const auto& p : prompts_) {
-      GenerateRequest g;
-      g.input_ids = p;
-      g.sampling.temperature = 0.0f;
-      g.sampling.max_new_tokens = kNewTokens;
-      g.sampling.ignore_eos = true;
-      out.push_back(g);
-    }
-    return out;
-  }
+  static std::vector<GenerateRequest> requests() { return test::greedy_requests(prompts_, kNewTokens); }
 
   struct Run {
     EngineStats stats;
