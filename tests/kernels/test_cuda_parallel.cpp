@@ -28,20 +28,8 @@ int gpus() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-struct Mode {
-  const char* name;
-  int tp, dp, ep;
-  bool dense_tp_1 = false, a2a = false, no_fusion = false;
-};
-
-ParallelConfig config_of(const Mode& m) {
-  ParallelConfig p;
-  p.tp_size = m.tp, p.dp_size = m.dp, p.enable_dp_attention = m.dp > 1, p.ep_size = m.ep;
-  p.moe_dense_tp_size = m.dense_tp_1 ? 1 : 0;
-  p.moe_a2a_backend = m.a2a ? "all2all" : "none";
-  p.disable_shared_experts_fusion = m.no_fusion;
-  return p;
-}
+using Mode = test::ParallelMode;
+using test::config_of;
 
 LoadOptions on_gpu() {
   LoadOptions o;

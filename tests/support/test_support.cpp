@@ -93,4 +93,13 @@ std::vector<GenerateRequest> greedy_requests(const std::vector<std::vector<int32
   return out;
 }
 
+ParallelConfig config_of(const ParallelMode& m) {
+  ParallelConfig p;
+  p.tp_size = m.tp, p.dp_size = m.dp, p.enable_dp_attention = m.dp > 1, p.ep_size = m.ep;
+  p.moe_dense_tp_size = m.dense_tp_1 ? 1 : 0;
+  p.moe_a2a_backend = m.a2a ? "all2all" : "none";
+  p.disable_shared_experts_fusion = m.no_fusion;
+  return p;
+}
+
 }  // namespace ms::test

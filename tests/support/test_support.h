@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "parallel/parallel_config.h"
 #include "runtime/engine.h"
 
 namespace ms::test {
@@ -34,6 +35,13 @@ Tensor select_rows(const Tensor& t, const std::vector<int64_t>& keep);
 // Runs a shell command, returns its exit status and captures stdout+stderr into `output`.
 int run_command(const std::string& cmd, std::string& output);
 std::string temp_dir();  // a fresh directory under the test's temporary root
+// One parallel configuration of the test matrices, named for test output.
+struct ParallelMode {
+  const char* name;
+  int tp, dp, ep;  // dp > 1 turns DP attention on
+  bool dense_tp_1 = false, a2a = false, no_fusion = false;
+};
+ParallelConfig config_of(const ParallelMode& m);
 // Greedy requests (temperature 0, EOS ignored) of max_new_tokens each, one per prompt.
 std::vector<GenerateRequest> greedy_requests(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens);
 

@@ -11,20 +11,8 @@
 namespace ms {
 namespace {
 
-struct Case {
-  const char* name;
-  int tp, dp, ep;
-  bool dense_tp_1 = false, a2a = false, no_fusion = false;
-};
-
-ParallelConfig config_of(const Case& c) {
-  ParallelConfig p;
-  p.tp_size = c.tp, p.dp_size = c.dp, p.enable_dp_attention = c.dp > 1, p.ep_size = c.ep;
-  p.moe_dense_tp_size = c.dense_tp_1 ? 1 : 0;
-  p.moe_a2a_backend = c.a2a ? "all2all" : "none";
-  p.disable_shared_experts_fusion = c.no_fusion;
-  return p;
-}
+using Case = test::ParallelMode;
+using test::config_of;
 
 // Runs prompts 0..3 of the fixture, one per DP group per round and one group left IDLE in
 // each round when there are several groups; checks every group.

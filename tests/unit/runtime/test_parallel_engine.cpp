@@ -44,10 +44,7 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
 }
 
 ParallelConfig config(int tp, int dp, int ep, const std::string& a2a = "none", int dense = 0) {
-  ParallelConfig c;
-  c.tp_size = tp, c.dp_size = dp, c.enable_dp_attention = dp > 1, c.ep_size = ep;
-  c.moe_a2a_backend = a2a, c.moe_dense_tp_size = dense;
-  return c;
+  return test::config_of({"", tp, dp, ep, dense == 1, a2a == "all2all"});
 }
 
 class ParallelEngineTest : public ::testing::TestWithParam<Case> {
