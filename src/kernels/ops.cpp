@@ -19,13 +19,22 @@
 
 namespace ms::ops {
 
-std::unique_ptr<StepGraph> capture_step(Device device, const StepArrays& arrays, int64_t kv_capacity, int max_kv,
-                                        const std::function<void()>& body) {
+std::shared_ptr<GraphPool> make_graph_pool(Device device) {
   MS_CHECK(device == Device::CUDA, "captured steps (CUDA graphs) need a CUDA device");
 #if MOESERVE_WITH_CUDA
-  return ::ms::cuda::capture_step(arrays, kv_capacity, max_kv, body);
+  return ::ms::cuda::make_graph_pool();
 #else
-  (void)arrays, (void)kv_capacity, (void)max_kv, (void)body;
+  fail("this build has no CUDA backend (nvcc was not found): no CUDA graphs");
+#endif
+}
+
+std::unique_ptr<StepGraph> capture_step(Device device, const StepArrays& arrays, int64_t kv_capacity, int max_kv,
+                                        GraphPool& pool, const std::function<void()>& body) {
+  MS_CHECK(device == Device::CUDA, "captured steps (CUDA graphs) need a CUDA device");
+#if MOESERVE_WITH_CUDA
+  return ::ms::cuda::capture_step(arrays, kv_capacity, max_kv, pool, body);
+#else
+  (void)arrays, (void)kv_capacity, (void)max_kv, (void)pool, (void)body;
   fail("this build has no CUDA backend (nvcc was not found): no CUDA graphs");
 #endif
 }

@@ -12,8 +12,8 @@ CudaGraphRunner::CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOp
       }) {}
 
 CudaGraphRunner::CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOptions options, GraphBody body)
-    : model_(model), kv_(kv), options_(options), body_(std::move(body)), sizes_(capture_sizes(options.max_bs)) {
-  MS_CHECK(model.device == Device::CUDA, "CUDA graphs need a model on the GPU");
+    : model_(model), kv_(kv), options_(options), body_(std::move(body)), sizes_(capture_sizes(options.max_bs)),
+      pool_(ops::make_graph_pool(model.device)) {
   MS_CHECK(options.pad_slot >= 0 && options.pad_slot < kv.num_slots(), "CUDA graphs: padding slot ",
            options.pad_slot, " outside the KV pool of ", kv.num_slots());
   MS_CHECK(options.max_context > 0, "CUDA graphs: max_context ", options.max_context);
@@ -59,7 +59,7 @@ CudaGraphRunner::Captured& CudaGraphRunner::captured(int bs) {
       c.input = Tensor::empty(model_.act_dtype, {bs, options_.input_width}, model_.device);
     run_eager(c.batch, c.input);  // allocations, GEMM plans and expert tables exist before the capture
     ops::StepArrays arrays{c.batch.input_ids, c.batch.positions, c.batch.out_cache_loc, &c.batch.attn};
-    c.graph = ops::capture_step(model_.device, arrays, c.kv_capacity, options_.max_context,
+    c.graph = ops::capture_step(model_.device, arrays, c.kv_capacity, options_.max_context, *pool_,
                                 [&] { c.outputs = run_eager(c.batch, c.input); });
   } catch (...) {
     graphs_.erase(bs);

@@ -7,10 +7,10 @@
 // a draft model passes its own (the MTP layer: its hidden state and logits, from one input row
 // per sequence that the runner copies into the graph's input buffer before each replay).
 //
-// The outputs live in the graph's buffers and are overwritten by the next replay. The graph's
-// intermediates return to the caching allocator after the capture and are rewritten by every
-// replay, so a device tensor allocated after a capture must not be kept across a replay of it
-// (buffers made before the capture, such as the KV cache, are safe).
+// The runner's graphs allocate from a graph pool of their own (kernels/step_graph.h), so nothing
+// else the program allocates lies in memory that a replay rewrites. The outputs live in that
+// pool and hold until the runner's next replay (one size's outputs may share memory with
+// another size's intermediates).
 #pragma once
 #include <functional>
 #include <map>
@@ -81,6 +81,7 @@ class CudaGraphRunner {
   CudaGraphOptions options_;
   GraphBody body_;
   std::vector<int> sizes_;
+  std::shared_ptr<ops::GraphPool> pool_;  // declared before the graphs: outlives them
   std::map<int, Captured> graphs_;
   int64_t replays_ = 0;
 };

@@ -49,13 +49,7 @@ std::unique_ptr<DraftModel> make_draft(const CausalLM& model, const EngineOption
     MS_CHECK(!given, "a draft model was given but speculative decoding is off (set --speculative-algorithm)");
     return nullptr;
   }
-  // The MTP chain steps run op by op: replaying their graphs from the engine corrupted device
-  // memory on the H200 (a grouped-expert GEMV read activation bytes as weight pointers; 2 to 4
-  // draft steps, see BENCHMARKS.md), while the op-by-op chain is lossless there. MtpDraft keeps
-  // its graph path for callers that ask for it (tests/kernels/test_cuda_engine_graphs.cpp).
-  CudaGraphSettings draft_graphs = graph_settings(o);
-  draft_graphs.disable = true;
-  return given ? std::move(given) : std::make_unique<MtpDraft>(model, o.bf16_activations, draft_graphs);
+  return given ? std::move(given) : std::make_unique<MtpDraft>(model, o.bf16_activations, graph_settings(o));
 }
 
 // A shard of a model (several ranks): its forwards join collectives that every rank must enter

@@ -44,7 +44,6 @@ size_t MtpDraft::kv_bytes_per_slot() const {
 void MtpDraft::attach(int64_t num_slots, int rows) {
   const bool graphs = graph_settings_.enabled_on(model_.device);
   kv_ = std::make_unique<KvCache>(model_.make_mtp_kv_cache(num_slots + (graphs ? 1 : 0)));
-  // Before the capture: a buffer made after it may share memory with the graphs' intermediates.
   last_hidden_ = Tensor::empty(model_.act_dtype, {rows, model_.config.hidden_size}, model_.device);
   next_guess_.assign(size_t(rows), 0);
   if (!graphs) return;

@@ -2,6 +2,7 @@
 // models (GQA, MLA, FP8 blocks), batches padded to the captured size, several steps per graph
 // (the staged metadata must change with every replay), and the padding slot left to dummies.
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "cuda_test_util.h"
@@ -83,6 +84,38 @@ TEST_P(CudaGraphTest, ReplayedDecodeMatchesEager) {
       expect_same_choices(g, le, 5e-2f, GetParam() + " B=" + std::to_string(B) + " step " + std::to_string(s));
       for (int b = 0; b < B; ++b) ++lens[b];
     }
+  }
+}
+
+// Device tensors made after the captures (as an expert table built at a later eager forward, or
+// a result kept from step to step) never lie in memory the replays rewrite: the graphs allocate
+// from their own pool. Without it, freed intermediates of a capture are handed to these tensors.
+TEST(CudaGraphPool, TensorsMadeAfterTheCapturesSurviveTheirReplays) {
+  MS_REQUIRE_CUDA();
+  LoadOptions o;
+  o.device = Device::CUDA, o.act_dtype = DType::BF16, o.load_mtp = false;
+  auto model = load_model(fixture_dir("deepseek-v3-tiny"), o);
+  const int cap = 32, B = 4;
+  KvCache kv = model->make_kv_cache(int64_t(B) * cap + 1);
+  CudaGraphRunner graphs(*model, kv, CudaGraphOptions{B, int32_t(B * cap), cap, false});
+  graphs.capture_all();
+  std::vector<Tensor> host, kept;  // every block size the allocator hands out, up to 4 MiB
+  for (int64_t n = 128; n <= (int64_t(1) << 20); n = n * 3 / 2) {
+    Tensor h = Tensor::empty(DType::F32, {n}, Device::CPU);
+    for (int64_t i = 0; i < n; ++i) h.data<float>()[i] = float(int64_t(host.size()) * 1000003 + i);
+    kept.push_back(h.to(Device::CUDA));
+    host.push_back(std::move(h));
+  }
+  std::vector<int> lens(B, 0);
+  for (int s = 0; s < 3; ++s)
+    for (int n : {1, 2, 3, 4}) {
+      std::vector<std::vector<int32_t>> one(static_cast<size_t>(n), std::vector<int32_t>{7 + s});
+      ASSERT_TRUE(graphs.decode(batch_of(one, std::vector<int>(lens.begin(), lens.begin() + n), cap)).has_value());
+    }
+  for (size_t t = 0; t < kept.size(); ++t) {
+    Tensor back = kept[t].to(Device::CPU);
+    EXPECT_EQ(0, std::memcmp(back.data<float>(), host[t].data<float>(), size_t(host[t].numel()) * sizeof(float)))
+        << "tensor " << t << " of " << host[t].numel() << " floats was overwritten by a replay";
   }
 }
 

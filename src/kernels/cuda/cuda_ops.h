@@ -39,7 +39,8 @@ void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Ten
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 std::vector<int32_t> argmax_rows(const Tensor& logits);
+std::shared_ptr<ops::GraphPool> make_graph_pool();
 std::unique_ptr<ops::StepGraph> capture_step(const ops::StepArrays& arrays, int64_t kv_capacity, int max_kv,
-                                             const std::function<void()>& body);
+                                             ops::GraphPool& pool, const std::function<void()>& body);
 
 }  // namespace ms::cuda

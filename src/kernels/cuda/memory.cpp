@@ -34,6 +34,24 @@ void check_device_tensor(const Tensor& t, std::initializer_list<DType> allowed, 
 
 namespace {
 
+class CachingAllocator;
+
+struct PoolBlocks {
+  std::multimap<size_t, void*> free;
+  bool retired = false;  // its graphs are gone: blocks given back go to the shared cache
+};
+
+// A graph pool on one GPU (kernels/step_graph.h); its cached blocks are guarded by the owner's lock.
+struct DeviceGraphPool final : ops::GraphPool {
+  explicit DeviceGraphPool(CachingAllocator* a) : owner(a), blocks(std::make_shared<PoolBlocks>()) {}
+  ~DeviceGraphPool() override;
+  CachingAllocator* owner;
+  std::shared_ptr<PoolBlocks> blocks;  // shared with the deleters of the blocks it handed out
+};
+
+// The pool this thread's capture allocates from, or null.
+thread_local DeviceGraphPool* t_capture_pool = nullptr;
+
 // Blocks are kept by size; a request takes the smallest cached block that is at most twice
 // its size, else a new cudaMalloc. When cudaMalloc fails, the cache is returned to the driver
 // and the allocation retried once.
@@ -47,16 +65,27 @@ class CachingAllocator final : public DeviceMemory {
     return buf;
   }
 
+  // While this thread captures into a graph pool, blocks come from and go back to that pool.
   std::shared_ptr<Buffer> allocate_uninit(size_t bytes) {
     const size_t rounded = round_up(bytes);
-    auto [ptr, size] = take_cached(rounded);
+    std::shared_ptr<PoolBlocks> pool = t_capture_pool ? t_capture_pool->blocks : nullptr;
+    MS_CHECK(!pool || t_capture_pool->owner == this, "a graph pool is used on another GPU than its own");
+    auto [ptr, size] = take_cached(pool ? pool->free : free_, rounded);
     if (!ptr) ptr = malloc_or_flush(size = rounded);
     auto buf = std::make_shared<Buffer>();
     buf->data = ptr;
     buf->bytes = bytes;
     buf->device = Device::CUDA;
-    buf->keep_alive = std::shared_ptr<void>(ptr, [this, size](void* p) { give_back(p, size); });
+    buf->keep_alive = std::shared_ptr<void>(ptr, [this, size, pool](void* p) { give_back(p, size, pool.get()); });
     return buf;
+  }
+
+  // The pool's blocks join the shared cache: its graphs are gone, and stream order keeps any
+  // replay still queued ahead of the blocks' next users. Blocks still held return there later.
+  void retire(PoolBlocks& pool) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.merge(pool.free);
+    pool.retired = true;
   }
 
   void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
@@ -82,12 +111,12 @@ class CachingAllocator final : public DeviceMemory {
     return std::max<size_t>(unit, (bytes + unit - 1) / unit * unit);
   }
 
-  std::pair<void*, size_t> take_cached(size_t rounded) {
+  std::pair<void*, size_t> take_cached(std::multimap<size_t, void*>& free, size_t rounded) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.lower_bound(rounded);
-    if (it == free_.end() || it->first > 2 * rounded) return {nullptr, 0};
+    auto it = free.lower_bound(rounded);
+    if (it == free.end() || it->first > 2 * rounded) return {nullptr, 0};
     std::pair<void*, size_t> block{it->second, it->first};
-    free_.erase(it);
+    free.erase(it);
     return block;
   }
 
@@ -118,9 +147,9 @@ class CachingAllocator final : public DeviceMemory {
     return p;
   }
 
-  void give_back(void* p, size_t size) {
+  void give_back(void* p, size_t size, PoolBlocks* pool) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.emplace(size, p);
+    (pool && !pool->retired ? pool->free : free_).emplace(size, p);
   }
 
   void release_cache() {
@@ -132,8 +161,10 @@ class CachingAllocator final : public DeviceMemory {
 
   cudaStream_t stream_;
   std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // cached blocks by their real size
+  std::multimap<size_t, void*> free_;  // cached blocks by their real size, for everyone
 };
+
+DeviceGraphPool::~DeviceGraphPool() { owner->retire(*blocks); }
 
 // Pinned staging slots used round-robin; a slot is rewritten only after the copy that last
 // read it has finished (its event), so uploads never wait on the whole stream.
@@ -176,8 +207,7 @@ struct Runtime {
   CachingAllocator* allocator = nullptr;  // never freed: buffers may outlive static destruction
   Staging* staging = nullptr;
   // cuBLASLt's, made on first use with a cudaMalloc of its own: captured GEMMs keep its address,
-  // and a caching-allocator block may be one a graph writes its intermediates into. A larger
-  // request leaves the old one allocated for the graphs that use it.
+  // so a larger request leaves the old one allocated for the graphs that use it.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
@@ -268,6 +298,12 @@ void* lt_workspace(size_t bytes) {
     r.workspace_bytes = bytes;
   }
   return r.workspace;
+}
+
+std::shared_ptr<ops::GraphPool> make_graph_pool() { return std::make_shared<DeviceGraphPool>(runtime().allocator); }
+
+void set_capture_pool(ops::GraphPool* pool) {
+  t_capture_pool = pool ? &dynamic_cast<DeviceGraphPool&>(*pool) : nullptr;
 }
 
 Tensor scratch(DType dtype, Shape shape) {

@@ -94,15 +94,10 @@ std::unique_ptr<ExpertTable> build_table(const ops::ExpertWeights& ex) {
   auto* h = host.data<int64_t>();
   for (int m = 0; m < 3; ++m)
     for (int64_t e = 0; e < E; ++e) h[m * E + e] = int64_t(p[m][e]), h[(3 + m) * E + e] = int64_t(s[m][e]);
-  const size_t bytes = size_t(6 * E) * sizeof(int64_t);
-  void* dev = nullptr;
-  MS_CUDA(cudaMalloc(&dev, bytes));
-  t->pointers = std::shared_ptr<void>(dev, [](void* q) { cudaFree(q); });
-  MS_CUDA(cudaMemcpyAsync(dev, h, bytes, cudaMemcpyHostToDevice, stream()));
-  MS_CUDA(cudaStreamSynchronize(stream()));  // `host` is freed on return
+  t->pointers = host.to(Device::CUDA);
   t->host_pointers.assign(reinterpret_cast<uint64_t*>(h), reinterpret_cast<uint64_t*>(h) + 6 * E);
-  auto* d = reinterpret_cast<const void* const*>(dev);
-  auto* ds = reinterpret_cast<const float* const*>(dev);
+  auto* d = reinterpret_cast<const void* const*>(t->pointers.raw());
+  auto* ds = reinterpret_cast<const float* const*>(t->pointers.raw());
   t->gate_up.w = d, t->gate_up.w2 = d + E, t->down.w = d + 2 * E;
   if (t->fp8) t->gate_up.s = ds + 3 * E, t->gate_up.s2 = ds + 4 * E, t->down.s = ds + 5 * E;
   t->gate_up.ld = ld[0], t->gate_up.scale_ld = sld[0], t->gate_up.block_n = bn[0], t->gate_up.block_k = bk[0];

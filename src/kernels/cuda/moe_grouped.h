@@ -2,7 +2,6 @@
 // weight pointers, built once per ExpertWeights, and the sort of (token, slot) pairs by expert
 // done on the device, so that a decode step never waits for the host.
 #pragma once
-#include <memory>
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/gemv.h"
 
@@ -17,10 +16,7 @@ struct ExpertTable {
   int64_t hidden = 0, intermediate = 0;
   bool fp8 = false;
   GemvWeights gate_up, down;  // device pointer arrays (gate_up: w = gate, w2 = up)
-  // Owns the arrays: a cudaMalloc of its own, not a block of the caching allocator. A table is
-  // often built after CUDA graphs were captured (the target's first eager forward under
-  // speculation), and a cached block may be one a graph still writes its intermediates into.
-  std::shared_ptr<void> pointers;
+  Tensor pointers;            // owns the arrays
   std::vector<uint64_t> host_pointers;  // what the arrays hold: a lookup checks them
 };
 

@@ -44,7 +44,7 @@ class CudaStepGraph final : public ops::StepGraph {
     cudaFreeHost(staged_.pinned);
   }
 
-  void capture(const ops::StepArrays& a, int max_kv, const std::function<void()>& body) {
+  void capture(const ops::StepArrays& a, int max_kv, ops::GraphPool& pool, const std::function<void()>& body) {
     const std::span<const int32_t> host[4] = {a.input_ids, a.positions, a.out_cache_loc, a.layout->kv_slots};
     const int64_t sizes[4] = {tokens_, tokens_, tokens_, capacity_};
     int64_t off = 0;
@@ -57,17 +57,20 @@ class CudaStepGraph final : public ops::StepGraph {
     staged_.layout = a.layout, staged_.max_kv = max_kv;
     upload(a);  // the first replay finds the capture's own step in place
     t_staged = &staged_;
+    set_capture_pool(&pool);
     MS_CUDA(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
     cudaGraph_t graph = nullptr;
     try {
       body();
     } catch (...) {
       t_staged = nullptr;
+      set_capture_pool(nullptr);
       (void)cudaStreamEndCapture(stream(), &graph);
       if (graph) cudaGraphDestroy(graph);
       throw;
     }
     t_staged = nullptr;
+    set_capture_pool(nullptr);
     MS_CUDA(cudaStreamEndCapture(stream(), &graph));
     const cudaError_t err = cudaGraphInstantiate(&exec_, graph, 0);
     cudaGraphDestroy(graph);
@@ -115,10 +118,10 @@ class CudaStepGraph final : public ops::StepGraph {
 StagedStep* staged_step() { return t_staged; }
 
 std::unique_ptr<ops::StepGraph> capture_step(const ops::StepArrays& arrays, int64_t kv_capacity, int max_kv,
-                                             const std::function<void()>& body) {
+                                             ops::GraphPool& pool, const std::function<void()>& body) {
   MS_CHECK(arrays.layout != nullptr, "captured step: no attention layout");
   auto g = std::make_unique<CudaStepGraph>(arrays, kv_capacity);
-  g->capture(arrays, max_kv, body);
+  g->capture(arrays, max_kv, pool, body);
   return g;
 }
 

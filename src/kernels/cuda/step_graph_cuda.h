@@ -25,4 +25,7 @@ struct StagedStep {
 // This thread's step under capture, or null.
 StagedStep* staged_step();
 
+// The pool this thread's allocations come from while it captures (null: the shared cache).
+void set_capture_pool(ops::GraphPool* pool);
+
 }  // namespace ms::cuda
