@@ -16,7 +16,8 @@ CudaGraphRunner::CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOp
       pool_(ops::make_graph_pool(model.device)) {
   MS_CHECK(options.pad_slot >= 0 && options.pad_slot < kv.num_slots(), "CUDA graphs: padding slot ",
            options.pad_slot, " outside the KV pool of ", kv.num_slots());
-  MS_CHECK(options.max_context > 0, "CUDA graphs: max_context ", options.max_context);
+  MS_CHECK(options.max_context > 0 && options.tokens_per_seq >= 1 && options.tokens_per_seq <= options.max_context,
+           "CUDA graphs: max_context ", options.max_context, ", tokens per sequence ", options.tokens_per_seq);
 }
 
 std::vector<int> CudaGraphRunner::capture_sizes(int max_bs) {
@@ -33,14 +34,18 @@ std::vector<Tensor> CudaGraphRunner::run_eager(const ForwardBatch& b, const Tens
   return body_(ctx, input);
 }
 
-// Real sequences first, then dummies of one token at position 0 in the padding slot.
+// Real sequences first, then dummies whose tokens sit at positions 0, 1, ... and all read and
+// write the padding slot.
 ForwardBatch CudaGraphRunner::padded(const ForwardBatch& b, int bs) const {
   ForwardBatch p = b;
+  const int k = options_.tokens_per_seq;
   if (p.attn.q_start.empty()) p.attn.q_start = {0}, p.attn.kv_start = {0};
   for (int s = p.num_seqs(); s < bs; ++s) {
-    p.input_ids.push_back(0), p.positions.push_back(0), p.out_cache_loc.push_back(options_.pad_slot);
-    p.attn.kv_slots.push_back(options_.pad_slot);
-    p.attn.q_start.push_back(p.attn.q_start.back() + 1);
+    for (int i = 0; i < k; ++i) {
+      p.input_ids.push_back(0), p.positions.push_back(i), p.out_cache_loc.push_back(options_.pad_slot);
+      p.attn.kv_slots.push_back(options_.pad_slot);
+    }
+    p.attn.q_start.push_back(p.attn.q_start.back() + k);
     p.attn.kv_start.push_back(int32_t(p.attn.kv_slots.size()));
   }
   return p;
@@ -54,7 +59,8 @@ CudaGraphRunner::Captured& CudaGraphRunner::captured(int bs) {
     c.batch = padded(ForwardBatch{}, bs);
     // Distinct sequences use distinct slots, so a batch names at most the pool plus its dummies;
     // more (sequences sharing a radix prefix) runs op by op.
-    c.kv_capacity = std::min<int64_t>(int64_t(bs) * options_.max_context, kv_.num_slots() + bs);
+    c.kv_capacity = std::min<int64_t>(int64_t(bs) * options_.max_context,
+                                      kv_.num_slots() + int64_t(bs) * options_.tokens_per_seq);
     if (options_.input_width > 0)  // zeros: padding rows stay finite whatever the body does with them
       c.input = Tensor::empty(model_.act_dtype, {bs, options_.input_width}, model_.device);
     run_eager(c.batch, c.input);  // allocations, GEMM plans and expert tables exist before the capture
@@ -83,11 +89,11 @@ void CudaGraphRunner::check_ranges(const ForwardBatch& b) const {
 }
 
 std::optional<std::vector<Tensor>> CudaGraphRunner::run(const ForwardBatch& batch, const Tensor* input) {
-  const int n = batch.num_seqs();
-  if (n <= 0 || batch.num_tokens() != n || sizes_.empty() || n > sizes_.back()) return std::nullopt;
+  const int n = batch.num_seqs(), k = options_.tokens_per_seq;
+  if (n <= 0 || batch.num_tokens() != n * k || sizes_.empty() || n > sizes_.back()) return std::nullopt;
   for (int s = 0; s < n; ++s) {
     const int nk = batch.attn.kv_start[s + 1] - batch.attn.kv_start[s];
-    if (batch.attn.q_start[s + 1] - batch.attn.q_start[s] != 1 || nk > options_.max_context) return std::nullopt;
+    if (batch.attn.q_start[s + 1] - batch.attn.q_start[s] != k || nk > options_.max_context) return std::nullopt;
   }
   const int bs = *std::lower_bound(sizes_.begin(), sizes_.end(), n);
   MS_CHECK((options_.input_width > 0) == (input != nullptr), "CUDA graphs: this body ",
@@ -96,7 +102,7 @@ std::optional<std::vector<Tensor>> CudaGraphRunner::run(const ForwardBatch& batc
                       "CUDA graphs: input ", input->describe(), " for ", n, " sequences of width ", options_.input_width);
   check_ranges(batch);
   Captured& c = captured(bs);
-  if (int64_t(batch.attn.kv_slots.size()) + (bs - n) > c.kv_capacity) return std::nullopt;
+  if (int64_t(batch.attn.kv_slots.size()) + int64_t(bs - n) * k > c.kv_capacity) return std::nullopt;
   if (input) {
     Tensor rows = c.input.narrow_rows(0, n);
     rows.copy_from(input->is_contiguous() ? *input : input->clone());
@@ -105,7 +111,7 @@ std::optional<std::vector<Tensor>> CudaGraphRunner::run(const ForwardBatch& batc
   c.graph->replay(ops::StepArrays{p.input_ids, p.positions, p.out_cache_loc, &p.attn});
   ++replays_;
   std::vector<Tensor> out;
-  for (const Tensor& t : c.outputs) out.push_back(t.narrow_rows(0, n));
+  for (const Tensor& t : c.outputs) out.push_back(t.narrow_rows(0, t.size(0) / bs * n));  // rows per sequence alike
   return out;
 }
 

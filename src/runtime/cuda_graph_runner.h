@@ -1,11 +1,14 @@
 // Decode steps replayed from CUDA graphs, one per padded batch size (1, 2, 4, 8, then multiples
 // of 8 up to --cuda-graph-max-bs), each captured once: a warm-up step at that size, then the
-// capture. A batch is padded to the next captured size with dummy sequences that read and write
-// one reserved KV slot; its outputs are the first rows of the graph's outputs.
+// capture. Every sequence of a step brings the same number of new tokens: one in a decode step,
+// the verified token and its drafts in a speculative verify. A batch is padded to the next
+// captured size with dummy sequences that read and write one reserved KV slot; its outputs are
+// the first rows of the graph's outputs (as many per sequence as the body gives).
 //
-// What a graph computes is its body: by default the model's logits of each sequence's token;
-// a draft model passes its own (the MTP layer: its hidden state and logits, from one input row
-// per sequence that the runner copies into the graph's input buffer before each replay).
+// What a graph computes is its body: by default the model's logits of each sequence's last
+// token; a speculative target passes the hidden states and logits of every token, and a draft
+// model its own (the MTP layer: its hidden state and logits, from one input row per sequence
+// that the runner copies into the graph's input buffer before each replay).
 //
 // The runner's graphs allocate from a graph pool of their own (kernels/step_graph.h), so nothing
 // else the program allocates lies in memory that a replay rewrites. The outputs live in that
@@ -37,6 +40,7 @@ struct CudaGraphOptions {
   int max_context = 4096;    // keys one sequence may have; sizes split-KV attention
   bool bf16_activations = false;
   int input_width = 0;       // columns of the body's per-sequence input rows; 0: it takes none
+  int tokens_per_seq = 1;    // new tokens of every sequence in a step
 };
 
 // The step a graph records: outputs with one row per sequence of ctx.batch, computed from the
@@ -50,9 +54,9 @@ class CudaGraphRunner {
   CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOptions options);
   CudaGraphRunner(const CausalLM& model, KvCache& kv, CudaGraphOptions options, GraphBody body);
 
-  // The body's outputs (rows of this batch's sequences, on the device) for a batch of one new
-  // token per sequence, or nullopt when no graph serves it (a sequence with several tokens,
-  // too many sequences, or more keys than max_context or the captured capacity).
+  // The body's outputs (rows of this batch's sequences, on the device) for a batch of
+  // tokens_per_seq new tokens per sequence, or nullopt when no graph serves it (a sequence with
+  // another count, too many sequences, or more keys than max_context or the captured capacity).
   std::optional<std::vector<Tensor>> run(const ForwardBatch& batch, const Tensor* input = nullptr);
   // run's first output: device logits [sequences, vocab] with the default body.
   std::optional<Tensor> decode(const ForwardBatch& batch);

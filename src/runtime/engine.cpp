@@ -35,13 +35,9 @@ CudaGraphSettings graph_settings(const EngineOptions& o) {
   return g;
 }
 
-// With speculation every decode step of the target verifies several tokens per request (op by
-// op); only the draft's one-token chain steps replay graphs.
-CudaGraphSettings target_graph_settings(const EngineOptions& o) {
-  CudaGraphSettings g = graph_settings(o);
-  g.disable = g.disable || o.speculative.enabled();
-  return g;
-}
+// With speculation the target's decode steps are verifies of the token and its drafts: its
+// graphs are captured for those (a step with fewer drafts for some request runs op by op).
+int verify_tokens(const EngineOptions& o) { return o.speculative.enabled() ? o.speculative.num_steps + 1 : 0; }
 
 std::unique_ptr<DraftModel> make_draft(const CausalLM& model, const EngineOptions& o, std::unique_ptr<DraftModel> given) {
   o.speculative.validate();
@@ -70,8 +66,8 @@ Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer 
       options_(options),
       detok_(std::move(detokenizer)),
       draft_(make_draft(model, options, std::move(draft))),
-      runner_(model, slots_with_draft(model, options, draft_.get()), options.bf16_activations,
-              target_graph_settings(options)),
+      runner_(model, slots_with_draft(model, options, draft_.get()), options.bf16_activations, graph_settings(options),
+              verify_tokens(options)),
       scheduler_(scheduler_options(options), runner_.num_slots(),
                  int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {
   if (!draft_) return;

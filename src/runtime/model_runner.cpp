@@ -7,15 +7,25 @@
 
 namespace ms {
 
-ModelRunner::ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs)
+ModelRunner::ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs,
+                         int verify_tokens)
     : model_(model),
       num_slots_(num_slots),
       kv_(model.make_kv_cache(num_slots + (graphs.enabled_on(model.device) ? 1 : 0))),
       bf16_(bf16_activations) {
   if (!graphs.enabled_on(model.device)) return;
   const int max_context = int(std::min<int64_t>(model.config.max_position_embeddings, num_slots));
-  graphs_ = std::make_unique<CudaGraphRunner>(
-      model, kv_, CudaGraphOptions{graphs.max_bs, int32_t(num_slots), max_context, bf16_activations, 0});
+  CudaGraphOptions o{graphs.max_bs, int32_t(num_slots), max_context, bf16_activations, 0};
+  if (verify_tokens > 0) {
+    o.tokens_per_seq = verify_tokens;
+    graphs_ = std::make_unique<CudaGraphRunner>(model, kv_, o, [&model](const ForwardContext& ctx, const Tensor&) {
+      Tensor hidden = model.forward_hidden(ctx);
+      return std::vector<Tensor>{hidden, model.logits(hidden)};
+    });
+  } else {
+    graphs_ = std::make_unique<CudaGraphRunner>(model, kv_, o);
+  }
+  verify_graphs_ = verify_tokens > 0;
   graphs_->capture_all();
 }
 
@@ -56,13 +66,20 @@ ForwardBatch ModelRunner::build_forward_batch(const ScheduleBatch& batch, const 
 
 Tensor ModelRunner::forward(const ScheduleBatch& batch, const ReqToTokenTable& table) {
   ForwardBatch fb = build_forward_batch(batch, table);
-  if (graphs_)
+  if (graphs_ && !verify_graphs_)
     if (std::optional<Tensor> logits = graphs_->decode(fb)) return *logits;
   return model_.forward(context(fb));
 }
 
 Tensor ModelRunner::forward_hidden(const ForwardBatch& fb) {
   return model_.forward_hidden(context(fb));
+}
+
+ModelRunner::HiddenAndLogits ModelRunner::forward_verify(const ForwardBatch& fb) {
+  if (graphs_ && verify_graphs_)
+    if (auto out = graphs_->run(fb)) return {(*out)[0], (*out)[1]};
+  Tensor hidden = forward_hidden(fb);
+  return {hidden, model_.logits(hidden)};
 }
 
 ForwardContext ModelRunner::context(const ForwardBatch& fb) {

@@ -1,8 +1,9 @@
 // Owns the KV cache of the token-slot pool and turns a ScheduleBatch into logits: it builds
 // the ForwardBatch (flat ids, positions, out_cache_loc, and per sequence its slots read from
-// req_to_token) and runs the model on its device. On the GPU, batches of one new token per
-// sequence replay CUDA graphs (captured at construction); the KV cache then has one slot beyond
-// the pool's, where padding sequences write.
+// req_to_token) and runs the model on its device. On the GPU, steps replay CUDA graphs
+// (captured at construction): decode batches of one new token per sequence, or with speculative
+// decoding the verify batches of its verified token plus its drafts per sequence. The KV cache
+// then has one slot beyond the pool's, where padding sequences write.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,8 +18,10 @@ namespace ms {
 
 class ModelRunner {
  public:
-  // graphs: captured for batches up to graphs.max_bs sequences when enabled on the model's device.
-  ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs = {});
+  // graphs: captured for batches up to graphs.max_bs sequences when enabled on the model's device;
+  // verify_tokens > 0: for verify batches of that many tokens per sequence instead of decode.
+  ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs = {},
+              int verify_tokens = 0);
 
   // Logits [sequences, vocab] of the last token of each sequence of the batch, on the model's
   // device; a replayed graph's logits stay valid until the next forward.
@@ -26,6 +29,12 @@ class ModelRunner {
   // Final hidden states [T, H] of every token of a built batch, on the model's device (the
   // speculative path takes logits of chosen rows and hands the rest to its draft model).
   Tensor forward_hidden(const ForwardBatch& fb);
+  // The final hidden states and logits of every token of a speculative verify batch (replayed
+  // graphs' outputs stay valid until the next forward).
+  struct HiddenAndLogits {
+    Tensor hidden, logits;
+  };
+  HiddenAndLogits forward_verify(const ForwardBatch& fb);
   // A forward of no tokens: what a rank whose DP group has nothing to run does in a step, so
   // that it still joins the MoE and TP collectives of its peers.
   void idle_forward();
@@ -46,6 +55,7 @@ class ModelRunner {
   KvCache kv_;
   bool bf16_;
   std::unique_ptr<CudaGraphRunner> graphs_;  // null: every step op by op
+  bool verify_graphs_ = false;               // graphs_ serves verify batches, not decode
 };
 
 // Memory of `device` for sizing the pool from --mem-fraction-static.

@@ -96,8 +96,8 @@ void SpeculativeWorker::run_verify(const ScheduleBatch& batch, const ReqToTokenT
 
   ForwardBatch fb = verify_batch(batch, drafts, table);
   const Clock::time_point t1 = Clock::now();
-  Tensor hidden = runner_.forward_hidden(fb);
-  const std::vector<VerifyResult> verdicts = verify(batch, fb, runner_.model().logits(hidden), drafts);
+  const auto [hidden, logits] = runner_.forward_verify(fb);
+  const std::vector<VerifyResult> verdicts = verify(batch, fb, logits, drafts);
   stats_.target_seconds += seconds_since(t1);
   ++stats_.verify_forwards;
 

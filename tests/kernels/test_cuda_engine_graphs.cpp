@@ -128,15 +128,16 @@ class RecordingMtp : public MtpDraft {
   Proposals* sink_;
 };
 
-// Speculative decoding with the MTP draft's chain steps replayed from graphs gives the plain
-// engine's greedy ids, for 1 and 3 draft steps; its drafts are the op-by-op draft's.
+// Speculative decoding with graphs (the target's verify steps and the MTP draft's chain steps
+// replayed) gives the plain engine's greedy ids, for 1 to 4 draft steps; its drafts are the
+// op-by-op draft's.
 TEST(CudaSpeculativeGraphs, MtpDraftUnderGraphsIsLosslessAndDraftsAsOpByOp) {
   MS_REQUIRE_CUDA();
   const std::string fixture = "deepseek-v3-tiny";
   auto model = load_gpu(fixture);
   Engine plain(*model, engine_options(false));
   const std::vector<GenerateResult> want = plain.generate(requests(fixture, true));
-  for (int steps : {1, 3}) {
+  for (int steps : {1, 2, 3, 4}) {
     Proposals proposals[2];
     for (bool graphs : {false, true}) {
       EngineOptions o = engine_options(graphs);
@@ -148,8 +149,15 @@ TEST(CudaSpeculativeGraphs, MtpDraftUnderGraphsIsLosslessAndDraftsAsOpByOp) {
       const std::vector<GenerateResult> got = engine.generate(requests(fixture, false));
       const std::string what = fixture + " steps=" + std::to_string(steps) + (graphs ? " graphs" : " op by op");
       EXPECT_GT(compare_up_to_margin(got, want, what), 0) << what;
-      if (graphs && steps > 1) EXPECT_GT(draft->graph_replays(), 0) << what;
-      if (!graphs) EXPECT_EQ(draft->graph_replays(), 0) << what;
+      if (graphs) {
+        EXPECT_GT(engine.stats().cuda_graph_replays - draft->graph_replays(), 0) << what << ": no verify replayed";
+        if (steps > 1) {
+          EXPECT_GT(draft->graph_replays(), 0) << what;
+        }
+      } else {
+        EXPECT_EQ(engine.stats().cuda_graph_replays, 0) << what;
+        EXPECT_EQ(draft->graph_replays(), 0) << what;
+      }
     }
     // Drafts beyond the first come from chain steps (replayed or not); while both runs decode
     // the same tokens their proposals must agree but for near-ties of the MTP head.
