@@ -21,18 +21,31 @@ constexpr int kNewTokens = 16;
 TEST(CudaArgmax, MatchesHostArgmaxWithTiesToTheLowerIndex) {
   MS_REQUIRE_CUDA();
   for (DType dtype : {DType::BF16, DType::F32}) {
-    for (int64_t vocab : {int64_t(7), int64_t(1000), int64_t(129280)}) {
+    // Long rows are cut into chunks reduced by separate blocks (more chunks the fewer the rows),
+    // so ties are planted across chunk boundaries whatever the chunk length.
+    for (int64_t vocab : {int64_t(7), int64_t(1000), int64_t(129280), int64_t(151936)}) {
       Tensor host = randn({5, vocab}, 3.0f);
+      float* row0 = host.data<float>();  // the maximum every 997 elements of the last half
+      for (int64_t j = vocab / 2; j < vocab; j += 997) row0[j] = 50.0f;
       float* row2 = host.data<float>() + 2 * vocab;  // a tie: the lower index must win
       row2[vocab / 3] = row2[vocab - 1] = 100.0f;
       float* row3 = host.data<float>() + 3 * vocab;  // all equal
       std::fill(row3, row3 + vocab, -1.0f);
+      float* row4 = host.data<float>() + 4 * vocab;  // the last half all equal to the maximum
+      std::fill(row4 + vocab / 2, row4 + vocab, 20.0f);
       Tensor dev = gpu(host, dtype);
-      EXPECT_EQ(ops::argmax_rows(dev), ops::argmax_rows(host)) << dtype_name(dtype) << " vocab " << vocab;
-      EXPECT_EQ(ops::argmax_rows(dev)[2], int32_t(vocab / 3));
+      const auto whole = ops::argmax_rows(host);
+      EXPECT_EQ(ops::argmax_rows(dev), whole) << dtype_name(dtype) << " vocab " << vocab;
+      EXPECT_EQ(whole[2], int32_t(vocab / 3));
+      EXPECT_EQ(whole[3], 0);
+      EXPECT_EQ(whole[4], int32_t(vocab / 2));
       // Rows [1, 4) of the device tensor: a view whose first row is not the buffer's.
-      const auto part = ops::argmax_rows(dev.narrow_rows(1, 3)), whole = ops::argmax_rows(host);
+      const auto part = ops::argmax_rows(dev.narrow_rows(1, 3));
       EXPECT_EQ(part, std::vector<int32_t>(whole.begin() + 1, whole.begin() + 4));
+      // One row at a time: batch-1 decode, the most chunks a row.
+      for (int64_t r = 0; r < 5; ++r)
+        EXPECT_EQ(ops::argmax_rows(dev.narrow_rows(r, 1))[0], whole[size_t(r)])
+            << dtype_name(dtype) << " vocab " << vocab << " row " << r;
     }
   }
 }
