@@ -36,6 +36,11 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{1, 900}, {64, 64}, {20, 300}},           // decode + prefill + prefix-cached extend
     {{1, 1000}, {1, 4000}, {1, 17}, {1, 2500}},  // a decode batch (split-KV)
     {{1, 6000}},                                // one long decode (many splits)
+    // Single decodes whose split-KV merges take 33 and 65 splits on a 132-SM H200 (GQA 32/4
+    // heads: 1056 and 2080 keys; MLA: 2080 and 4150 keys), as batch-1 decode at 2k-4k context.
+    {{1, 1056}},
+    {{1, 2080}},
+    {{1, 4150}},
     {{300, 300}, {130, 1200}, {16, 16}},        // prefill tiles on the tensor cores: causal, cached prefix, partial tiles
 };
 

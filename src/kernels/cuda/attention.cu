@@ -7,6 +7,7 @@
 // the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
 // flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -148,32 +149,69 @@ __global__ void attention_kernel(AttnParams p) {
   if (lane == 0) p.part_ml[2 * row] = m, p.part_ml[2 * row + 1] = l;
 }
 
-// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z: the weights of
-// the splits once into shared memory, then every thread sums its dims over them.
-__global__ void combine_splits(AttnParams p) {
+constexpr int kCombineWarps = 16;  // a block's warps, each summing every 16th split
+constexpr int kCombineCols = 32;   // V-wide pieces of the output a block: one a lane
+
+// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z. Block
+// (t * hq + h, c) writes dims [c * 32V, (c + 1) * 32V) of one (query, head): warp 0 puts the
+// splits' weights into shared memory once, then every warp sums its share of the splits, V
+// floats a lane (16-byte loads for V = 4), and the warps' sums meet in shared memory. Many warps
+// a block keep many loads in flight: a decode merges 33-65 splits for only 16-32 (query, head)s.
+template <int V>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams p) {
+  using Vec = std::conditional_t<V == 4, float4, float2>;
   extern __shared__ float weight[];  // [splits]
-  const int t = blockIdx.x / p.hq, h = blockIdx.x % p.hq;
-  const int64_t stride = int64_t(p.T) * p.hq;
-  if (threadIdx.x < 32) {
+  __shared__ float sums[kCombineWarps][kCombineCols * V];
+  __shared__ float inv_total;
+  const int64_t row = blockIdx.x, stride = int64_t(p.T) * p.hq;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) {
     float M = -INFINITY;
-    for (int z = threadIdx.x; z < p.splits; z += 32) M = fmaxf(M, p.part_ml[2 * (z * stride + blockIdx.x)]);
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    for (int z = lane; z < p.splits; z += 32) M = fmaxf(M, p.part_ml[2 * (z * stride + row)]);
+    M = warp_max(M);
     float L = 0.f;
-    for (int z = threadIdx.x; z < p.splits; z += 32) {
-      const int64_t row = z * stride + blockIdx.x;
-      weight[z] = p.part_ml[2 * row] == -INFINITY ? 0.f : expf(p.part_ml[2 * row] - M);
-      L += p.part_ml[2 * row + 1] * weight[z];
+    for (int z = lane; z < p.splits; z += 32) {
+      const float* ml = p.part_ml + 2 * (z * stride + row);
+      weight[z] = ml[0] == -INFINITY ? 0.f : expf(ml[0] - M);  // a split with no keys weighs nothing
+      L += ml[1] * weight[z];
     }
-    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-    __syncwarp();
-    for (int z = threadIdx.x; z < p.splits; z += 32) weight[z] /= L;
+    L = warp_sum(L);
+    if (lane == 0) inv_total = 1.0f / L;
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < p.dv; d += blockDim.x) {
-    float sum = 0.f;
-    for (int z = 0; z < p.splits; ++z) sum += p.part_acc[(z * stride + blockIdx.x) * p.dv + d] * weight[z];
-    p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(sum);
+  const int col = int(blockIdx.y) * kCombineCols + lane;  // in V-wide pieces
+  float acc[V] = {};
+  if (col * V < p.dv) {
+#pragma unroll 4
+    for (int z = warp; z < p.splits; z += kCombineWarps) {
+      const Vec a = reinterpret_cast<const Vec*>(p.part_acc + (z * stride + row) * p.dv)[col];
+      const float* af = reinterpret_cast<const float*>(&a);
+      const float w = weight[z];
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += w * af[i];
+    }
   }
+#pragma unroll
+  for (int i = 0; i < V; ++i) sums[warp][lane * V + i] = acc[i];
+  __syncthreads();
+  const int d = int(blockIdx.y) * kCombineCols * V + int(threadIdx.x);
+  if (threadIdx.x >= kCombineCols * V || d >= p.dv) return;
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) total += sums[w][threadIdx.x];
+  const int t = int(row) / p.hq, h = int(row) % p.hq;
+  p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(total * inv_total);
+}
+
+// Merges p.splits partials into p.out: float4 pieces when rows of partials allow them (the
+// scratch is 16-byte aligned, so a value width divisible by 4 does), else float2 (widths are even).
+void launch_combine(const AttnParams& p) {
+  const int v = p.dv % 4 == 0 ? 4 : 2;
+  const dim3 grid(unsigned(p.T * p.hq), unsigned((p.dv + kCombineCols * v - 1) / (kCombineCols * v)));
+  const size_t smem = size_t(p.splits) * sizeof(float);
+  if (v == 4) combine_splits<4><<<grid, kCombineWarps * 32, smem, stream()>>>(p);
+  else combine_splits<2><<<grid, kCombineWarps * 32, smem, stream()>>>(p);
+  MS_CUDA_LAUNCHED("combine_splits");
 }
 
 template <int NCH>
@@ -248,10 +286,7 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   } else {
     launch_kernel(p, kv_heads, op);
   }
-  if (p.splits > 1) {
-    combine_splits<<<unsigned(p.T * p.hq), 128, size_t(p.splits) * sizeof(float), stream()>>>(p);
-    MS_CUDA_LAUNCHED("combine_splits");
-  }
+  if (p.splits > 1) launch_combine(p);
 }
 
 // The CUDA-core kernel for p's value width.
