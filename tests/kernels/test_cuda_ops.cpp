@@ -88,13 +88,16 @@ TEST(CudaOps, RmsNormMatchesCpuIncludingColumnSliceInPlace) {
   cuda::rms_norm(latg, gpu(w2, DType::F32), 1e-6f, latg);
   EXPECT_LT(rel_error(host_block(kvg, 0, 512), ref2), kBf16Tol);
   EXPECT_EQ(rel_error(host_block(kvg, 512, 64), kv.slice(1, 512, 576).clone()), 0.0) << "rope columns changed";
-  // Per-head q norm (rows of 128, a warp each) and a row wider than the warp kernel takes (7168).
-  for (int64_t W : {128, 7168}) {
-    Tensor h = randn({37, W}, 2.0f), hw = randn({W}, 0.5f), href = Tensor::empty(DType::F32, {37, W});
+  // In place, rows of every width class: per-head q/k norms (128: part of a warp a row), single
+  // rows as at batch 1, widths that leave threads of a row idle (1536, 7168), one piece (8), and
+  // two pieces a thread (16384).
+  for (auto [R, W] : std::vector<std::pair<int64_t, int64_t>>{
+           {37, 128}, {32, 128}, {1, 2048}, {1, 7168}, {37, 7168}, {9, 1536}, {3, 8}, {5, 16384}}) {
+    Tensor h = randn({R, W}, 2.0f), hw = randn({W}, 0.5f), href = Tensor::empty(DType::F32, {R, W});
     cpu::rms_norm(h, hw, 1e-6f, href);
     Tensor hg = gpu(h);
     cuda::rms_norm(hg, gpu(hw), 1e-6f, hg);
-    EXPECT_LT(rel_error(hg, href), kBf16Tol) << "width " << W;
+    EXPECT_LT(rel_error(hg, href), kBf16Tol) << R << " rows of " << W;
   }
 }
 

@@ -2,7 +2,7 @@
 // gathers and KV-cache scatters, rotary embedding. Rows may be strided (a column slice, a
 // [T, H, D] view) exactly as the CPU ops allow: row r starts at r * strides[0], and the rest of
 // the row is contiguous. Arithmetic is f32; the result is rounded once into the output dtype.
-// BF16 rows that allow it take 16-byte loads (RMSNorm a warp a row, residual adds).
+// BF16 rows that allow it take 16-byte loads (RMSNorm by groups of threads a row, residual adds).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
@@ -53,47 +53,69 @@ __global__ void rms_norm_kernel(const T* x, int64_t xs, const TW* w, float eps, 
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) store_f(orow + i, load_f(xr + i) * inv * load_f(w + i));
 }
 
-// RMSNorm of bf16 rows (width a multiple of 8, at most 2048, 16-byte aligned), one warp a row:
-// each lane keeps its 16-byte pieces in registers from the sum of squares to the write, so a row
-// is read once and in place is safe; the arithmetic is the kernel's above.
-template <class TW>
-__global__ void rms_norm_rows_kernel(const bf16* x, int64_t xs, const TW* w, float eps, int D, int64_t rows, bf16* out,
-                                     int64_t os) {
-  constexpr int kPieces = 8;  // 16-byte pieces a lane, at most
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32, n = D / 8;
-  if (row >= rows) return;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + row * xs);
-  uint4 v[kPieces];
-  float ss = 0.f;
+// 8 bf16 values from 16 bytes, and 8 weights (bf16 or f32) from 16-byte aligned memory.
+__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-  for (int i = 0; i < kPieces; ++i) {
-    if (lane + 32 * i >= n) break;
-    v[i] = xr[lane + 32 * i];
-    const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
-      ss += f.x * f.x + f.y * f.y;
-    }
+  for (int j = 0; j < 4; ++j) {
+    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+    f[2 * j] = p.x, f[2 * j + 1] = p.y;
   }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
-  uint4* orow = reinterpret_cast<uint4*>(out + row * os);
+}
+__device__ __forceinline__ void load8(const bf16* w, float f[8]) { unpack8(*reinterpret_cast<const uint4*>(w), f); }
+__device__ __forceinline__ void load8(const float* w, float f[8]) {
+  const float4 a = reinterpret_cast<const float4*>(w)[0], b = reinterpret_cast<const float4*>(w)[1];
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+constexpr int kNormPieces = 2;          // 16-byte pieces a thread, at most
+constexpr int kNormMaxGroup = 1024;     // threads a row, at most: widths up to 16384
+constexpr int kNormMinBlock = 128;
+
+// RMSNorm of bf16 rows (width a multiple of 8, 16-byte aligned rows and weight) by groups of
+// `group` threads a row (a power of two: a part of a warp for narrow rows such as per-head
+// q/k norms, up to a whole block for wide ones), so that a handful of rows, or one, still spreads
+// over many threads. Each thread keeps its 16-byte pieces (and their weights, loaded at once so
+// both reads are in flight together) in registers from the sum of squares to the write, so a row
+// is read once and in place is safe; the arithmetic is rms_norm_kernel's.
+template <class TW>
+__global__ void rms_norm_rows_kernel(const bf16* x, int64_t xs, const TW* w, float eps, int D, int64_t rows,
+                                     int group, bf16* out, int64_t os) {
+  __shared__ float warp_ss[32];
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
+  const int g = int(threadIdx.x) % group, n = D / 8;
+  const bool live = row < rows;  // threads past the last row still join the reductions
+  float v[kNormPieces][8], wt[kNormPieces][8], ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPieces; ++i) {
-    const int c = lane + 32 * i;
-    if (c >= n) break;
-    const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+  for (int i = 0; i < kNormPieces; ++i) {
+    const int c = g + group * i;
+    if (!live || c >= n) break;
+    unpack8(reinterpret_cast<const uint4*>(x + row * xs)[c], v[i]);
+    load8(w + c * 8, wt[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += v[i][j] * v[i][j];
+  }
+  for (int o = min(group, 32) / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (group > 32) {  // the row's warps meet in shared memory
+    if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
+    __syncthreads();
+    const int first = int(threadIdx.x) / group * (group / 32);
+    ss = 0.f;
+    for (int k = 0; k < group / 32; ++k) ss += warp_ss[first + k];
+  }
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+#pragma unroll
+  for (int i = 0; i < kNormPieces; ++i) {
+    const int c = g + group * i;
+    if (!live || c >= n) break;
     uint32_t res[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
-      const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * inv * load_f(w + c * 8 + 2 * j),
-                                                     f.y * inv * load_f(w + c * 8 + 2 * j + 1));
+      const __nv_bfloat162 r =
+          __floats2bfloat162_rn(v[i][2 * j] * inv * wt[i][2 * j], v[i][2 * j + 1] * inv * wt[i][2 * j + 1]);
       res[j] = *reinterpret_cast<const uint32_t*>(&r);
     }
-    orow[c] = make_uint4(res[0], res[1], res[2], res[3]);
+    reinterpret_cast<uint4*>(out + row * os)[c] = make_uint4(res[0], res[1], res[2], res[3]);
   }
 }
 
@@ -221,12 +243,16 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_device_tensor(weight, {DType::BF16, DType::F32}, "rms_norm", "weight");
   MS_CHECK(weight.is_contiguous(), "rms_norm: weight must be contiguous");
   if (xr.n == 0) return;
-  if (x.dtype() == DType::BF16 && xr.width % 8 == 0 && xr.width <= 2048 && wide(x.raw(), xr.stride) &&
-      wide(out.raw(), orow.stride)) {
-    constexpr int kRowsPerBlock = 8;
+  if (x.dtype() == DType::BF16 && xr.width % 8 == 0 && xr.width <= 8 * kNormPieces * kNormMaxGroup &&
+      wide(x.raw(), xr.stride) && wide(out.raw(), orow.stride) && wide(weight.raw(), 0)) {
+    // A thread a 16-byte piece (threads a row: a power of two), two pieces each past 8192 wide.
+    int group = 1;
+    while (group < kNormMaxGroup && group < xr.width / 8) group *= 2;
+    const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
     MS_FLOAT_DISPATCH(weight.dtype(), TW,
-      rms_norm_rows_kernel<TW><<<blocks_for(xr.n, kRowsPerBlock), kRowsPerBlock * 32, 0, stream()>>>(
-          x.data<bf16>(), xr.stride, weight.data<TW>(), eps, int(xr.width), xr.n, out.data<bf16>(), orow.stride));
+      rms_norm_rows_kernel<TW><<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(
+          x.data<bf16>(), xr.stride, weight.data<TW>(), eps, int(xr.width), xr.n, group, out.data<bf16>(),
+          orow.stride));
     MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
     return;
   }
