@@ -3,6 +3,7 @@
 // the MLA absorptions (bf16 and fp8 kv_b), router top-k in every routing variant (ids must be
 // identical), and the routed experts (bf16 and fp8 weights).
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -122,6 +123,10 @@ struct RouterCase {
   ops::RouterParams p;
   bool bias;
   DType logits_dtype;
+  // Integer logits: many equal scores, group scores and choices. (No bias with them: a bias on a
+  // grid would make sums such as sigmoid(k) + sigmoid(-k) equal in exact arithmetic only, whose
+  // rounding the CPU's exp and the GPU's may order differently.)
+  bool ties = false;
 };
 
 ops::RouterParams router(int k, ops::Scoring s, ops::GroupRank g, int ng, int tg, bool renorm, float scale) {
@@ -140,10 +145,17 @@ TEST(CudaOps, MoeTopkMatchesCpuInEveryVariant) {
       {"qwen2 softmax greedy bf16 logits", 60, router(4, S::Softmax, G::None, 1, 1, false, 1.0f), false, DType::BF16},
       {"v2 group_limited_greedy", 160, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f), false, DType::F32},
       {"v3 noaux_tc", 256, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), true, DType::F32},
+      {"mixtral softmax top-2 of 8", 8, router(2, S::Softmax, G::None, 1, 1, true, 1.0f), false, DType::BF16},
+      {"512 experts top-10", 512, router(10, S::Softmax, G::None, 1, 1, true, 1.0f), false, DType::F32},
+      {"qwen3 ties", 128, router(8, S::Softmax, G::None, 1, 1, true, 1.0f), false, DType::F32, true},
+      {"v3 noaux_tc ties", 256, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), false, DType::F32, true},
+      {"v2 group_limited_greedy ties", 160, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f), false, DType::F32, true},
   };
-  const int64_t T = 300;
+  const int64_t T = 301;  // 4 tokens a block: the last block partly idle
   for (const auto& c : cases) {
     Tensor logits = randn({T, c.E}, 2.0f), bias = randn({c.E}, 0.3f);
+    if (c.ties)  // ties must go to the lower expert (and group) id exactly as on the CPU
+      for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(logits.data<float>()[i]);
     Tensor ids_ref = Tensor::empty(DType::I32, {T, c.p.top_k}), w_ref = Tensor::empty(DType::F32, {T, c.p.top_k});
     cpu::moe_topk(logits, c.bias ? &bias : nullptr, c.p, ids_ref, w_ref);
     Tensor ids = poisoned(DType::I32, {T, c.p.top_k}), w = poisoned(DType::F32, {T, c.p.top_k});

@@ -1,9 +1,9 @@
 // Mixture-of-experts on the GPU. Routing: one warp per token runs the CPU op's algorithm step
-// for step (same scores, same group ranking with ties to the lower index, non-selected groups
-// masked to 0, top-k ties to the lower expert id, weights summed in slot order). Experts: the
-// token-expert pairs are sorted by expert on the host, the tokens gathered into one BF16 block,
-// each selected expert's gate/up/down run as cuBLASLt GEMMs over its rows, and one kernel sums
-// every token's k expert outputs with their weights in f32.
+// for step, in registers (same scores, same group ranking with ties to the lower index,
+// non-selected groups masked to 0, top-k ties to the lower expert id, weights summed in pick
+// order). Experts: the token-expert pairs are sorted by expert on the host, the tokens gathered
+// into one BF16 block, each selected expert's gate/up/down run as cuBLASLt GEMMs over its rows,
+// and one kernel sums every token's k expert outputs with their weights in f32.
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
@@ -13,7 +13,7 @@
 namespace ms::cuda {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
+constexpr int kWarpsPerBlock = 4;  // tokens a block, a warp each
 
 // Shared-experts fusion (RouterParams::fused_shared_replicas) is being added to ops.h alongside
 // this backend; read it when the interface has it, so both sides can land in either order.
@@ -39,81 +39,121 @@ __device__ void warp_argmax(float& v, int& idx) {
   }
 }
 
-template <class TL>
-__global__ void topk_kernel(const TL* logits, TopkParams p, int32_t* ids, float* weights) {
-  extern __shared__ float smem[];
+// An unsigned key that orders as the float does (-0 taken as +0 so equal floats give equal keys;
+// router scores are never NaN): a warp's largest choice is then one redux instruction, and key 0,
+// below every float, marks an expert already taken (or a padding slot past E).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One warp a token, expert e = i * 32 + lane in register i of a lane (32 * NV >= E). The
+// selection keeps everything in registers: each of the K rounds is a lane's scan of its NV keys
+// and two warp reductions (largest key, then the lowest expert holding it: the CPU op's tie rule).
+// Lane j keeps the j-th pick, so ids and weights are written once, together, at the end.
+template <class TL, int NV>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) topk_kernel(const TL* logits, TopkParams p, int32_t* ids,
+                                                                    float* weights) {
+  constexpr uint32_t kAll = 0xffffffffu;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
-  if (t >= p.T) return;
-  float* s = smem + warp * 2 * p.E;  // scores
-  float* choice = s + p.E;
+  if (t >= p.T) return;  // the whole warp: no block-wide barrier below
   const TL* row = logits + t * p.ls;
-  float mx = -INFINITY;
-  for (int e = lane; e < p.E; e += 32) mx = fmaxf(mx, load_f(row + e));
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.f;
-  for (int e = lane; e < p.E; e += 32) {
-    float x = load_f(row + e);
-    s[e] = p.scoring == int(Scoring::Sigmoid) ? 1.0f / (1.0f + expf(-x)) : expf(x - mx);
-    sum += s[e];
+  float x[NV], s[NV], choice[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int e = i * 32 + lane;
+    x[i] = e < p.E ? load_f(row + e) : -INFINITY;
+    choice[i] = p.bias && e < p.E ? p.bias[e] : 0.f;
   }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  __syncwarp();
-  for (int e = lane; e < p.E; e += 32) {
-    if (p.scoring == int(Scoring::Softmax)) s[e] /= sum;
-    choice[e] = s[e] + (p.bias ? p.bias[e] : 0.f);
+  float mx = -INFINITY, sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) mx = fmaxf(mx, x[i]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, o));
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    s[i] = p.scoring == int(Scoring::Sigmoid) ? 1.0f / (1.0f + expf(-x[i])) : expf(x[i] - mx);
+    if (i * 32 + lane >= p.E) s[i] = 0.f;
+    sum += s[i];
   }
-  __syncwarp();
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kAll, sum, o);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    if (p.scoring == int(Scoring::Softmax)) s[i] /= sum;
+    choice[i] += s[i];
+  }
   if (p.group_rank != int(GroupRank::None) && p.n_group > 1) {
+    // Group scores through shared memory: lane g < n_group ranks group g from its `per` choices.
+    extern __shared__ float smem[];
+    float* cs = smem + warp * p.E;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (i * 32 + lane < p.E) cs[i * 32 + lane] = choice[i];
+    __syncwarp();
     const int per = int(p.E / p.n_group);
     float gscore = -INFINITY;
     if (lane < p.n_group) {  // top-1 (Max) or top-1 + top-2 (SumTop2) of the group's choices
       float m1 = -INFINITY, m2 = -INFINITY;
       for (int e = lane * per; e < (lane + 1) * per; ++e) {
-        float c = choice[e];
+        float c = cs[e];
         if (c > m1) m2 = m1, m1 = c;
         else if (c > m2) m2 = c;
       }
       gscore = p.group_rank == int(GroupRank::Max) ? m1 : m1 + (per > 1 ? m2 : 0.f);
     }
     bool kept = false;
-    for (int r = 0; r < p.topk_group; ++r) {
+    for (int r = 0; r < p.topk_group; ++r) {  // best groups first, ties to the lower group (stable sort)
       float v = (lane < p.n_group && !kept) ? gscore : -INFINITY;
       int idx = (lane < p.n_group && !kept) ? lane : -1;
       warp_argmax(v, idx);
       if (lane == idx) kept = true;
     }
-    __syncwarp();
-    for (int g = 0; g < p.n_group; ++g) {
-      const bool keep = __shfl_sync(0xffffffffu, kept, g);
-      if (!keep)
-        for (int e = g * per + lane; e < (g + 1) * per; e += 32) choice[e] = 0.f;
+    const uint32_t kept_groups = __ballot_sync(kAll, kept);
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = i * 32 + lane;
+      if (e < p.E && !((kept_groups >> (e / per)) & 1u)) choice[i] = 0.f;  // the reference masks with 0
     }
-    __syncwarp();
   }
-  float wsum = 0.f;
+  uint32_t key[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) key[i] = i * 32 + lane < p.E ? order_key(choice[i]) : 0u;
+  float wsum = 0.f, my_s = 0.f;
+  int my_id = 0;
+  for (int j = 0; j < p.K; ++j) {
+    uint32_t best = 0u;  // the lane's largest key, its lowest slot on ties (strict >)
+    int slot = 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (key[i] > best) best = key[i], slot = i;
+    const uint32_t top = __reduce_max_sync(kAll, best);
+    const int e = int(__reduce_min_sync(kAll, best == top ? uint32_t(slot * 32 + lane) : kAll));
+    float se = 0.f;  // the owner lane takes e out of the running and hands over its score
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (i * 32 + lane == e) key[i] = 0u, se = s[i];
+    se = __shfl_sync(kAll, se, e % 32);
+    wsum += se;  // in pick order, as the CPU op sums
+    if (lane == j) my_id = e, my_s = se;
+  }
+  const float norm = p.renormalize ? 1.0f / (wsum + 1e-20f) : 1.0f;
   int32_t* id_out = ids + t * p.C;
   float* w_out = weights + t * p.C;
-  for (int j = 0; j < p.K; ++j) {
-    float v = -INFINITY;
-    int idx = -1;
-    for (int e = lane; e < p.E; e += 32) {
-      if (choice[e] == -INFINITY) continue;  // taken
-      if (idx < 0 || choice[e] > v) v = choice[e], idx = e;
-    }
-    warp_argmax(v, idx);
-    if (lane == 0) {
-      id_out[j] = idx;
-      w_out[j] = s[idx];
-      choice[idx] = -INFINITY;  // taken
-    }
-    wsum += s[idx];
-    __syncwarp();
-  }
-  if (lane == 0) {
-    const float norm = p.renormalize ? 1.0f / (wsum + 1e-20f) : 1.0f;
-    for (int j = 0; j < p.K; ++j) w_out[j] *= norm * p.scale;
-    if (p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
+  if (lane < p.K) id_out[lane] = my_id, w_out[lane] = my_s * (norm * p.scale);
+  if (lane == 0 && p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
+}
+
+template <class TL>
+void launch_topk(int nv, unsigned grid, size_t smem, const TL* logits, const TopkParams& tp, int32_t* ids,
+                 float* weights) {
+  switch (nv) {
+    case 1: topk_kernel<TL, 1><<<grid, kWarpsPerBlock * 32, smem, stream()>>>(logits, tp, ids, weights); break;
+    case 2: topk_kernel<TL, 2><<<grid, kWarpsPerBlock * 32, smem, stream()>>>(logits, tp, ids, weights); break;
+    case 4: topk_kernel<TL, 4><<<grid, kWarpsPerBlock * 32, smem, stream()>>>(logits, tp, ids, weights); break;
+    case 8: topk_kernel<TL, 8><<<grid, kWarpsPerBlock * 32, smem, stream()>>>(logits, tp, ids, weights); break;
+    case 16: topk_kernel<TL, 16><<<grid, kWarpsPerBlock * 32, smem, stream()>>>(logits, tp, ids, weights); break;
+    case 32: topk_kernel<TL, 32><<<grid, kWarpsPerBlock * 32, smem, stream()>>>(logits, tp, ids, weights); break;
+    default: fail("moe_topk: ", nv, " experts a lane");
   }
 }
 
@@ -125,6 +165,7 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
   const int64_t C = K + (fused > 0 ? 1 : 0);
   MS_CHECK(ids.size(1) == C && weights.size(1) == C && K <= E, "moe_topk: top_k ", K, " of ", E, " experts into ",
            ids.describe());
+  MS_CHECK(K <= 32 && E <= 1024, "moe_topk: top_k ", K, " of ", E, " experts (the kernel takes at most 32 of 1024)");
   MS_CHECK(p.group_rank == GroupRank::None || (E % p.n_group == 0 && p.topk_group <= p.n_group && p.n_group <= 32),
            "moe_topk: ", E, " experts do not split into ", p.n_group, " groups (at most 32)");
   check_device_tensor(logits, {DType::F32, DType::BF16}, "moe_topk", "logits");
@@ -140,11 +181,13 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
   if (T == 0) return;
   TopkParams tp{T, E, logits.strides()[0], int(K), int(C), fused, int(p.scoring), int(p.group_rank), p.n_group, p.topk_group,
                 int(p.renormalize), p.scale, bias ? bias->data<float>() : nullptr};
-  const size_t smem = size_t(kWarpsPerBlock) * 2 * E * sizeof(float);
-  MS_CHECK(smem <= 48 * 1024, "moe_topk: ", E, " experts exceed the kernel's shared memory");
+  int nv = 1;  // experts a lane: a power of two, 32 * nv >= E
+  while (32 * nv < E) nv *= 2;
+  const bool grouped = p.group_rank != GroupRank::None && p.n_group > 1;
+  const size_t smem = grouped ? size_t(kWarpsPerBlock) * E * sizeof(float) : 0;
   MS_FLOAT_DISPATCH(logits.dtype(), TL,
-    topk_kernel<TL><<<blocks_for(T, kWarpsPerBlock), kWarpsPerBlock * 32, smem, stream()>>>(
-        logits.data<TL>(), tp, ids.data<int32_t>(), weights.data<float>()));
+    launch_topk<TL>(nv, blocks_for(T, kWarpsPerBlock), smem, logits.data<TL>(), tp, ids.data<int32_t>(),
+                    weights.data<float>()));
   MS_CUDA_LAUNCHED("topk_kernel");
 }
 
