@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The session's last GPU call (device tool, nvidia-h200), from the repository root: the committed
+# tree ($SRC, a `git archive HEAD`) and the tree before this session's kernels ($BEFORE_SRC) build
+# side by side; every single-GPU test of the committed tree; speculative `generate` with 1..4 MTP
+# draft steps against the plain run (deepseek-v3-tiny, three prompts, CUDA graphs) and once under
+# compute-sanitizer; then bench-one-batch before/after on the Qwen3-30B-A3B (12 layers) and
+# DeepSeek-V2-Lite (9 layers) shapes (decode B = 1 at 4k, B = 8 at 1k, B = 64 at 256, prefill of
+# 8k; CUDA graphs on) and Nsight Compute's per-kernel times of the after binary's Qwen3 B = 1 step.
+# $OUT gets summary.log, bench-{before,after}.jsonl, ceilings.json, ncu-qwen3-b1.csv, logs.tgz.
+#   SRC=.devsrc-final BEFORE_SRC=.devsrc-before bash bench/session_final_run.sh
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+SRC=${SRC:-.devsrc-final} BEFORE_SRC=${BEFORE_SRC:-.devsrc-before} L=/tmp/logs
+mkdir -p $L
+for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+configure() { cmake -S $1 -B $2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DCMAKE_PREFIX_PATH=$ROOT/.deps/usr -DCMAKE_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu; }
+(configure $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
+BB=$!
+TESTS=$(cd $SRC/tests/kernels && ls test_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')
+(configure $SRC /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
+  { tail -40 $L/build.log; log "build failed"; exit 1; }
+log "built"
+B=/tmp/b/moeserve
+for t in $TESTS; do
+  case $t in test_cuda_parallel|test_nccl_comm) continue ;; esac
+  timeout 200 /tmp/b/tests/$t > $L/$t.log 2>&1
+  log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $L/$t.log | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|Expected|Which is|actual' $L/$t.log | head -12 >> "$OUT/summary.log"
+done
+printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":32,"ignore_eos":true}' \
+  '{"input_ids":[11,12,13],"max_new_tokens":24,"ignore_eos":true}' \
+  '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":20,"ignore_eos":true}' > /tmp/p.jsonl
+GEN="$B generate --device cuda --model-path tests/fixtures/deepseek-v3-tiny --max-total-tokens 4096 --input-file /tmp/p.jsonl"
+timeout 60 $GEN > /tmp/plain.txt 2> $L/plain.err
+for n in 1 2 3 4; do
+  timeout 60 $GEN --speculative-algorithm NEXTN --speculative-num-steps $n > /tmp/spec.txt 2> $L/spec_$n.err
+  rc=$?; cmp -s /tmp/plain.txt /tmp/spec.txt && same=equal || same=DIFFER
+  log "speculative steps=$n graphs rc=$rc ids $same plain"
+done
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+timeout 150 $SAN --tool memcheck --print-limit 5 --log-file $L/sanitizer.log $GEN --speculative-algorithm NEXTN \
+  --speculative-num-steps 3 --cuda-graph-max-bs 4 > /tmp/san.txt 2> $L/sanitizer.err
+log "compute-sanitizer memcheck, speculative steps=3 under graphs: rc=$? $(grep -E 'ERROR SUMMARY' $L/sanitizer.log | head -1); ids $(cmp -s /tmp/plain.txt /tmp/san.txt && echo equal || echo DIFFER)"
+timeout 60 /tmp/b/ms_cuda_ceilings > $OUT/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $OUT/ceilings.json)"
+wait $BB; [ -x /tmp/before/moeserve ] && log "before built" || { tail -20 $L/build-before.log; log "before build failed"; }
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for m in qwen3:qwen3-30b-a3b:12 v2lite:deepseek-v2-lite:9; do
+  IFS=: read -r name shape layers <<< "$m"
+  timeout 120 $B make-random-model --shape $shape --layers $layers /tmp/$name > /dev/null 2>&1
+  cp /tmp/$name/config.json "$OUT/$name-config.json"
+  for run in "1 4096 16" "8 1024 16" "64 256 16" "1 8192 2"; do
+    read -r b i o <<< "$run"
+    for side in before after; do
+      bin=$B; [ $side = before ] && bin=/tmp/before/moeserve
+      echo "== $side $name B=$b I=$i O=$o" >> $L/bench.log
+      timeout 120 $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b --input-len $i \
+        --output-len $o --result-file "$OUT/bench-$side.jsonl" >> $L/bench.log 2>&1
+      log "$side $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
+    done
+  done
+  [ $name = qwen3 ] && { timeout 100 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --log-file $OUT/ncu-qwen3-b1.csv $B bench-one-batch --model-path /tmp/qwen3 --device cuda \
+      --batch-size 1 --input-len 4096 --output-len 4 --disable-cuda-graph > /dev/null 2>&1; log "ncu qwen3 B=1 rc=$?"; }
+  rm -rf /tmp/$name
+done
+tar czf "$OUT/logs.tgz" -C $L . 2>/dev/null
+log done
