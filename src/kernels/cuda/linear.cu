@@ -1,8 +1,8 @@
-// Linear layers and the MLA absorptions on the GPU. Up to kGemvMaxRows rows (decode) stream
-// the weight through the CUDA-core product of gemv.h, FP8 blocks dequantised in registers;
-// more rows go to the tensor cores: cuBLASLt in BF16 (FP8 blocks dequantised into scratch
-// first), or, when fp8_mode() asks for it, the block-scaled FP8 product with the activations
-// quantised per token (fp8_gemm.h). Activations are BF16, accumulation f32.
+// Linear layers and the MLA absorptions on the GPU. Up to kGemvMaxRows rows (decode, verify)
+// stream the weight through the weight-streaming product of gemv.h, FP8 blocks dequantised in
+// registers; more rows go to cuBLASLt in BF16 (FP8 blocks dequantised into scratch first), or,
+// when fp8_mode() asks for it, the block-scaled FP8 product with the activations quantised per
+// token (fp8_gemm.h). Activations are BF16, accumulation f32.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
@@ -40,8 +40,11 @@ void linear_fp8(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& o
   finish_rows(tmp, bias, T, N, out);
 }
 
-// Beyond 8 rows the CUDA-core FMAs, not the weight bytes, bound the product: tensor cores win.
-constexpr int64_t kGemvMaxRows = 8;
+// The streaming product reads each weight once from memory and feeds up to 32 rows a pass to
+// its mmas (more rows: another pass over each slab, from cache). Up to 64 rows a step is still
+// bound by the weight bytes there, where cuBLASLt's small-M tiles read them at a fraction of the
+// bandwidth (the B = 64 decode profile in bench/BENCHMARKS.md); beyond, the tensor-core GEMM.
+constexpr int64_t kGemvMaxRows = 64;
 
 bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
