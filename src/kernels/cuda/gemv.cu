@@ -92,18 +92,16 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   const float* SC[2] = {FP8 ? (p.w.s ? p.w.s[group] : p.w.s_one) : nullptr,
                         FP8 ? (p.w.s2 ? p.w.s2[group] : p.w.s2_one) : nullptr};
   const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  // Passes inside slabs: a slab's weights, just read, come again from cache for its next pass,
-  // so more rows than one pass holds cost mmas rather than another stream of the whole weight.
-  for (int slab = blockIdx.y; slab < p.slabs; slab += gridDim.y) {
-    const int n0 = slab * kSlab;
-    for (int pass = r_begin; pass < r_end; pass += NT * 8) {
-      // This lane's input row of each tile (B operand column g), -1 past the group's rows.
-      int src[NT];
+  for (int pass = r_begin; pass < r_end; pass += NT * 8) {
+    // This lane's input row of each tile (B operand column g), -1 past the group's rows.
+    int src[NT];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int r = pass + t * 8 + g;
-        src[t] = r < r_end ? (p.in.x_rows ? p.in.x_rows[r] : r) : -1;
-      }
+    for (int t = 0; t < NT; ++t) {
+      const int r = pass + t * 8 + g;
+      src[t] = r < r_end ? (p.in.x_rows ? p.in.x_rows[r] : r) : -1;
+    }
+    for (int slab = blockIdx.y; slab < p.slabs; slab += gridDim.y) {
+      const int n0 = slab * kSlab;
       float acc[MATS][NT][4] = {};
       for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
         uint32_t a[U][MATS][2][8];
@@ -161,7 +159,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
         else if (p.bias) out += p.bias[n];
         store_out<TO>(p, row, n, out);
       }
-      __syncthreads();  // red is rewritten by the next pass
+      __syncthreads();  // red is rewritten by the next slab
     }
   }
 }
@@ -203,8 +201,8 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
                int((N + kSlab - 1) / kSlab)};
-  // Tiles of 8 rows per pass over a slab: a group with more rows than NT * 8 reads each slab's
-  // weights once more per further pass, from cache.
+  // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
+  // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
   const int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                               : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);

@@ -1,6 +1,5 @@
-// Linear layers and the MLA absorptions on the GPU. Up to kGemvMaxRows rows (decode, verify)
-// stream the weight through the weight-streaming product of gemv.h, FP8 blocks dequantised in
-// registers; more rows go to cuBLASLt in BF16 (FP8 blocks dequantised into scratch first), or,
+// Linear layers and the MLA absorptions on the GPU. A few rows (decode, verify) stream the
+// weight through the weight-streaming product of gemv.h, FP8 blocks dequantised in registers; more rows go to cuBLASLt in BF16 (FP8 blocks dequantised into scratch first), or,
 // when fp8_mode() asks for it, the block-scaled FP8 product with the activations quantised per
 // token (fp8_gemm.h). Activations are BF16, accumulation f32.
 #include "kernels/cuda/cuda_ops.h"
@@ -40,16 +39,17 @@ void linear_fp8(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& o
   finish_rows(tmp, bias, T, N, out);
 }
 
-// The streaming product reads each weight once from memory and feeds up to 32 rows a pass to
-// its mmas (more rows: another pass over each slab, from cache). Up to 64 rows a step is still
-// bound by the weight bytes there, where cuBLASLt's small-M tiles read them at a fraction of the
-// bandwidth (the B = 64 decode profile in bench/BENCHMARKS.md); beyond, the tensor-core GEMM.
-constexpr int64_t kGemvMaxRows = 64;
+// The streaming product feeds up to 32 rows a pass over the weight to its mmas, but re-reads
+// the input rows for every 16 outputs, so beyond 8 BF16 rows cuBLASLt wins (64 rows through it
+// slowed B = 64 decode by 28-37 %, bench/BENCHMARKS.md). FP8 blocks keep it up to one pass:
+// their alternative dequantises the whole weight into scratch before the GEMM (a 32-row verify
+// ran 1.8x faster this way).
+constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 32;
 
 bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
   const Tensor& wt = w.w;
-  if (T > kGemvMaxRows || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
+  if (T > (w.is_fp8() ? kGemvMaxRowsFp8 : kGemvMaxRowsBf16) || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
     return false;
   if (w.is_fp8() && (w.block_k % 16 != 0 || w.scale_inv.dtype() != DType::F32)) return false;
   if (!w.is_fp8() && wt.dtype() != DType::BF16) return false;
