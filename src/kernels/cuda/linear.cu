@@ -1,7 +1,8 @@
 // Linear layers and the MLA absorptions on the GPU. A few rows (decode, verify) stream the
-// weight through the weight-streaming product of gemv.h, FP8 blocks dequantised in registers; more rows go to cuBLASLt in BF16 (FP8 blocks dequantised into scratch first), or,
-// when fp8_mode() asks for it, the block-scaled FP8 product with the activations quantised per
-// token (fp8_gemm.h). Activations are BF16, accumulation f32.
+// weight through the weight-streaming product of gemv.h, FP8 blocks dequantised in registers;
+// more rows go to cuBLASLt in BF16 (FP8 blocks dequantised into scratch first), or, when
+// fp8_mode() asks for it, the block-scaled FP8 product with the activations quantised per token
+// (fp8_gemm.h). Activations are BF16, accumulation f32.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
