@@ -13,34 +13,18 @@ SRC=${SRC:-.devsrc-spec} L=/tmp/logs B=/tmp/b/moeserve
 mkdir -p $L
 [ -e "$SRC/tests/fixtures" ] || ln -s "$ROOT/tests/fixtures" "$SRC/tests/fixtures"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
-TESTS=$(cd $SRC/tests/kernels && ls test_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')
-cmake -S "$SRC" -B /tmp/b -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DCMAKE_PREFIX_PATH=$ROOT/.deps/usr -DCMAKE_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu > $L/build.log 2>&1 &&
-  cmake --build /tmp/b -j16 --target moeserve $TESTS >> $L/build.log 2>&1 || { tail -40 $L/build.log; exit 1; }
+TESTS=$(gpu_tests_of $SRC)
+(configure_tree $SRC /tmp/b && cmake --build /tmp/b -j16 --target moeserve $TESTS) > $L/build.log 2>&1 ||
+  { tail -40 $L/build.log; exit 1; }
 log "built"
 ($B make-random-model --shape deepseek-v3 --fp8 --layers 2 --set num_nextn_predict_layers=0 /tmp/v3 > $L/make.log 2>&1 &&
   touch /tmp/v3.done) &
-for t in test_cuda_engine_graphs test_cuda_graphs $TESTS; do
-  [ -e $L/$t.log ] && continue
-  case $t in test_cuda_parallel|test_nccl_comm) continue ;; esac
-  timeout 200 /tmp/b/tests/$t > $L/$t.log 2>&1
-  log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $L/$t.log | tr '\n' ' ')"
-  grep -E '^\[  FAILED|^\[ graphs \]' $L/$t.log | head -12 >> "$OUT/summary.log"
-done
-printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":32,"ignore_eos":true}' \
-  '{"input_ids":[11,12,13],"max_new_tokens":24,"ignore_eos":true}' \
-  '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":20,"ignore_eos":true}' > /tmp/p.jsonl
-GEN="$B generate --device cuda --model-path tests/fixtures/deepseek-v3-tiny --max-total-tokens 4096 --input-file /tmp/p.jsonl"
-timeout 60 $GEN > /tmp/plain.txt 2> $L/plain.err; log "plain: $(cut -c1-60 /tmp/plain.txt | tr '\n' ' ')"
-for n in 1 2 3 4; do
-  timeout 60 $GEN --speculative-algorithm NEXTN --speculative-num-steps $n > /tmp/spec.txt 2> $L/spec_$n.err
-  rc=$?; cmp -s /tmp/plain.txt /tmp/spec.txt && same=equal || same=DIFFER
-  log "speculative steps=$n graphs rc=$rc ids $same plain; $(grep -o -i 'accept[^,]*' $L/spec_$n.err | head -1)"
-done
+run_gpu_tests /tmp/b test_cuda_engine_graphs test_cuda_graphs $TESTS
+spec_vs_plain $B
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-timeout 150 $SAN --tool memcheck --print-limit 5 $GEN --speculative-algorithm NEXTN --speculative-num-steps 3 \
-  --cuda-graph-max-bs 4 > /tmp/san.txt 2> $L/sanitizer.err
-log "compute-sanitizer steps=3 rc=$? $(grep -E 'ERROR SUMMARY' $L/sanitizer.err | head -1); ids $(cmp -s /tmp/plain.txt /tmp/san.txt && echo equal || echo DIFFER)"
+timeout 150 $SAN --tool memcheck --print-limit 5 --log-file $L/sanitizer.log $GEN --speculative-algorithm NEXTN \
+  --speculative-num-steps 3 --cuda-graph-max-bs 4 > /tmp/san.txt 2> $L/sanitizer.err
+log "compute-sanitizer steps=3 rc=$? $(grep -E 'ERROR SUMMARY' $L/sanitizer.log | head -1); ids $(cmp -s /tmp/plain.txt /tmp/san.txt && echo equal || echo DIFFER)"
 for i in $(seq 120); do [ -e /tmp/v3.done ] && break; sleep 1; done
 log "v3 model: $(du -sh /tmp/v3 2>&1 | cut -f1) $(tail -1 $L/make.log)"
 spec() {  # batch [flags]

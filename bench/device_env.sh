@@ -10,3 +10,37 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.log"; }
 command -v pkg-config > /dev/null || export PATH=$PATH:$ROOT/.deps/usr/bin
 sed -i "s|^prefix=/usr\$|prefix=$ROOT/.deps/usr|" .deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc .deps/usr/share/pkgconfig/*.pc
 export PKG_CONFIG_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu/pkgconfig:$ROOT/.deps/usr/share/pkgconfig
+
+# A Release build of the source snapshot $1 into $2 for sm_90a against the carried packages.
+configure_tree() {
+  cmake -S $1 -B $2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DCMAKE_PREFIX_PATH=$ROOT/.deps/usr -DCMAKE_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu
+}
+# The GPU test programs of snapshot $1 (tests/kernels/test_*.cpp).
+gpu_tests_of() { (cd $1/tests/kernels && ls test_*.cpp | sed 's/\.cpp$//' | tr '\n' ' '); }
+# Runs build $1's single-GPU tests named after it, logs in $L, verdicts and failures in summary.log.
+run_gpu_tests() {
+  local build=$1 t; shift
+  for t in "$@"; do
+    case $t in test_cuda_parallel|test_nccl_comm) continue ;; esac
+    [ -e $L/$t.log ] && continue
+    timeout 200 $build/tests/$t > $L/$t.log 2>&1
+    log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $L/$t.log | tr '\n' ' ')"
+    grep -E '^\[  FAILED|Failure|Expected|Which is|actual|^\[ graphs \]' $L/$t.log | head -12 >> "$OUT/summary.log"
+  done
+}
+# `generate` on deepseek-v3-tiny (three prompts, CUDA graphs) with 1..4 MTP draft steps against the
+# plain run, with binary $1; $GEN is the plain command afterwards.
+spec_vs_plain() {
+  printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":32,"ignore_eos":true}' \
+    '{"input_ids":[11,12,13],"max_new_tokens":24,"ignore_eos":true}' \
+    '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":20,"ignore_eos":true}' > /tmp/p.jsonl
+  GEN="$1 generate --device cuda --model-path tests/fixtures/deepseek-v3-tiny --max-total-tokens 4096 --input-file /tmp/p.jsonl"
+  timeout 60 $GEN > /tmp/plain.txt 2> $L/plain.err
+  local n rc same
+  for n in 1 2 3 4; do
+    timeout 60 $GEN --speculative-algorithm NEXTN --speculative-num-steps $n > /tmp/spec.txt 2> $L/spec_$n.err
+    rc=$?; cmp -s /tmp/plain.txt /tmp/spec.txt && same=equal || same=DIFFER
+    log "speculative steps=$n graphs rc=$rc ids $same plain; $(grep -o -i 'accept[^,]*' $L/spec_$n.err | head -1)"
+  done
+}

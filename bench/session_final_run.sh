@@ -14,31 +14,15 @@ SRC=${SRC:-.devsrc-final} BEFORE_SRC=${BEFORE_SRC:-.devsrc-before} L=/tmp/logs
 mkdir -p $L
 for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
-configure() { cmake -S $1 -B $2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DCMAKE_PREFIX_PATH=$ROOT/.deps/usr -DCMAKE_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu; }
-(configure $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
+(configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
 BB=$!
-TESTS=$(cd $SRC/tests/kernels && ls test_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')
-(configure $SRC /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
+TESTS=$(gpu_tests_of $SRC)
+(configure_tree $SRC /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
   { tail -40 $L/build.log; log "build failed"; exit 1; }
 log "built"
 B=/tmp/b/moeserve
-for t in $TESTS; do
-  case $t in test_cuda_parallel|test_nccl_comm) continue ;; esac
-  timeout 200 /tmp/b/tests/$t > $L/$t.log 2>&1
-  log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $L/$t.log | tr '\n' ' ')"
-  grep -E '^\[  FAILED|Failure|Expected|Which is|actual' $L/$t.log | head -12 >> "$OUT/summary.log"
-done
-printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":32,"ignore_eos":true}' \
-  '{"input_ids":[11,12,13],"max_new_tokens":24,"ignore_eos":true}' \
-  '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":20,"ignore_eos":true}' > /tmp/p.jsonl
-GEN="$B generate --device cuda --model-path tests/fixtures/deepseek-v3-tiny --max-total-tokens 4096 --input-file /tmp/p.jsonl"
-timeout 60 $GEN > /tmp/plain.txt 2> $L/plain.err
-for n in 1 2 3 4; do
-  timeout 60 $GEN --speculative-algorithm NEXTN --speculative-num-steps $n > /tmp/spec.txt 2> $L/spec_$n.err
-  rc=$?; cmp -s /tmp/plain.txt /tmp/spec.txt && same=equal || same=DIFFER
-  log "speculative steps=$n graphs rc=$rc ids $same plain"
-done
+run_gpu_tests /tmp/b $TESTS
+spec_vs_plain $B
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 timeout 150 $SAN --tool memcheck --print-limit 5 --log-file $L/sanitizer.log $GEN --speculative-algorithm NEXTN \
   --speculative-num-steps 3 --cuda-graph-max-bs 4 > /tmp/san.txt 2> $L/sanitizer.err

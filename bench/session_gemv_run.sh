@@ -12,22 +12,15 @@ SRC=${SRC:-.devsrc-final} BEFORE_SRC=${BEFORE_SRC:-.devsrc-before} L=/tmp/logs B
 mkdir -p $L
 for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
-configure() { cmake -S $1 -B $2 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DCMAKE_PREFIX_PATH=$ROOT/.deps/usr -DCMAKE_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu; }
-(configure $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
+(configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
 BB=$!
-TESTS=$(cd $SRC/tests/kernels && ls test_*.cpp | sed 's/\.cpp$//' | tr '\n' ' ')
-(configure $SRC /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
+TESTS=$(gpu_tests_of $SRC)
+(configure_tree $SRC /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
   { tail -40 $L/build.log; log "build failed"; exit 1; }
 log "built"
 ($B make-random-model --shape deepseek-v3 --fp8 --layers 2 --set num_nextn_predict_layers=0 /tmp/v3 > $L/make.log 2>&1 &&
   touch /tmp/v3.done) &
-for t in $TESTS; do
-  case $t in test_cuda_parallel|test_nccl_comm) continue ;; esac
-  timeout 200 /tmp/b/tests/$t > $L/$t.log 2>&1
-  log "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $L/$t.log | tr '\n' ' ')"
-  grep -E '^\[  FAILED|Failure|Expected|Which is|actual' $L/$t.log | head -12 >> "$OUT/summary.log"
-done
+run_gpu_tests /tmp/b $TESTS
 timeout 60 /tmp/b/ms_cuda_ceilings > $OUT/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $OUT/ceilings.json)"
 wait $BB; [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
 for i in $(seq 90); do [ -e /tmp/v3.done ] && break; sleep 1; done
