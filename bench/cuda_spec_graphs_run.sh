@@ -11,12 +11,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SRC=${SRC:-.devsrc-spec} L=/tmp/logs B=/tmp/b/moeserve
 mkdir -p $L
-[ -e "$SRC/tests/fixtures" ] || ln -s "$ROOT/tests/fixtures" "$SRC/tests/fixtures"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
-TESTS=$(gpu_tests_of $SRC)
-(configure_tree $SRC /tmp/b && cmake --build /tmp/b -j16 --target moeserve $TESTS) > $L/build.log 2>&1 ||
-  { tail -40 $L/build.log; exit 1; }
-log "built"
+build_trees $SRC
 ($B make-random-model --shape deepseek-v3 --fp8 --layers 2 --set num_nextn_predict_layers=0 /tmp/v3 > $L/make.log 2>&1 &&
   touch /tmp/v3.done) &
 run_gpu_tests /tmp/b test_cuda_engine_graphs test_cuda_graphs $TESTS

@@ -44,3 +44,36 @@ spec_vs_plain() {
     log "speculative steps=$n graphs rc=$rc ids $same plain; $(grep -o -i 'accept[^,]*' $L/spec_$n.err | head -1)"
   done
 }
+# Links the fixtures into the snapshot $1 (and $2), notes the GPU, builds $1's moeserve,
+# ms_cuda_ceilings and GPU tests into /tmp/b (TESTS: their names) and, meanwhile, $2's moeserve
+# into /tmp/before when $2 is given; exits when the first build fails.
+build_trees() {
+  local s
+  for s in "$@"; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+  local bb=""
+  if [ $# -gt 1 ]; then
+    (configure_tree $2 /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
+    bb=$!
+  fi
+  TESTS=$(gpu_tests_of $1)
+  (configure_tree $1 /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
+    { tail -40 $L/build.log; log "build failed"; exit 1; }
+  log "built"
+  [ -z "$bb" ] || { wait $bb; [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }; }
+}
+# bench-one-batch of the random model /tmp/$1 at each "B input output" given after it, with
+# /tmp/before's and /tmp/b's moeserve, into $OUT/bench-{before,after}.jsonl; a log line each.
+bench_before_after() {
+  local name=$1 run b i o side bin; shift
+  for run in "$@"; do
+    read -r b i o <<< "$run"
+    for side in before after; do
+      bin=/tmp/b/moeserve; [ $side = before ] && bin=/tmp/before/moeserve
+      echo "== $side $name B=$b I=$i O=$o" >> $L/bench.log
+      timeout 120 $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b --input-len $i \
+        --output-len $o --result-file "$OUT/bench-$side.jsonl" >> $L/bench.log 2>&1
+      log "$side $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
+    done
+  done
+}

@@ -12,14 +12,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SRC=${SRC:-.devsrc-final} BEFORE_SRC=${BEFORE_SRC:-.devsrc-before} L=/tmp/logs
 mkdir -p $L
-for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
-(configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
-BB=$!
-TESTS=$(gpu_tests_of $SRC)
-(configure_tree $SRC /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
-  { tail -40 $L/build.log; log "build failed"; exit 1; }
-log "built"
+build_trees $SRC $BEFORE_SRC
 B=/tmp/b/moeserve
 run_gpu_tests /tmp/b $TESTS
 spec_vs_plain $B
@@ -28,22 +21,12 @@ timeout 150 $SAN --tool memcheck --print-limit 5 --log-file $L/sanitizer.log $GE
   --speculative-num-steps 3 --cuda-graph-max-bs 4 > /tmp/san.txt 2> $L/sanitizer.err
 log "compute-sanitizer memcheck, speculative steps=3 under graphs: rc=$? $(grep -E 'ERROR SUMMARY' $L/sanitizer.log | head -1); ids $(cmp -s /tmp/plain.txt /tmp/san.txt && echo equal || echo DIFFER)"
 timeout 60 /tmp/b/ms_cuda_ceilings > $OUT/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $OUT/ceilings.json)"
-wait $BB; [ -x /tmp/before/moeserve ] && log "before built" || { tail -20 $L/build-before.log; log "before build failed"; }
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for m in qwen3:qwen3-30b-a3b:12 v2lite:deepseek-v2-lite:9; do
   IFS=: read -r name shape layers <<< "$m"
   timeout 120 $B make-random-model --shape $shape --layers $layers /tmp/$name > /dev/null 2>&1
   cp /tmp/$name/config.json "$OUT/$name-config.json"
-  for run in "1 4096 16" "8 1024 16" "64 256 16" "1 8192 2"; do
-    read -r b i o <<< "$run"
-    for side in before after; do
-      bin=$B; [ $side = before ] && bin=/tmp/before/moeserve
-      echo "== $side $name B=$b I=$i O=$o" >> $L/bench.log
-      timeout 120 $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b --input-len $i \
-        --output-len $o --result-file "$OUT/bench-$side.jsonl" >> $L/bench.log 2>&1
-      log "$side $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
-    done
-  done
+  bench_before_after $name "1 4096 16" "8 1024 16" "64 256 16" "1 8192 2"
   [ $name = qwen3 ] && { timeout 100 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
       --log-file $OUT/ncu-qwen3-b1.csv $B bench-one-batch --model-path /tmp/qwen3 --device cuda \
       --batch-size 1 --input-len 4096 --output-len 4 --disable-cuda-graph > /dev/null 2>&1; log "ncu qwen3 B=1 rc=$?"; }

@@ -10,19 +10,11 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SRC=${SRC:-.devsrc-final} BEFORE_SRC=${BEFORE_SRC:-.devsrc-before} L=/tmp/logs B=/tmp/b/moeserve
 mkdir -p $L
-for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
-(configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
-BB=$!
-TESTS=$(gpu_tests_of $SRC)
-(configure_tree $SRC /tmp/b && cmake --build /tmp/b -j12 --target moeserve ms_cuda_ceilings $TESTS) > $L/build.log 2>&1 ||
-  { tail -40 $L/build.log; log "build failed"; exit 1; }
-log "built"
+build_trees $SRC $BEFORE_SRC
 ($B make-random-model --shape deepseek-v3 --fp8 --layers 2 --set num_nextn_predict_layers=0 /tmp/v3 > $L/make.log 2>&1 &&
   touch /tmp/v3.done) &
 run_gpu_tests /tmp/b $TESTS
 timeout 60 /tmp/b/ms_cuda_ceilings > $OUT/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $OUT/ceilings.json)"
-wait $BB; [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
 for i in $(seq 90); do [ -e /tmp/v3.done ] && break; sleep 1; done
 [ -e /tmp/v3.done ] && for side in before after; do
   bin=$B; [ $side = before ] && bin=/tmp/before/moeserve
@@ -35,16 +27,7 @@ for m in qwen3:qwen3-30b-a3b:12 v2lite:deepseek-v2-lite:9; do
   IFS=: read -r name shape layers <<< "$m"
   timeout 120 $B make-random-model --shape $shape --layers $layers /tmp/$name > /dev/null 2>&1
   cp /tmp/$name/config.json "$OUT/$name-config.json"
-  for run in "1 4096 16" "8 1024 16" "64 256 16"; do
-    read -r b i o <<< "$run"
-    for side in before after; do
-      bin=$B; [ $side = before ] && bin=/tmp/before/moeserve
-      echo "== $side $name B=$b I=$i O=$o" >> $L/bench.log
-      timeout 120 $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b --input-len $i \
-        --output-len $o --result-file "$OUT/bench-$side.jsonl" >> $L/bench.log 2>&1
-      log "$side $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
-    done
-  done
+  bench_before_after $name "1 4096 16" "8 1024 16" "64 256 16"
   rm -rf /tmp/$name
 done
 tar czf "$OUT/logs.tgz" -C $L . 2>/dev/null
