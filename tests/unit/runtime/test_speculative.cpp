@@ -271,18 +271,21 @@ TEST(SpeculativeOptions, RefusesWhatIsNotSupported) {
   EXPECT_NO_THROW(Engine(*model, o));
 }
 
+// `moeserve generate` of 12 greedy tokens after a fixed prompt: its output ids.
+std::vector<int> generate_ids(const std::string& dir, const std::string& extra, std::string& output) {
+  const std::string cmd = test::moeserve_bin() + " generate --model-path " + dir +
+                          " --ids 3,17,99,5 --max-new-tokens 12 --ignore-eos --max-total-tokens 512 " + extra;
+  EXPECT_EQ(test::run_command(cmd, output), 0) << output;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') return nlohmann::json::parse(line).at("output_ids").get<std::vector<int>>();
+  ADD_FAILURE() << "no result line in: " << output;
+  return {};
+}
+
 TEST(SpeculativeCli, GenerateReportsAcceptLengthAndMatchesPlain) {
   const std::string dir = test::fixture_dir("deepseek-v3-tiny");
-  auto run = [&](const std::string& extra, std::string& output) {
-    const std::string cmd = test::moeserve_bin() + " generate --model-path " + dir +
-                            " --ids 3,17,99,5 --max-new-tokens 12 --ignore-eos --max-total-tokens 512 " + extra;
-    EXPECT_EQ(test::run_command(cmd, output), 0) << output;
-    std::istringstream in(output);
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty() && line[0] == '{') return nlohmann::json::parse(line).at("output_ids").get<std::vector<int>>();
-    ADD_FAILURE() << "no result line in: " << output;
-    return std::vector<int>{};
-  };
+  auto run = [&](const std::string& extra, std::string& output) { return generate_ids(dir, extra, output); };
   std::string plain_out, spec_out;
   const std::vector<int> plain = run("", plain_out);
   const std::vector<int> spec = run(
@@ -301,6 +304,44 @@ TEST(SpeculativeCli, GenerateReportsAcceptLengthAndMatchesPlain) {
                               bad),
             0);
   EXPECT_NE(bad.find("--speculative-eagle-topk"), std::string::npos) << bad;
+}
+
+// DeepSeek's FP8 checkpoints store the MTP layer in FP8 blocks too (eh_proj, its attention and
+// experts), and its shared expert is where TP sharding of FP8 blocks breaks first (SGLang broke
+// there twice). A random FP8 checkpoint with an MTP layer drafts losslessly on one rank and over
+// ranks with shared-experts fusion (the default); without fusion the load is refused naming the
+// shared experts of layer 1 and of the MTP layer, and the fix.
+TEST(SpeculativeCli, Fp8MtpLayerLoadsUnderFusionAndOverRanks) {
+  const std::string dir = test::temp_dir() + "/fp8-mtp";
+  std::string out;
+  ASSERT_EQ(test::run_command(test::moeserve_bin() +
+                                  " make-random-model --shape deepseek-v3 --fp8 --layers 2 --set hidden_size=256 "
+                                  "--set intermediate_size=512 --set moe_intermediate_size=128 --set n_routed_experts=8 "
+                                  "--set num_experts_per_tok=2 --set n_group=2 --set topk_group=1 --set num_attention_heads=4 "
+                                  "--set num_key_value_heads=4 --set q_lora_rank=128 --set kv_lora_rank=128 "
+                                  "--set qk_nope_head_dim=32 --set qk_rope_head_dim=64 --set v_head_dim=32 "
+                                  "--set vocab_size=512 " + dir,
+                              out),
+            0)
+      << out;
+  ASSERT_NE(out.find("(2 layers"), std::string::npos) << out;
+  const std::string ranks = "--tp 2 --dp 2 --enable-dp-attention --ep-size 2 ";
+  const std::vector<int> plain = generate_ids(dir, "", out);
+  ASSERT_EQ(plain.size(), 12u) << out;
+  for (const std::string& where : {std::string(), ranks})
+    for (int steps : {1, 3}) {
+      const std::vector<int> spec =
+          generate_ids(dir, where + "--speculative-algorithm NEXTN --speculative-num-steps " + std::to_string(steps), out);
+      EXPECT_EQ(spec, plain) << where << steps << " steps: " << out;
+      EXPECT_NE(out.find("draft_forwards="), std::string::npos) << out;
+    }
+  EXPECT_NE(test::run_command(test::moeserve_bin() + " generate --model-path " + dir + " --ids 3 " + ranks +
+                                  "--disable-shared-experts-fusion --speculative-algorithm NEXTN",
+                              out),
+            0);
+  EXPECT_NE(out.find("shared_experts.gate_proj"), std::string::npos) << out;
+  EXPECT_NE(out.find("[2 weights]"), std::string::npos) << "layer 1's and the MTP layer's: " << out;
+  EXPECT_NE(out.find("fix: shared-experts fusion"), std::string::npos) << out;
 }
 
 // bench-speculative: with every draft right, each verify of 3 drafts emits 4 tokens, so the
