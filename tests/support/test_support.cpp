@@ -1,12 +1,13 @@
 #include "test_support.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 
 #include "core/check.h"
 
@@ -72,12 +73,22 @@ int run_command(const std::string& cmd, std::string& output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// mkdtemp, not pid + counter: ctest runs each test in its own process, and a recycled pid
+// would hand a test the directory (and the old output files) of an earlier one.
 std::string temp_dir() {
-  static std::atomic<int> counter{0};
-  auto dir = std::filesystem::temp_directory_path() /
-             ("moeserve-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  static struct Made {
+    std::mutex mu;
+    std::vector<std::filesystem::path> dirs;
+    ~Made() {
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  } made;
+  std::string pattern = (std::filesystem::temp_directory_path() / "moeserve-test-XXXXXX").string();
+  MS_CHECK(::mkdtemp(pattern.data()) != nullptr, "mkdtemp ", pattern, " failed");
+  std::lock_guard lk(made.mu);
+  made.dirs.emplace_back(pattern);
+  return pattern;
 }
 
 std::vector<GenerateRequest> greedy_requests(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens) {
