@@ -32,6 +32,8 @@ struct RuntimeArgs {
                     "largest decode batch replayed from a CUDA graph (--device cuda)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--disable-cuda-graph", engine.cuda_graph.disable, "run every decode step op by op");
+    cmd->add_flag("--disable-overlap-schedule", engine.disable_overlap_schedule,
+                  "schedule and issue each step only after the previous step's tokens are read");
   }
   EngineOptions options(bool bf16) const {
     EngineOptions o = engine;

@@ -53,7 +53,11 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { MS_DISPATCH(x, rms_norm(x, weight, eps, out)); }
 void add_inplace(Tensor& x, const Tensor& y) { MS_DISPATCH(x, add_inplace(x, y)); }
 void silu_and_mul(const Tensor& gate_up, Tensor& out) { MS_DISPATCH(out, silu_and_mul(gate_up, out)); }
-void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) { MS_DISPATCH(out, embedding(table, ids, out)); }
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier) {
+  MS_CHECK(!earlier || (earlier->dtype() == DType::I32 && earlier->device() == out.device() && earlier->dim() == 1),
+           "embedding: earlier ids ", earlier ? earlier->describe() : "", " must be I32 on the output's device");
+  MS_DISPATCH(out, embedding(table, ids, out, earlier));
+}
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y) { MS_DISPATCH(x, add_sigmoid_gated(x, gate, y)); }
 void round_to_bf16(Tensor& x) { MS_DISPATCH(x, round_to_bf16(x)); }
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) { MS_DISPATCH(out, gather_rows(src, rows, out)); }
@@ -86,5 +90,20 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   MS_DISPATCH(x, moe_experts(x, ids, weights, experts, out));
 }
 std::vector<int32_t> argmax_rows(const Tensor& logits) { return MS_DISPATCH(logits, argmax_rows(logits)); }
+void argmax_rows_into(const Tensor& logits, Tensor& ids) {
+  MS_CHECK(ids.dtype() == DType::I32 && ids.device() == logits.device() && ids.dim() == 1 &&
+               ids.size(0) == logits.size(0) && ids.is_contiguous(),
+           "argmax_rows_into: ids ", ids.describe(), " for logits ", logits.describe());
+  MS_DISPATCH(logits, argmax_rows_into(logits, ids));
+}
+
+std::unique_ptr<HostReadback> make_host_readback(Device device, int64_t capacity) {
+  if (device == Device::CPU) return ::ms::cpu::make_host_readback(capacity);
+#if MOESERVE_WITH_CUDA
+  return ::ms::cuda::make_host_readback(capacity);
+#else
+  fail("this build has no CUDA backend (nvcc was not found)");
+#endif
+}
 
 }  // namespace ms::ops

@@ -3,6 +3,7 @@
 // branches on the device itself. Activations are F32 [tokens, features] unless stated.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -36,8 +37,10 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_inplace(Tensor& x, const Tensor& y);
 // out[T, I] = silu(gate_up[T, :I]) * gate_up[T, I:].
 void silu_and_mul(const Tensor& gate_up, Tensor& out);
-// out[t] = table[ids[t]] (table in its stored dtype).
-void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+// out[t] = table[ids[t]] (table in its stored dtype). With `earlier` (I32 on out's device), an
+// id -(j + 1) stands for earlier[j]: a token an earlier step sampled that the host has not seen
+// yet (overlap scheduling).
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier = nullptr);
 // x[t] += sigmoid(gate[t]) * y[t]; gate is [T, 1] (Qwen2-MoE's shared-expert gate).
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 // Emulates bf16 storage of activations: rounds every element to the nearest bf16.
@@ -117,5 +120,20 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 // Index of the largest value in each row of logits [T, V] (ties: the lower index). On the GPU only
 // the indices are copied to the host.
 std::vector<int32_t> argmax_rows(const Tensor& logits);
+// The same indices into ids [rows] (I32 on the logits' device), left there: nothing waits.
+void argmax_rows_into(const Tensor& logits, Tensor& ids);
+
+// A copy of a device I32 array to the host that the host collects later, so that it can prepare
+// the next step while the device still computes this one (a step's sampled ids). One copy in
+// flight per object; on the CPU the copy is done at start.
+class HostReadback {
+ public:
+  virtual ~HostReadback() = default;
+  // Enqueues the copy of ids (at most the capacity) after the work already issued that writes them.
+  virtual void start(const Tensor& ids) = 0;
+  // Blocks until the copy landed; the values stay valid until the next start.
+  virtual std::span<const int32_t> wait() = 0;
+};
+std::unique_ptr<HostReadback> make_host_readback(Device device, int64_t capacity);
 
 }  // namespace ms::ops

@@ -17,6 +17,9 @@ struct ForwardBatch {
   std::vector<int32_t> out_cache_loc;  // [T] KV slot each token's keys/values are written to
   ops::AttentionLayout attn;           // per sequence: its queries and the slots of all its keys
   bool all_logits = false;             // logits for every token, else the last of each sequence
+  // Overlap scheduling: I32 ids on the model's device that the previous step sampled and the host
+  // has not read yet; input id -(j + 1) is earlier_ids[j]. Undefined: every id is a token.
+  Tensor earlier_ids;
   int num_tokens() const { return int(input_ids.size()); }
   int num_seqs() const { return attn.num_seqs(); }
 };

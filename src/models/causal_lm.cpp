@@ -12,7 +12,7 @@ Tensor CausalLM::forward_hidden(const ForwardContext& ctx) const {
   MS_CHECK(b.positions.size() == b.input_ids.size() && b.out_cache_loc.size() == b.input_ids.size(),
            "forward: ids, positions and cache slots differ in length");
   Tensor hidden = ctx.empty({b.num_tokens(), config.hidden_size});
-  ops::embedding(embed, b.input_ids, hidden);
+  ops::embedding(embed, b.input_ids, hidden, b.earlier_ids.defined() ? &b.earlier_ids : nullptr);
   for (size_t i = 0; i < layers.size(); ++i) layers[i].forward(hidden, int(i), ctx);
   final_norm.inplace(hidden);
   ctx.round(hidden);

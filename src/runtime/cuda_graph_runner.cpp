@@ -57,6 +57,7 @@ CudaGraphRunner::Captured& CudaGraphRunner::captured(int bs) {
   Captured& c = graphs_[bs];  // in place: the capture records the addresses of c.batch's arrays
   try {
     c.batch = padded(ForwardBatch{}, bs);
+    c.batch.earlier_ids = options_.earlier_ids;
     // Distinct sequences use distinct slots, so a batch names at most the pool plus its dummies;
     // more (sequences sharing a radix prefix) runs op by op.
     c.kv_capacity = std::min<int64_t>(int64_t(bs) * options_.max_context,
@@ -81,7 +82,12 @@ void CudaGraphRunner::capture_all() {
 // A replay runs no op, so none of their host-side checks: the ranges are checked here.
 void CudaGraphRunner::check_ranges(const ForwardBatch& b) const {
   const int vocab = model_.config.vocab_size, max_pos = model_.config.max_position_embeddings;
-  for (int32_t id : b.input_ids) MS_CHECK(id >= 0 && id < vocab, "token id ", id, " outside the vocabulary of ", vocab);
+  // Placeholders read the array the graph captured: only the batch's own one may be it.
+  const bool same = b.earlier_ids.defined() && options_.earlier_ids.defined() &&
+                    b.earlier_ids.raw() == options_.earlier_ids.raw();
+  const int64_t placeholders = same ? options_.earlier_ids.size(0) : 0;
+  for (int32_t id : b.input_ids)
+    MS_CHECK(id >= -placeholders && id < vocab, "token id ", id, " outside the vocabulary of ", vocab);
   for (int32_t p : b.positions) MS_CHECK(p >= 0 && p < max_pos, "position ", p, " beyond max_position_embeddings");
   const int64_t slots = kv_.num_slots();
   for (int32_t s : b.out_cache_loc) MS_CHECK(s >= 0 && s < slots, "KV slot ", s, " outside the pool of ", slots);

@@ -41,6 +41,7 @@ struct CudaGraphOptions {
   bool bf16_activations = false;
   int input_width = 0;       // columns of the body's per-sequence input rows; 0: it takes none
   int tokens_per_seq = 1;    // new tokens of every sequence in a step
+  Tensor earlier_ids;        // what token placeholders read (ForwardBatch::earlier_ids), fixed for all replays
 };
 
 // The step a graph records: outputs with one row per sequence of ctx.batch, computed from the

@@ -52,6 +52,10 @@ std::unique_ptr<DraftModel> make_draft(const CausalLM& model, const EngineOption
 // in the same order, so every rank's speculative step runs the same sequence of forwards.
 bool in_lockstep(const CausalLM& model) { return model.groups && model.groups->world->size() > 1; }
 
+bool overlaps(const CausalLM& model, const EngineOptions& o) {
+  return !o.disable_overlap_schedule && !o.speculative.enabled() && !in_lockstep(model);
+}
+
 SchedulerOptions scheduler_options(const EngineOptions& o) {
   SchedulerOptions s = o.scheduler;
   s.speculative_num_steps = o.speculative.enabled() ? o.speculative.num_steps : 0;
@@ -67,9 +71,12 @@ Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer 
       detok_(std::move(detokenizer)),
       draft_(make_draft(model, options, std::move(draft))),
       runner_(model, slots_with_draft(model, options, draft_.get()), options.bf16_activations, graph_settings(options),
-              verify_tokens(options)),
+              verify_tokens(options), overlaps(model, options) ? options.scheduler.max_running_requests : 0),
       scheduler_(scheduler_options(options), runner_.num_slots(),
-                 int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))) {
+                 int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))),
+      overlap_(overlaps(model, options)) {
+  if (overlap_)
+    for (auto& r : readbacks_) r = ops::make_host_readback(model.device, options.scheduler.max_running_requests);
   if (!draft_) return;
   draft_->attach(runner_.num_slots(), scheduler_.kv().table().rows());
   spec_ = std::make_unique<SpeculativeWorker>(runner_, *draft_, in_lockstep(model));
@@ -154,6 +161,7 @@ void Engine::drain_inbox() {
     arrivals.swap(inbox_);
     aborts.swap(aborts_);
   }
+  if (!aborts.empty() && in_flight_) complete_in_flight();  // an aborted request has nothing in flight
   for (Pending& p : arrivals) {
     if (p.callback) callbacks_[p.request->id] = std::move(p.callback);
     if (p.request->sampling.max_new_tokens == 0) {  // nothing to compute
@@ -171,30 +179,87 @@ bool Engine::step(bool forward_when_idle) {
   std::lock_guard lk(step_mu_);
   drain_inbox();
   ScheduleBatch batch = scheduler_.next_batch();
+  if (batch.needs_pending) {
+    complete_in_flight();
+    batch = scheduler_.next_batch();
+  }
   if (batch.empty()) {
+    if (in_flight_) {
+      complete_in_flight();
+      return true;
+    }
     if (forward_when_idle && spec_) spec_->run_idle(scheduler_.kv().table());
     else if (forward_when_idle) runner_.idle_forward();
     return false;
   }
-  const ReqToTokenTable& table = scheduler_.kv().table();
-  auto append = [this](Request& r, SampleResult s) { return append_token(r, std::move(s)); };
-  if (spec_ && batch.mode == ForwardMode::Extend) {
-    spec_->run_extend(batch, table, append);
-  } else if (spec_) {
-    spec_->run_verify(batch, table, append);
-  } else {
-    const Tensor logits = runner_.forward(batch, table);
-    std::vector<const Request*> sampled;
-    for (const ScheduledSeq& s : batch.seqs) sampled.push_back(s.sample ? s.req : nullptr);
-    const std::vector<SampleResult> next = sample_rows(logits, sampled);
-    for (size_t i = 0; i < batch.seqs.size(); ++i)
-      if (batch.seqs[i].sample) append_token(*batch.seqs[i].req, next[i]);
+  if (spec_) {
+    const ReqToTokenTable& table = scheduler_.kv().table();
+    auto append = [this](Request& r, SampleResult s) { return append_token(r, std::move(s)); };
+    if (batch.mode == ForwardMode::Extend) spec_->run_extend(batch, table, append);
+    else spec_->run_verify(batch, table, append);
+    std::vector<std::unique_ptr<Request>> done = scheduler_.finish_step(batch);
+    for (const ScheduledSeq& s : batch.seqs)
+      if (s.sample && !s.req->finished()) report(*s.req);
+    for (auto& r : done) report(*r);
+    return true;
   }
-  std::vector<std::unique_ptr<Request>> done = scheduler_.finish_step(batch);
-  for (const ScheduledSeq& s : batch.seqs)
+  Launched step = launch(std::move(batch));
+  complete_in_flight();  // the previous step's tokens, read while this one runs
+  if (step.readback) {
+    in_flight_ = std::move(step);
+    ++overlapped_;
+  } else {
+    complete(step);
+  }
+  return true;
+}
+
+// With overlap, rows the device can pick (argmax_only) stay there: the next step reads them as
+// placeholders and the host collects them later. Otherwise the step is sampled now.
+Engine::Launched Engine::launch(ScheduleBatch batch) {
+  Launched step{std::move(batch)};
+  const Tensor logits = runner_.forward(step.batch, scheduler_.kv().table());
+  std::vector<const Request*> sampled;
+  bool on_device = overlap_;
+  for (const ScheduledSeq& s : step.batch.seqs) {
+    sampled.push_back(s.sample ? s.req : nullptr);
+    if (s.sample) on_device = on_device && s.req->sampling.argmax_only();
+  }
+  if (on_device) {
+    Tensor ids = runner_.sampled_ids(logits.size(0));
+    ops::argmax_rows_into(logits, ids);
+    step.readback = readbacks_[next_readback_++ % 2].get();
+    step.readback->start(ids);
+  } else {
+    step.sampled = sample_rows(logits, sampled);
+  }
+  scheduler_.launch_step(step.batch);
+  return step;
+}
+
+void Engine::complete(Launched& step) {
+  std::span<const int32_t> ids;
+  if (step.readback) ids = step.readback->wait();
+  const auto& seqs = step.batch.seqs;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!seqs[i].sample) continue;
+    Request& r = *seqs[i].req;
+    MS_ASSERT(!r.pending_ids.empty() && r.pending_ids.front() == -int32_t(i) - 1);
+    r.pending_ids.erase(r.pending_ids.begin());
+    if (r.finished()) continue;  // it ended at the step before: this token is not its
+    append_token(r, step.readback ? SampleResult{ids[i]} : std::move(step.sampled[i]));
+  }
+  std::vector<std::unique_ptr<Request>> done = scheduler_.complete_step(step.batch);
+  for (const ScheduledSeq& s : seqs)
     if (s.sample && !s.req->finished()) report(*s.req);
   for (auto& r : done) report(*r);
-  return true;
+}
+
+void Engine::complete_in_flight() {
+  if (!in_flight_) return;
+  Launched step = std::move(*in_flight_);
+  in_flight_.reset();
+  complete(step);
 }
 
 bool Engine::append_token(Request& r, SampleResult s) {
@@ -329,6 +394,7 @@ EngineStats Engine::stats() {
   s.cached_slots = scheduler_.kv().radix() ? scheduler_.kv().radix()->total_size() : 0;
   s.generated_tokens = generated_;
   s.cuda_graph_replays = runner_.graph_replays() + (draft_ ? draft_->graph_replays() : 0);
+  s.overlapped_steps = overlapped_;
   s.speculative = spec_ != nullptr;
   if (spec_) s.spec = spec_->stats();
   return s;

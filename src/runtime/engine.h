@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +31,11 @@ struct EngineOptions {
   uint64_t random_seed = 0;         // seeds requests that bring no seed of their own
   SpeculativeOptions speculative;   // draft-then-verify decoding (off unless an algorithm is set)
   CudaGraphSettings cuda_graph;     // decode steps replayed on the GPU (not the MTP draft's)
+  // --disable-overlap-schedule. Overlap: while step N runs on the device, the host schedules
+  // and issues step N+1 (whose inputs name N's tokens still on the device), then reads N's
+  // tokens and reports them. Steps of requests sampled on the host, speculative decoding and
+  // ranks in lockstep run one step at a time.
+  bool disable_overlap_schedule = false;
 };
 
 struct GenerateRequest {
@@ -64,6 +70,7 @@ struct EngineStats {
   int64_t pool_capacity = 0, pool_used = 0, cached_slots = 0;
   int64_t generated_tokens = 0;
   int64_t cuda_graph_replays = 0;  // decode steps (target's or draft's) replayed from CUDA graphs
+  int64_t overlapped_steps = 0;    // steps whose tokens were read while the next step ran
   bool speculative = false;  // speculative decoding is on; `spec` counts its work
   SpeculativeStats spec;
 };
@@ -139,9 +146,19 @@ class Engine final : public EngineApi {
     std::unique_ptr<Request> request;
     StreamCallback callback;
   };
+  // A plain step whose forward and sampling were issued: its tokens are on the host already
+  // (`sampled`), or still on their way there (`readback`).
+  struct Launched {
+    ScheduleBatch batch;
+    std::vector<SampleResult> sampled;
+    ops::HostReadback* readback = nullptr;
+  };
   void drain_inbox();
   void report(Request& r);
   bool append_token(Request& r, SampleResult s);  // false once r finished
+  Launched launch(ScheduleBatch batch);
+  void complete(Launched& step);  // its tokens to their requests, reports, finished requests out
+  void complete_in_flight();
   void loop();
 
   const CausalLM& model_;
@@ -151,6 +168,11 @@ class Engine final : public EngineApi {
   ModelRunner runner_;
   Scheduler scheduler_;
   std::unique_ptr<SpeculativeWorker> spec_;
+  bool overlap_ = false;
+  std::unique_ptr<ops::HostReadback> readbacks_[2];  // a step in flight and the one being issued
+  int next_readback_ = 0;
+  std::optional<Launched> in_flight_;
+  int64_t overlapped_ = 0;
 
   std::mutex step_mu_;  // one step at a time; guards scheduler_, callbacks_, stats
   std::unordered_map<RequestId, StreamCallback> callbacks_;

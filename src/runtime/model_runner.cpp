@@ -8,14 +8,16 @@
 namespace ms {
 
 ModelRunner::ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs,
-                         int verify_tokens)
+                         int verify_tokens, int sampled_rows)
     : model_(model),
       num_slots_(num_slots),
       kv_(model.make_kv_cache(num_slots + (graphs.enabled_on(model.device) ? 1 : 0))),
       bf16_(bf16_activations) {
+  if (sampled_rows > 0) sampled_ids_ = Tensor::empty(DType::I32, {sampled_rows}, model.device);
   if (!graphs.enabled_on(model.device)) return;
   const int max_context = int(std::min<int64_t>(model.config.max_position_embeddings, num_slots));
   CudaGraphOptions o{graphs.max_bs, int32_t(num_slots), max_context, bf16_activations, 0};
+  o.earlier_ids = sampled_ids_;
   if (verify_tokens > 0) {
     o.tokens_per_seq = verify_tokens;
     graphs_ = std::make_unique<CudaGraphRunner>(model, kv_, o, [&model](const ForwardContext& ctx, const Tensor&) {
@@ -66,6 +68,7 @@ ForwardBatch ModelRunner::build_forward_batch(const ScheduleBatch& batch, const 
 
 Tensor ModelRunner::forward(const ScheduleBatch& batch, const ReqToTokenTable& table) {
   ForwardBatch fb = build_forward_batch(batch, table);
+  fb.earlier_ids = sampled_ids_;
   if (graphs_ && !verify_graphs_)
     if (std::optional<Tensor> logits = graphs_->decode(fb)) return *logits;
   return model_.forward(context(fb));

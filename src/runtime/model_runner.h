@@ -20,12 +20,17 @@ class ModelRunner {
  public:
   // graphs: captured for batches up to graphs.max_bs sequences when enabled on the model's device;
   // verify_tokens > 0: for verify batches of that many tokens per sequence instead of decode.
+  // sampled_rows > 0: keeps a device array of that many sampled ids (overlap scheduling).
   ModelRunner(const CausalLM& model, int64_t num_slots, bool bf16_activations, CudaGraphSettings graphs = {},
-              int verify_tokens = 0);
+              int verify_tokens = 0, int sampled_rows = 0);
 
   // Logits [sequences, vocab] of the last token of each sequence of the batch, on the model's
-  // device; a replayed graph's logits stay valid until the next forward.
+  // device; a replayed graph's logits stay valid until the next forward. A token placeholder
+  // -(j + 1) among the batch's ids reads row j of sampled_ids.
   Tensor forward(const ScheduleBatch& batch, const ReqToTokenTable& table);
+  // The device array a step's sampled ids are written to (the first `rows`), which the next
+  // step's placeholders read.
+  Tensor sampled_ids(int64_t rows) const { return sampled_ids_.narrow_rows(0, rows); }
   // Final hidden states [T, H] of every token of a built batch, on the model's device (the
   // speculative path takes logits of chosen rows and hands the rest to its draft model).
   Tensor forward_hidden(const ForwardBatch& fb);
@@ -56,6 +61,7 @@ class ModelRunner {
   bool bf16_;
   std::unique_ptr<CudaGraphRunner> graphs_;  // null: every step op by op
   bool verify_graphs_ = false;               // graphs_ serves verify batches, not decode
+  Tensor sampled_ids_;                       // I32 [sampled_rows]; undefined without overlap
 };
 
 // Memory of `device` for sizing the pool from --mem-fraction-static.

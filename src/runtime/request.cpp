@@ -33,6 +33,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 std::vector<int32_t> Request::fill_ids() const {
+  MS_ASSERT(pending_ids.empty());  // the radix cache keys on real tokens only
   std::vector<int32_t> ids = input_ids;
   ids.insert(ids.end(), output_ids.begin(), output_ids.end());
   return ids;

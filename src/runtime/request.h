@@ -88,11 +88,18 @@ struct Request {
   bool admitted_once = false;
   int retractions = 0;
   int streamed = 0;  // output tokens already handed to the caller
+  // Overlap scheduling: tokens sampled on the device whose ids the host has not read yet, oldest
+  // first, each as the placeholder -(j + 1) for row j of the ids its step sampled. They follow
+  // output_ids (a step may already compute on them) and become output tokens, or are dropped
+  // when the request finished at an earlier one.
+  std::vector<int32_t> pending_ids;
 
-  int fill_len() const { return int(input_ids.size() + output_ids.size()); }
-  std::vector<int32_t> fill_ids() const;  // prompt then output: what the KV must cover
+  int fill_len() const { return int(input_ids.size() + output_ids.size() + pending_ids.size()); }
+  std::vector<int32_t> fill_ids() const;  // prompt then output: what the KV must cover (nothing pending)
   int32_t fill_at(int i) const {
-    return i < int(input_ids.size()) ? input_ids[size_t(i)] : output_ids[size_t(i) - input_ids.size()];
+    const size_t in = input_ids.size(), out = output_ids.size();
+    if (size_t(i) < in) return input_ids[size_t(i)];
+    return size_t(i) < in + out ? output_ids[size_t(i) - in] : pending_ids[size_t(i) - in - out];
   }
   bool finished() const { return finish != FinishReason::None; }
 };

@@ -53,7 +53,8 @@ std::unique_ptr<Request> Scheduler::abort(RequestId id) {
 }
 
 int64_t Scheduler::reserve_of(const Request& r) const {
-  const int remaining = std::max(0, r.sampling.max_new_tokens - int(r.output_ids.size()));
+  const int produced = int(r.output_ids.size() + r.pending_ids.size());
+  const int remaining = std::max(0, r.sampling.max_new_tokens - produced);
   return int64_t(std::ceil(remaining * new_token_ratio_));
 }
 
@@ -149,23 +150,35 @@ bool Scheduler::try_add_to_extend(Request& r, ScheduleBatch& b, int& rem_input, 
   return true;
 }
 
+// A request whose last token is in flight decodes on it, unless it is known to end there.
+static bool decodes(const Request& r) {
+  return !r.finished() && int(r.output_ids.size() + r.pending_ids.size()) < r.sampling.max_new_tokens;
+}
+
 ScheduleBatch Scheduler::decode_batch() {
   ScheduleBatch b;
   b.mode = ForwardMode::Decode;
   if (running_.empty()) return b;
+  const auto decoding = [&] { return std::count_if(running_.begin(), running_.end(), [](const Request* r) { return decodes(*r); }); };
+  if (kv_.available() < int64_t(decoding()) &&
+      std::any_of(running_.begin(), running_.end(), [](const Request* r) { return !r->pending_ids.empty(); })) {
+    b.needs_pending = true;  // a retracted request's cached tokens must be real ones
+    return b;
+  }
   // Retract the newest requests until every running one gets its slot; a prompt part-way
   // through chunked prefill is a candidate too (it may hold the memory the others need).
-  while (kv_.available() < int64_t(running_.size())) {
+  while (kv_.available() < int64_t(decoding())) {
     Request* victim = chunked_;
     for (Request* r : running_)
       if (running_.size() > 1 && (!victim || r->arrival > victim->arrival)) victim = r;
     if (!victim) break;
     retract(*victim);
   }
-  MS_CHECK(kv_.available() >= int64_t(running_.size()), "KV pool exhausted: request ", running_[0]->id,
+  MS_CHECK(kv_.available() >= int64_t(decoding()), "KV pool exhausted: request ", running_[0]->id,
            " cannot decode alone in ", kv_.capacity(), " slots");
-  int64_t draft_budget = kv_.available() - int64_t(running_.size());
+  int64_t draft_budget = kv_.available() - int64_t(decoding());
   for (Request* r : running_) {
+    if (!decodes(*r)) continue;
     MS_ASSERT(r->kv_len == r->fill_len() - 1);
     const int drafts = draft_count(*r, draft_budget);
     MS_ASSERT(kv_.extend_speculative(*r, 1 + drafts, b.out_cache_loc));
@@ -197,16 +210,57 @@ void Scheduler::retract(Request& r) {
   new_token_ratio_ = std::min(1.0, kInitTokenRatio * options_.conservativeness);
 }
 
+void Scheduler::advance(const ScheduledSeq& s, ForwardMode mode) {
+  Request* r = s.req;
+  MS_ASSERT(r->kv_len == s.start);
+  r->kv_len += s.num_tokens;
+  if (!s.sample) {
+    kv_.cache_chunk(*r);
+    return;
+  }
+  if (r == chunked_) chunked_ = nullptr;
+  if (mode == ForwardMode::Extend) {
+    r->state = RequestState::Running;
+    running_.push_back(r);
+  }
+}
+
+void Scheduler::retire(Request* r, std::vector<std::unique_ptr<Request>>& done) {
+  std::erase(running_, r);
+  kv_.release(*r, /*cache=*/true);
+  r->state = RequestState::Finished;
+  auto it = live_.find(r->id);
+  done.push_back(std::move(it->second));
+  live_.erase(it);
+}
+
+void Scheduler::launch_step(const ScheduleBatch& batch) {
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const ScheduledSeq& s = batch.seqs[i];
+    MS_ASSERT(s.num_tokens == 1 || batch.mode == ForwardMode::Extend);
+    advance(s, batch.mode);
+    if (s.sample) s.req->pending_ids.push_back(-int32_t(i) - 1);
+  }
+}
+
+std::vector<std::unique_ptr<Request>> Scheduler::complete_step(const ScheduleBatch& batch) {
+  std::vector<std::unique_ptr<Request>> done;
+  for (const ScheduledSeq& s : batch.seqs) {
+    Request* r = s.req;
+    if (!s.sample || !r->finished() || !r->pending_ids.empty()) continue;
+    MS_CHECK(r->kv_len >= r->fill_len() - 1, "request ", r->id, ": its KV is behind its tokens");
+    retire(r, done);
+  }
+  return done;
+}
+
 std::vector<std::unique_ptr<Request>> Scheduler::finish_step(const ScheduleBatch& batch) {
   std::vector<std::unique_ptr<Request>> done;
   for (const ScheduledSeq& s : batch.seqs) {
     Request* r = s.req;
-    MS_ASSERT(r->kv_len == s.start);
-    r->kv_len += s.num_tokens;
-    if (!s.sample) {
-      kv_.cache_chunk(*r);
-      continue;
-    }
+    // A verify's request is running already: advance only adds requests that end an extend.
+    advance(s, batch.mode);
+    if (!s.sample) continue;
     if (batch.mode == ForwardMode::Decode && s.num_tokens > 1) {
       // A speculative verify: keep the KV of the tokens before the newest one, free the rest.
       MS_CHECK(r->fill_len() - 1 > s.start && r->fill_len() - 1 <= r->kv_len, "request ", r->id, ": ",
@@ -214,18 +268,7 @@ std::vector<std::unique_ptr<Request>> Scheduler::finish_step(const ScheduleBatch
       kv_.rollback(*r, r->fill_len() - 1);
     }
     MS_CHECK(r->kv_len == r->fill_len() - 1, "request ", r->id, ": no token was appended after its step");
-    if (r == chunked_) chunked_ = nullptr;
-    if (batch.mode == ForwardMode::Extend && !r->finished()) {
-      r->state = RequestState::Running;
-      running_.push_back(r);
-    }
-    if (!r->finished()) continue;
-    std::erase(running_, r);
-    kv_.release(*r, /*cache=*/true);
-    r->state = RequestState::Finished;
-    auto it = live_.find(r->id);
-    done.push_back(std::move(it->second));
-    live_.erase(it);
+    if (r->finished()) retire(r, done);
   }
   return done;
 }

@@ -49,6 +49,8 @@ struct ScheduleBatch {
   ForwardMode mode = ForwardMode::Decode;
   std::vector<ScheduledSeq> seqs;
   std::vector<int32_t> out_cache_loc;  // the slots of this step's tokens, sequence after sequence
+  // Empty because the decode step must retract, which needs the tokens still in flight first.
+  bool needs_pending = false;
   bool empty() const { return seqs.empty(); }
   int num_tokens() const { return int(out_cache_loc.size()); }
 };
@@ -65,11 +67,21 @@ class Scheduler {
   void add(std::unique_ptr<Request> r);
   // Removes a waiting or running request and frees all it held; null when it is not here.
   std::unique_ptr<Request> abort(RequestId id);
-  // The next step's batch (empty when there is nothing to do).
+  // The next step's batch (empty when there is nothing to do). Requests may still have tokens
+  // in flight (pending_ids): a decode step computes on them, and leaves out requests that
+  // already finished or reach max_new_tokens with them.
   ScheduleBatch next_batch();
-  // After the batch ran and each sampled token was appended and checked (check_finish):
-  // advances the requests' KV, caches chunk boundaries, frees the slots of rejected draft
-  // tokens, and hands back the finished requests.
+  // Plain decoding, in two halves so that the next batch can be scheduled while this one runs:
+  // launch_step once the batch's forward and sampling are issued — advances the requests' KV,
+  // caches chunk boundaries, and gives every sampled sequence a pending token (the placeholder
+  // for row i of the step's sampled ids, i its index in the batch); complete_step once those
+  // tokens were resolved (appended and checked, or dropped) — hands back the requests that
+  // finished and have nothing left in flight.
+  void launch_step(const ScheduleBatch& batch);
+  std::vector<std::unique_ptr<Request>> complete_step(const ScheduleBatch& batch);
+  // Speculative decoding, after the batch ran and each sampled token was appended and checked
+  // (check_finish): advances the requests' KV, caches chunk boundaries, frees the slots of
+  // rejected draft tokens, and hands back the finished requests.
   std::vector<std::unique_ptr<Request>> finish_step(const ScheduleBatch& batch);
   // Empties the radix cache; only while idle.
   void flush_cache();
@@ -91,6 +103,8 @@ class Scheduler {
   int64_t reserve_of(const Request& r) const;
   int draft_count(const Request& r, int64_t& budget) const;  // drafts r verifies this step
   void enqueue(Request* r);  // waiting queue, kept in arrival order
+  void advance(const ScheduledSeq& s, ForwardMode mode);  // this step's KV is r's
+  void retire(Request* r, std::vector<std::unique_ptr<Request>>& done);
 
   SchedulerOptions options_;
   KvManager kv_;

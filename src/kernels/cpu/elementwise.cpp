@@ -1,4 +1,5 @@
 // Row-wise and element-wise CPU kernels: norms, activations, embedding, cache writes.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -43,12 +44,17 @@ void silu_and_mul(const Tensor& gate_up, Tensor& out) {
   }
 }
 
-void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier) {
   const int64_t V = table.size(0);
   Weight rows{table};
   for (size_t t = 0; t < ids.size(); ++t) {
-    MS_CHECK(ids[t] >= 0 && ids[t] < V, "token id ", ids[t], " is out of range for a vocabulary of ", V);
-    decode_weight_row(rows, ids[t], row_ptr(out, int64_t(t)));
+    int32_t id = ids[t];
+    if (id < 0 && earlier) {
+      MS_CHECK(-int64_t(id) <= earlier->size(0), "token placeholder ", id, " beyond ", earlier->size(0), " earlier ids");
+      id = earlier->data<int32_t>()[-int64_t(id) - 1];
+    }
+    MS_CHECK(id >= 0 && id < V, "token id ", id, " is out of range for a vocabulary of ", V);
+    decode_weight_row(rows, id, row_ptr(out, int64_t(t)));
   }
 }
 
@@ -101,15 +107,38 @@ void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst
 }
 
 std::vector<int32_t> argmax_rows(const Tensor& logits) {
-  const int64_t T = logits.size(0), V = logits.size(1);
-  std::vector<int32_t> out(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* r = row_ptr(logits, t);
-    out[t] = int32_t(std::max_element(r, r + V) - r);
-  }
-  return out;
+  Tensor ids = Tensor::empty(DType::I32, {logits.size(0)});
+  argmax_rows_into(logits, ids);
+  return {ids.data<int32_t>(), ids.data<int32_t>() + ids.numel()};
 }
 
+void argmax_rows_into(const Tensor& logits, Tensor& ids) {
+  const int64_t T = logits.size(0), V = logits.size(1);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* r = row_ptr(logits, t);
+    ids.data<int32_t>()[t] = int32_t(std::max_element(r, r + V) - r);
+  }
+}
+
+namespace {
+// The CPU computes a step before its caller goes on: the ids are final when the copy starts.
+class CpuReadback final : public ops::HostReadback {
+ public:
+  explicit CpuReadback(int64_t capacity) : ids_(size_t(capacity)) {}
+  void start(const Tensor& ids) override {
+    MS_CHECK(ids.numel() <= int64_t(ids_.size()), "readback of ", ids.numel(), " ids, capacity ", ids_.size());
+    std::copy_n(ids.data<int32_t>(), ids.numel(), ids_.begin());
+    count_ = size_t(ids.numel());
+  }
+  std::span<const int32_t> wait() override { return {ids_.data(), count_}; }
+
+ private:
+  std::vector<int32_t> ids_;
+  size_t count_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<ops::HostReadback> make_host_readback(int64_t capacity) { return std::make_unique<CpuReadback>(capacity); }
 void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
           const Tensor& sin, bool interleaved) {
   const int64_t T = x.size(0), H = x.size(1), half = rot_dim / 2;

@@ -22,7 +22,7 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_inplace(Tensor& x, const Tensor& y);
 void silu_and_mul(const Tensor& gate_up, Tensor& out);
-void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier);
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 void round_to_bf16(Tensor& x);
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
@@ -39,6 +39,8 @@ void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Ten
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 std::vector<int32_t> argmax_rows(const Tensor& logits);
+void argmax_rows_into(const Tensor& logits, Tensor& ids);
+std::unique_ptr<ops::HostReadback> make_host_readback(int64_t capacity);
 std::shared_ptr<ops::GraphPool> make_graph_pool();
 std::unique_ptr<ops::StepGraph> capture_step(const ops::StepArrays& arrays, int64_t kv_capacity, int max_kv,
                                              ops::GraphPool& pool, const std::function<void()>& body);

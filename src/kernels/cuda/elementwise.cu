@@ -156,12 +156,14 @@ __global__ void silu_mul_kernel(const TI* gu, int64_t gs, int64_t T, int64_t I, 
 }
 
 template <class TT, class TO>
-__global__ void embedding_kernel(const TT* table, int64_t ts, const int32_t* ids, int64_t T, int64_t H, TO* out,
-                                 int64_t os) {
+__global__ void embedding_kernel(const TT* table, int64_t ts, const int32_t* ids, const int32_t* earlier, int64_t T,
+                                 int64_t H, TO* out, int64_t os) {
   int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= T * H) return;
   int64_t t = idx / H, i = idx % H;
-  store_f(out + t * os + i, load_f(table + int64_t(ids[t]) * ts + i));
+  int32_t id = ids[t];
+  if (id < 0) id = earlier[-int64_t(id) - 1];  // a device argmax wrote it: inside the vocabulary
+  store_f(out + t * os + i, load_f(table + int64_t(id) * ts + i));
 }
 
 template <class T>
@@ -291,17 +293,19 @@ void silu_and_mul(const Tensor& gate_up, Tensor& out) {
   MS_CUDA_LAUNCHED("silu_mul_kernel");
 }
 
-void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier) {
   Rows t = rows_of(table, "embedding", "table"), o = rows_of(out, "embedding", "output");
   MS_CHECK(o.n == int64_t(ids.size()) && o.width == t.width, "embedding: ", ids.size(), " ids from ",
            table.describe(), " into ", out.describe());
+  const int64_t placeholders = earlier ? earlier->size(0) : 0;
   for (int32_t id : ids)
-    MS_CHECK(id >= 0 && id < t.n, "token id ", id, " is out of range for a vocabulary of ", t.n);
+    MS_CHECK(id < t.n && id >= -placeholders, "token id ", id, " is out of range for a vocabulary of ", t.n);
   if (ids.empty()) return;
   Tensor dev_ids = upload_i32(ids);
   MS_FLOAT_DISPATCH(table.dtype(), TT, MS_FLOAT_DISPATCH(out.dtype(), TO,
     embedding_kernel<TT, TO><<<blocks_for(o.n * o.width, kThreads), kThreads, 0, stream()>>>(
-        table.data<TT>(), t.stride, dev_ids.data<int32_t>(), o.n, o.width, out.data<TO>(), o.stride)));
+        table.data<TT>(), t.stride, dev_ids.data<int32_t>(), earlier ? earlier->data<int32_t>() : nullptr, o.n,
+        o.width, out.data<TO>(), o.stride)));
   MS_CUDA_LAUNCHED("embedding_kernel");
 }
 

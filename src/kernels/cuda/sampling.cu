@@ -66,21 +66,19 @@ __global__ void argmax_merge_kernel(const float* part_v, const int32_t* part_i, 
 
 }  // namespace
 
-std::vector<int32_t> argmax_rows(const Tensor& logits) {
+void argmax_rows_into(const Tensor& logits, Tensor& ids) {
   check_device_tensor(logits, {DType::BF16, DType::F32}, "argmax_rows", "logits");
   MS_CHECK(logits.dim() == 2 && (logits.size(1) <= 1 || logits.strides()[1] == 1), "argmax_rows: ", logits.describe(),
            " must be [rows, vocab] with contiguous rows");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   MS_CHECK(vocab > 0 && vocab < (int64_t(1) << 31), "argmax_rows: vocabulary of ", vocab);
-  std::vector<int32_t> out(size_t(rows), 0);
-  if (rows == 0) return out;
+  if (rows == 0) return;
   // Enough chunks for two blocks a multiprocessor over all rows, none shorter than kMinChunk.
   const int64_t want = std::max<int64_t>(1, (2 * int64_t(sm_count()) + rows - 1) / rows);
   const int64_t by_len = std::max<int64_t>(1, vocab / kMinChunk);
   int chunks = int(std::min(want, by_len));
   const int chunk = int((vocab + chunks - 1) / chunks);
   chunks = int((vocab + chunk - 1) / chunk);  // every chunk non-empty
-  Tensor ids = scratch(DType::I32, {rows});
   Tensor part_v, part_i;
   if (chunks > 1) part_v = scratch(DType::F32, {rows, chunks}), part_i = scratch(DType::I32, {rows, chunks});
   MS_FLOAT_DISPATCH(logits.dtype(), T, {
@@ -94,8 +92,53 @@ std::vector<int32_t> argmax_rows(const Tensor& logits) {
                                                              ids.data<int32_t>());
     MS_CUDA_LAUNCHED("argmax_merge_kernel");
   }
+}
+
+std::vector<int32_t> argmax_rows(const Tensor& logits) {
+  std::vector<int32_t> out(size_t(logits.dim() == 2 ? logits.size(0) : 0), 0);
+  if (out.empty()) return out;
+  Tensor ids = scratch(DType::I32, {logits.size(0)});
+  argmax_rows_into(logits, ids);
   download(out.data(), ids.raw(), out.size() * sizeof(int32_t));
   return out;
+}
+
+namespace {
+// Pinned host memory the copy lands in, and an event the host waits on instead of the stream.
+class CudaReadback final : public ops::HostReadback {
+ public:
+  explicit CudaReadback(int64_t capacity) : capacity_(capacity) {
+    MS_CUDA(cudaMallocHost(&host_, size_t(std::max<int64_t>(capacity, 1)) * sizeof(int32_t)));
+    MS_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~CudaReadback() override {
+    cudaEventSynchronize(done_);  // no copy may land in freed memory
+    cudaEventDestroy(done_);
+    cudaFreeHost(host_);
+  }
+  void start(const Tensor& ids) override {
+    check_device_tensor(ids, {DType::I32}, "readback", "ids");
+    MS_CHECK(ids.numel() <= capacity_ && ids.is_contiguous(), "readback of ", ids.describe(), ", capacity ", capacity_);
+    MS_CUDA(cudaEventSynchronize(done_));  // the previous copy's values were read
+    count_ = size_t(ids.numel());
+    MS_CUDA(cudaMemcpyAsync(host_, ids.raw(), count_ * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
+    MS_CUDA(cudaEventRecord(done_, stream()));
+  }
+  std::span<const int32_t> wait() override {
+    MS_CUDA(cudaEventSynchronize(done_));
+    return {host_, count_};
+  }
+
+ private:
+  int64_t capacity_;
+  int32_t* host_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  size_t count_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<ops::HostReadback> make_host_readback(int64_t capacity) {
+  return std::make_unique<CudaReadback>(capacity);
 }
 
 }  // namespace ms::cuda
