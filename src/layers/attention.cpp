@@ -24,12 +24,10 @@ Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
     w_.k_norm.inplace(k);
     ctx.round(q), ctx.round(k);
   }
-  Tensor q3 = q.view({T, heads_, head_dim_}), k3 = k.view({T, kv_heads_, head_dim_});
-  ops::rope(q3, 0, rope_->rot_dim, b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ops::rope(k3, 0, rope_->rot_dim, b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ctx.round(q3), ctx.round(k3);
-  ops::scatter_rows(k3, b.out_cache_loc, ctx.kv.buffer(layer, 0));
-  ops::scatter_rows(v.view({T, kv_heads_, head_dim_}), b.out_cache_loc, ctx.kv.buffer(layer, 1));
+  Tensor q3 = q.view({T, heads_, head_dim_});
+  ops::rope_store_kv(q3, k.view({T, kv_heads_, head_dim_}), v.view({T, kv_heads_, head_dim_}),
+                     rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations, ctx.kv.buffer(layer, 0),
+                     ctx.kv.buffer(layer, 1));
   Tensor o = ctx.empty({T, heads_, head_dim_});
   ops::attention(q3, ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), b.attn, 1.0f / std::sqrt(float(head_dim_)), o);
   ctx.round(o);
@@ -70,16 +68,11 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   const int64_t T = x.size(0), H = d_.heads, L = d_.kv_lora_rank, R = d_.qk_rope_head_dim;
   const int nope = d_.qk_nope_head_dim, vdim = d_.v_head_dim;
   Tensor q = project_q(x, ctx).view({T, H, nope + R});
-  // Latent: normalise the first L columns in place, rope the last R; that row is what we cache.
+  // The cached row is the kv_a output with its first L columns normalised and its last R roped.
   Tensor kv = w_.kv_a_proj(x);
   ctx.round(kv);
-  Tensor latent = kv.slice(1, 0, L);
-  w_.kv_a_norm.inplace(latent);
-  Tensor kv3 = kv.view({T, 1, L + R});
-  ops::rope(kv3, int(L), int(R), b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ops::rope(q, nope, int(R), b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ctx.round(kv), ctx.round(q);
-  ops::scatter_rows(kv, b.out_cache_loc, ctx.kv.buffer(layer, 0));
+  ops::mla_rope_store(q, kv, w_.kv_a_norm.weight(), w_.kv_a_norm.eps(), rope_->at(b.positions), b.out_cache_loc,
+                      ctx.bf16_activations, ctx.kv.buffer(layer, 0));
 
   Tensor q_latent = ctx.empty({T, H, L});
   ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent);

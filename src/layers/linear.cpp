@@ -38,4 +38,8 @@ void RmsNorm::inplace(Tensor& x) const {
   ops::rms_norm(rows, weight_, eps_, rows);
 }
 
+void RmsNorm::add_forward(Tensor& residual, const Tensor& y, Tensor& out) const {
+  ops::add_rms_norm(residual, y, weight_, eps_, out);
+}
+
 }  // namespace ms

@@ -28,6 +28,10 @@ class RmsNorm {
   Tensor operator()(const Tensor& x) const;  // rows of x (any leading shape, last dim normalised)
   void forward(const Tensor& x, Tensor& out) const;  // 2-D rows, out may be a column slice
   void inplace(Tensor& x) const;
+  // residual += y, then out = norm(residual): a block's residual add fused with the norm after it.
+  void add_forward(Tensor& residual, const Tensor& y, Tensor& out) const;
+  const Tensor& weight() const { return weight_; }
+  float eps() const { return eps_; }
 
  private:
   Tensor weight_;
