@@ -119,7 +119,8 @@ void run_bench_offline(const OfflineArgs& a) {
                          {"input_throughput", double(r.input_tokens) / r.seconds},
                          {"output_throughput", double(r.output_tokens) / r.seconds},
                          {"total_throughput", double(r.input_tokens + r.output_tokens) / r.seconds},
-                         {"cuda_graph_replays", engine.stats().cuda_graph_replays}}
+                         {"cuda_graph_replays", engine.stats().cuda_graph_replays},
+                         {"overlapped_steps", engine.stats().overlapped_steps}}
               .dump()
        << "\n";
 }
