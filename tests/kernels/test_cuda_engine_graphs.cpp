@@ -50,6 +50,31 @@ TEST(CudaArgmax, MatchesHostArgmaxWithTiesToTheLowerIndex) {
   }
 }
 
+// The pieces of overlap scheduling: the argmax left on the device, its ids read back later, and
+// an embedding whose placeholders read them.
+TEST(CudaOverlap, ArgmaxIdsFeedTheNextEmbeddingOnTheDevice) {
+  MS_REQUIRE_CUDA();
+  const Tensor logits = gpu(randn({3, 1000}, 2.0f), DType::BF16);
+  const std::vector<int32_t> want = ops::argmax_rows(logits);
+  Tensor ids = Tensor::empty(DType::I32, {4}, Device::CUDA);
+  Tensor first = ids.narrow_rows(0, 3);
+  ops::argmax_rows_into(logits, first);
+  auto readback = ops::make_host_readback(Device::CUDA, 4);
+  readback->start(first);
+  Tensor table = randn({1000, 64}, 1.0f);
+  Tensor out = Tensor::empty(DType::BF16, {4, 64}, Device::CUDA);
+  const std::vector<int32_t> tokens = {-3, 5, -1, -2};
+  ops::embedding(gpu(table, DType::BF16), tokens, out, &ids);
+  const std::span<const int32_t> back = readback->wait();
+  ASSERT_EQ(back.size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(back[size_t(r)], want[size_t(r)]) << "row " << r;
+  const std::vector<float> got = out.to_vector(), rows = gpu(table, DType::BF16).to_vector();
+  const int32_t source[4] = {want[2], 5, want[0], want[1]};
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 64; ++i)
+      ASSERT_EQ(got[size_t(t * 64 + i)], rows[size_t(source[t] * 64 + i)]) << "token " << t << " dim " << i;
+}
+
 std::unique_ptr<CausalLM> load_gpu(const std::string& fixture) {
   LoadOptions o;
   o.device = Device::CUDA;
@@ -119,6 +144,26 @@ TEST_P(CudaEngineGraphTest, GreedyGenerateWithGraphsEqualsOpByOp) {
   EXPECT_EQ(stats.cuda_graph_replays, stats.scheduler.decode_batches);
   EXPECT_EQ(eager.stats().cuda_graph_replays, 0);
   std::printf("[ graphs ] %s: %d greedy steps compared\n", GetParam().c_str(), compared);
+}
+
+// Overlap scheduling: each decode step is issued before the previous step's ids reach the host,
+// and its graph reads them as placeholders on the device. The same batches run as one step at a
+// time (a request that ends by length is left out of the step after its last one either way),
+// so the ids are equal.
+TEST_P(CudaEngineGraphTest, OverlapGivesTheIdsOfOneStepAtATime) {
+  MS_REQUIRE_CUDA();
+  auto model = load_gpu(GetParam());
+  std::vector<GenerateRequest> reqs = requests(GetParam(), false);
+  reqs[1].sampling.max_new_tokens = 5;  // the batch shrinks mid-run
+  EngineOptions one_o = engine_options(true);
+  one_o.disable_overlap_schedule = true;
+  Engine one(*model, one_o), overlap(*model, engine_options(true));
+  const std::vector<GenerateResult> want = one.generate(reqs), got = overlap.generate(reqs);
+  for (size_t r = 0; r < reqs.size(); ++r) EXPECT_EQ(got[r].output_ids, want[r].output_ids) << "request " << r;
+  EXPECT_EQ(one.stats().overlapped_steps, 0);
+  EXPECT_GE(overlap.stats().overlapped_steps, kNewTokens);  // the prefill and every decode step
+  EXPECT_EQ(overlap.stats().cuda_graph_replays, one.stats().cuda_graph_replays);
+  EXPECT_GT(overlap.stats().cuda_graph_replays, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaEngineGraphTest, ::testing::ValuesIn(test::all_fixtures()),
