@@ -6,7 +6,7 @@
 # B = 1 at 4k, B = 8 at 1k, B = 64 at 256, prefill of 8k); overlap scheduling on and off through
 # bench-offline (same binary, one run after the other); the attention timing harness when
 # MOESERVE_BENCH_ATTENTION tests exist; Nsight Compute per-kernel times of the Qwen3 B = 1 step.
-# $OUT gets summary.log, bench-{before,after}.jsonl, offline.jsonl, ceilings.json, ncu-qwen3-b1.csv, logs.tgz.
+# $OUT gets summary.log, bench-{before,after}.jsonl, offline.jsonl, ceilings.json, ncu-qwen3-b1.csv, ncu-v2lite-b64.csv, logs.tgz.
 #   SRC=.devsrc-s4 BEFORE_SRC=.devsrc-s4before bash bench/session4_run.sh
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -35,9 +35,11 @@ for m in qwen3:qwen3-30b-a3b:12 v2lite:deepseek-v2-lite:9; do
       log "offline $name n=$n in=$i out=$o ${flag:-overlap} rc=$? $(tail -1 $OUT/offline.jsonl | grep -o '"output_throughput":[0-9.]*\|"overlapped_steps":[0-9]*' | tr '\n' ' ')"
     done
   done
-  [ $name = qwen3 ] && { timeout 100 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
-      --log-file $OUT/ncu-qwen3-b1.csv $B bench-one-batch --model-path /tmp/qwen3 --device cuda \
-      --batch-size 1 --input-len 4096 --output-len 4 --disable-cuda-graph > /dev/null 2>&1; log "ncu qwen3 B=1 rc=$?"; }
+  # Per-kernel times, op by op: Qwen3 at batch 1 (4k context), V2-Lite at batch 64.
+  [ $name = qwen3 ] && set -- 1 4096 || set -- 64 256
+  timeout 100 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+    --log-file $OUT/ncu-$name-b$1.csv $B bench-one-batch --model-path /tmp/$name --device cuda \
+    --batch-size $1 --input-len $2 --output-len 4 --disable-cuda-graph > /dev/null 2>&1; log "ncu $name B=$1 rc=$?"
   rm -rf /tmp/$name
 done
 tar czf "$OUT/logs.tgz" -C $L . 2>/dev/null
