@@ -69,8 +69,8 @@ void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float
   MS_DISPATCH(residual, add_rms_norm(residual, y, weight, eps, out));
 }
 void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope, std::span<const int32_t> slots,
-                   bool round_bf16, Tensor& k_cache, Tensor& v_cache) {
-  MS_DISPATCH(q, rope_store_kv(q, k, v, rope, slots, round_bf16, k_cache, v_cache));
+                   bool round_bf16, Tensor& k_cache, Tensor& v_cache, const HeadNorm* qk_norm) {
+  MS_DISPATCH(q, rope_store_kv(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm));
 }
 void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float eps, const RopeArgs& rope,
                     std::span<const int32_t> slots, bool round_bf16, Tensor& cache) {

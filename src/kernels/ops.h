@@ -68,13 +68,22 @@ struct RopeArgs {
   std::span<const int32_t> positions;
 };
 
+// Per-head RMSNorm of q and k before their rope (Qwen3): weights [D].
+struct HeadNorm {
+  const Tensor& q;
+  const Tensor& k;
+  float eps;
+};
+
 // Rope and the KV-cache write of a GQA layer, rope on dims [0, rot_dim) of each head: q
 // [T, Hq, D] is roped in place; k [T, Hkv, D] is roped into k_cache [slots, Hkv, D] at row
 // slots[t] and v [T, Hkv, Dv] copied into v_cache [slots, Hkv, Dv]; k and v are left as they
-// are. round_bf16: F32 activations emulate bf16 storage, so roped q and k are rounded to bf16
-// (BF16 tensors are rounded by their storage).
+// are. q, k and v may be head slices of one fused projection (strided tokens). With qk_norm,
+// every q and k head is normalised first (its result stored, then roped). round_bf16: F32
+// activations emulate bf16 storage, so normalised and roped q and k are rounded to bf16 (BF16
+// tensors are rounded by their storage).
 void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope, std::span<const int32_t> slots,
-                   bool round_bf16, Tensor& k_cache, Tensor& v_cache);
+                   bool round_bf16, Tensor& k_cache, Tensor& v_cache, const HeadNorm* qk_norm = nullptr);
 // The same for MLA: kv [T, L + R] (the kv_a projection) becomes cache row slots[t] of [slots,
 // L + R]: its latent [0, L) normalised by kv_norm (weight [L], eps) and its last R = rot_dim
 // columns roped; q [T, H, nope + R] has its last R dims of each head roped in place. kv is left

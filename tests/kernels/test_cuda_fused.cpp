@@ -1,4 +1,5 @@
-// The fused CUDA ops (residual add + RMSNorm; rope + KV-cache write for GQA and MLA) against
+// The fused CUDA ops (residual add + RMSNorm; rope + KV-cache write for GQA, with Qwen3's q/k
+// norms, and MLA; projections concatenated into one linear) against
 // their CPU ops, and the fused add + norm against the separate CUDA steps it replaces (the same
 // bits: both store the sum in bf16 and normalise the stored value). Inputs are bf16-exact; the
 // CPU computes in f32, so the bound is bf16 output rounding: relative error below 1e-2.
@@ -7,6 +8,7 @@
 
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "layers/linear.h"
 #include "layers/rope.h"
 
 namespace ms {
@@ -102,11 +104,11 @@ TEST(CudaFused, RopeStoreKvMatchesCpu) {
     Tensor qpad = randn({c.T, c.hq, c.D + 32}), k = randn({c.T, c.hkv, c.D}), v = randn({c.T, c.hkv, c.D});
     Tensor kc0 = randn({S, c.hkv, c.D}), vc0 = randn({S, c.hkv, c.D});
     Tensor qr = qpad.slice(2, 0, c.D).clone(), kcr = kc0.clone(), vcr = vc0.clone();
-    cpu::rope_store_kv(qr, k, v, host.at(pos), slots, false, kcr, vcr);
+    cpu::rope_store_kv(qr, k, v, host.at(pos), slots, false, kcr, vcr, nullptr);
 
     Tensor qg_pad = gpu(qpad), qg = qg_pad.slice(2, 0, c.D), kc = gpu(kc0), vc = gpu(vc0);
     Tensor kg = gpu(k), vg = gpu(v);
-    cuda::rope_store_kv(qg, kg, vg, dev.at(pos), slots, false, kc, vc);
+    cuda::rope_store_kv(qg, kg, vg, dev.at(pos), slots, false, kc, vc, nullptr);
     EXPECT_LT(rel_error(qg.clone(), qr), kBf16Tol) << name << ": q";
     EXPECT_EQ(rel_error(qg_pad.slice(2, c.D, c.D + 32).clone(), qpad.slice(2, c.D, c.D + 32).clone()), 0.0)
         << name << ": q's padding";
@@ -117,6 +119,65 @@ TEST(CudaFused, RopeStoreKvMatchesCpu) {
     EXPECT_EQ(rel_error(cache_rows(vc, rest), cache_rows(vc0, rest)), 0.0) << name << ": other value slots";
     EXPECT_EQ(rel_error(kg, k), 0.0) << name << ": k is an input only";
   }
+}
+
+// Qwen3 at TP 1 on one [T, 32 + 2 x 4 heads, 128] projection: q, k and v are head slices of it
+// (strided tokens), q and k normalised per head before the rope; bf16 and F32 norm weights.
+TEST(CudaFused, RopeStoreKvWithHeadNormsOnFusedProjection) {
+  MS_REQUIRE_CUDA();
+  const int64_t Hq = 32, Hkv = 4, D = 128, S = 64, W = (Hq + 2 * Hkv) * D;
+  RopeTable host = RopeTable::build(int(D), 1e6, 4096, false), dev = host.to(Device::CUDA);
+  for (auto [T, wdt] : std::vector<std::pair<int64_t, DType>>{{1, DType::BF16}, {23, DType::F32}}) {
+    const auto pos = random_positions(T, 4096);
+    const auto slots = random_slots(T, S);
+    Tensor qkv = randn({T, W}), wq = randn({D}, 0.5f), wk = randn({D}, 0.5f), c0 = randn({S, Hkv, D});
+    Tensor heads = qkv.clone().view({T, Hq + 2 * Hkv, D});
+    Tensor qr = heads.slice(1, 0, Hq), kcr = c0.clone(), vcr = c0.clone();
+    const ops::HeadNorm hn{wq, wk, 1e-6f};
+    cpu::rope_store_kv(qr, heads.slice(1, Hq, Hq + Hkv), heads.slice(1, Hq + Hkv, Hq + 2 * Hkv), host.at(pos), slots,
+                       false, kcr, vcr, &hn);
+    Tensor g = gpu(qkv).view({T, Hq + 2 * Hkv, D}), kc = gpu(c0), vc = gpu(c0);
+    Tensor qg = g.slice(1, 0, Hq), wqg = gpu(wq, wdt), wkg = gpu(wk, wdt);
+    const ops::HeadNorm gn{wqg, wkg, 1e-6f};
+    cuda::rope_store_kv(qg, g.slice(1, Hq, Hq + Hkv), g.slice(1, Hq + Hkv, Hq + 2 * Hkv), dev.at(pos), slots, false, kc,
+                        vc, &gn);
+    EXPECT_LT(rel_error(qg.clone(), qr.clone()), kBf16Tol) << T << " tokens: q";
+    EXPECT_LT(rel_error(cache_rows(kc, slots), cache_rows(kcr, slots)), kBf16Tol) << T << " tokens: keys";
+    EXPECT_EQ(rel_error(cache_rows(vc, slots), cache_rows(vcr, slots)), 0.0) << T << " tokens: values";
+    EXPECT_EQ(rel_error(g.slice(1, Hq, Hq + 2 * Hkv).clone(), heads.slice(1, Hq, Hq + 2 * Hkv).clone()), 0.0)
+        << T << " tokens: k and v are inputs only";
+  }
+}
+
+// The concatenated q/k/v (or q_a/kv_a) weight on the GPU: each column slice of its output is
+// that part's linear (bf16 and FP8 blocks, decode and prefill row counts, a bias).
+TEST(CudaFused, ConcatenatedLinearMatchesItsParts) {
+  MS_REQUIRE_CUDA();
+  const int64_t K = 1024;
+  for (bool fp8 : {false, true})
+    for (int64_t T : {1, 4, 64}) {
+      std::vector<Linear> parts;
+      for (int64_t rows : {512, 128, 72}) {
+        ops::Weight w;
+        if (fp8) {
+          Fp8Weight f = random_fp8(rows, K);
+          w = f.gpu;
+        } else {
+          w.w = gpu(randn({rows, K}, 0.03f));
+        }
+        parts.emplace_back(std::move(w), fp8 ? Tensor{} : randn({rows}, 0.5f));
+      }
+      Linear cat = Linear::concat_rows({&parts[0], &parts[1], &parts[2]});
+      ASSERT_TRUE(cat.defined());
+      Tensor x = gpu(randn({T, K})), y = cat(x);
+      int64_t c = 0;
+      for (const Linear& p : parts) {
+        Tensor part = p(x);
+        EXPECT_LT(rel_error(y.slice(1, c, c + p.out_features()).clone(), part), kBf16Tol)
+            << (fp8 ? "fp8" : "bf16") << " T=" << T << " columns from " << c;
+        c += p.out_features();
+      }
+    }
 }
 
 // F32 activations with the bf16 emulation on: the GPU rounds where the CPU does.
@@ -132,9 +193,9 @@ TEST(CudaFused, RopeStoreKvRoundsF32LikeCpu) {
   for (auto& x : k.span<float>()) x = nd(rng());
   Tensor v = randn({T, Hkv, D}), kc0 = randn({S, Hkv, D});
   Tensor qr = q.clone(), kcr = kc0.clone(), vcr = kc0.clone();
-  cpu::rope_store_kv(qr, k, v, host.at(pos), slots, true, kcr, vcr);
+  cpu::rope_store_kv(qr, k, v, host.at(pos), slots, true, kcr, vcr, nullptr);
   Tensor qg = q.to(Device::CUDA), kc = gpu(kc0, DType::F32), vc = gpu(kc0, DType::F32);
-  cuda::rope_store_kv(qg, k.to(Device::CUDA), gpu(v, DType::F32), dev.at(pos), slots, true, kc, vc);
+  cuda::rope_store_kv(qg, k.to(Device::CUDA), gpu(v, DType::F32), dev.at(pos), slots, true, kc, vc, nullptr);
   EXPECT_LT(rel_error(qg, qr), 2e-3);
   EXPECT_LT(rel_error(kc, kcr), 2e-3);
   EXPECT_EQ(rel_error(vc, vcr), 0.0);

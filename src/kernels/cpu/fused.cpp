@@ -22,11 +22,22 @@ void check_rope_rows(const Tensor& x, const ops::RopeArgs& r, std::span<const in
 }  // namespace
 
 void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& r,
-                   std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache) {
+                   std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                   const ops::HeadNorm* qk_norm) {
   check_rope_rows(q, r, slots, "rope_store_kv");
   check_rope_rows(k, r, slots, "rope_store_kv");
-  rope(q, 0, r.rot_dim, r.positions, r.cos, r.sin, r.interleaved);
   Tensor kr = k.clone();  // k stays as the caller made it; the roped copy is what is cached
+  if (qk_norm) {
+    // A token's q heads are contiguous rows even when q is a slice of a fused projection.
+    for (int64_t t = 0; t < q.size(0); ++t) {
+      Tensor heads = q.select(t);
+      rms_norm(heads, qk_norm->q, qk_norm->eps, heads);
+    }
+    Tensor k_heads = kr.view({-1, kr.size(2)});
+    rms_norm(k_heads, qk_norm->k, qk_norm->eps, k_heads);
+    if (round_bf16) round_to_bf16(q), round_to_bf16(kr);
+  }
+  rope(q, 0, r.rot_dim, r.positions, r.cos, r.sin, r.interleaved);
   rope(kr, 0, r.rot_dim, r.positions, r.cos, r.sin, r.interleaved);
   if (round_bf16) round_to_bf16(q), round_to_bf16(kr);
   scatter_rows(kr, slots, k_cache);

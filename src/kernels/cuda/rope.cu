@@ -2,7 +2,8 @@
 // step's q rope, k rope and cache copies were four or five small launches before).
 //   GQA: a warp per (token, head) over the Hq query heads and the Hkv key heads of every token:
 //        a query warp ropes its head in place; a key warp ropes the key head into its cache slot,
-//        copies the unrotated dims, and copies the value head into the value cache.
+//        copies the unrotated dims, and copies the value head into the value cache. Qwen3's
+//        per-head q/k RMSNorm runs in the same warp before the rope (a warp reduction).
 //   MLA: a grid of [tokens, 1 + query-head blocks]: block (t, 0) writes token t's cache row
 //        (RMSNorm of the latent, a block reduction, then one warp ropes the key part from the
 //        kv_a row into the cache), blocks (t, 1..) rope q's rope dims, a warp a head.
@@ -54,15 +55,38 @@ __device__ void copy_lanes(const T* src, T* dst, int n, bool round, int lane) {
   for (int i = lane; i < n; i += 32) store_f(dst + i, rounded(load_f(src + i), round));
 }
 
+// A head's RMSNorm by one warp, src -> dst (dst may be src), each lane its own elements; the
+// stored (rounded) result is what the rope then reads, as when the norm was its own op.
+template <class T, class TW>
+__device__ void norm_head(const T* src, T* dst, const TW* w, float eps, int D, bool round, int lane) {
+  float ss = 0.f;
+  for (int i = lane; i < D; i += 32) {
+    const float v = load_f(src + i);
+    ss += v * v;
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+  for (int i = lane; i < D; i += 32) store_f(dst + i, rounded(load_f(src + i) * inv * load_f(w + i), round));
+  __syncwarp();
+}
+
 struct Strided3 {  // a [T, H, D] view with contiguous head dims
   int64_t s0, s1;
 };
 
-template <class T>
+template <class TW>
+struct QkNormArgs {  // null weights: no per-head norm
+  const TW* q;
+  const TW* k;
+  float eps;
+};
+
+template <class T, class TW>
 __global__ void rope_store_kv_kernel(T* q, Strided3 qs, const T* k, Strided3 ks, const T* v, Strided3 vs, T* kc,
                                      Strided3 kcs, T* vc, Strided3 vcs, int64_t tokens, int hq, int hkv, int D,
                                      int Dv, int half, const int32_t* positions, const int32_t* slots,
-                                     const float* cos, const float* sin, bool interleaved, bool round) {
+                                     const float* cos, const float* sin, bool interleaved, bool round,
+                                     QkNormArgs<TW> norm) {
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= tokens * (hq + hkv)) return;
@@ -72,6 +96,7 @@ __global__ void rope_store_kv_kernel(T* q, Strided3 qs, const T* k, Strided3 ks,
   const float* s = sin + int64_t(positions[t]) * half;
   if (h < hq) {
     T* x = q + t * qs.s0 + h * qs.s1;
+    if (norm.q) norm_head(x, x, norm.q, norm.eps, D, round, lane);
     rope_head(x, x, c, s, half, interleaved, round, lane);
     if (round) copy_lanes(x + 2 * half, x + 2 * half, D - 2 * half, true, lane);
     return;
@@ -80,8 +105,13 @@ __global__ void rope_store_kv_kernel(T* q, Strided3 qs, const T* k, Strided3 ks,
   const int64_t slot = slots[t];
   const T* ksrc = k + t * ks.s0 + kh * ks.s1;
   T* kdst = kc + slot * kcs.s0 + kh * kcs.s1;
-  rope_head(ksrc, kdst, c, s, half, interleaved, round, lane);
-  copy_lanes(ksrc + 2 * half, kdst + 2 * half, D - 2 * half, round, lane);
+  if (norm.k) {  // normalised into the cache slot, roped there
+    norm_head(ksrc, kdst, norm.k, norm.eps, D, round, lane);
+    rope_head(kdst, kdst, c, s, half, interleaved, round, lane);
+  } else {
+    rope_head(ksrc, kdst, c, s, half, interleaved, round, lane);
+    copy_lanes(ksrc + 2 * half, kdst + 2 * half, D - 2 * half, round, lane);
+  }
   copy_lanes(v + t * vs.s0 + kh * vs.s1, vc + slot * vcs.s0 + kh * vcs.s1, Dv, false, lane);
 }
 
@@ -155,7 +185,8 @@ void check_rope(const char* op, const ops::RopeArgs& r, int64_t tokens, int64_t 
 }  // namespace
 
 void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& r,
-                   std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache) {
+                   std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                   const ops::HeadNorm* qk_norm) {
   const char* op = "rope_store_kv";
   const Strided3 qs = strided3(q, op, "q"), ks = strided3(k, op, "k"), vs = strided3(v, op, "v");
   const Strided3 kcs = strided3(k_cache, op, "key cache"), vcs = strided3(v_cache, op, "value cache");
@@ -168,15 +199,25 @@ void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeA
   for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &k_cache, &v_cache})
     MS_CHECK(t->dtype() == q.dtype(), op, ": ", t->describe(), " is not ", dtype_name(q.dtype()), " as q is");
   check_rope(op, r, T, D, slots, k_cache.size(0));
+  if (qk_norm) {
+    for (const Tensor* w : {&qk_norm->q, &qk_norm->k}) {
+      check_device_tensor(*w, {DType::BF16, DType::F32}, op, "q/k norm weight");
+      MS_CHECK(w->is_contiguous() && w->numel() == D && w->dtype() == qk_norm->q.dtype(), op, ": q/k norm weights ",
+               qk_norm->q.describe(), ", ", qk_norm->k.describe(), " for heads of ", D);
+    }
+  }
   const int hq = int(q.size(1)), hkv = int(k.size(1));
   if (T == 0) return;
   Tensor pos = upload_i32(r.positions), sl = upload_i32(slots);
   const bool round = round_bf16 && q.dtype() == DType::F32;
-  MS_FLOAT_DISPATCH(q.dtype(), TX,
-    rope_store_kv_kernel<TX><<<blocks_for(T * (hq + hkv), kWarps), kWarps * 32, 0, stream()>>>(
+  MS_FLOAT_DISPATCH(q.dtype(), TX, MS_FLOAT_DISPATCH(qk_norm ? qk_norm->q.dtype() : DType::F32, TW, {
+    const QkNormArgs<TW> norm{qk_norm ? qk_norm->q.data<TW>() : nullptr, qk_norm ? qk_norm->k.data<TW>() : nullptr,
+                              qk_norm ? qk_norm->eps : 0.f};
+    rope_store_kv_kernel<TX, TW><<<blocks_for(T * (hq + hkv), kWarps), kWarps * 32, 0, stream()>>>(
         q.data<TX>(), qs, k.data<TX>(), ks, v.data<TX>(), vs, k_cache.data<TX>(), kcs, v_cache.data<TX>(), vcs, T,
         hq, hkv, int(D), int(Dv), r.rot_dim / 2, pos.data<int32_t>(), sl.data<int32_t>(), r.cos.data<float>(),
-        r.sin.data<float>(), r.interleaved, round));
+        r.sin.data<float>(), r.interleaved, round, norm);
+  }));
   MS_CUDA_LAUNCHED("rope_store_kv_kernel");
 }
 
