@@ -143,9 +143,9 @@ TEST(CudaOps, EmbeddingGatherScatterAreExact) {
   std::uniform_int_distribution<int32_t> pick(0, int32_t(V) - 1);
   for (auto& i : ids) i = pick(rng());
   Tensor ref = Tensor::empty(DType::F32, {int64_t(ids.size()), H});
-  cpu::embedding(table, ids, ref);
+  cpu::embedding(table, ids, ref, nullptr);
   Tensor out = poisoned(DType::BF16, {int64_t(ids.size()), H});
-  cuda::embedding(gpu(table), ids, out);
+  cuda::embedding(gpu(table), ids, out, nullptr);
   EXPECT_EQ(rel_error(out, ref), 0.0);
 
   std::vector<int32_t> rows = {76, 0, 13, 13, 40};
