@@ -225,11 +225,11 @@ bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor
 
 // Two resident blocks a multiprocessor (the ring's 96 KB each): 8 warps, each with two steps
 // (16 KB) in flight, 128 KB an SM, which is past what the SM's share of the bandwidth needs
-// over the memory latency (~30 KB). At least 64 keys a split: one step for each of its warps.
+// over the memory latency (~30 KB). Rounded down, so that every block of the launch is resident
+// at once (no second wave); at least 64 keys a split: one step for each of its warps.
 int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible) {
   const int64_t blocks = T * Hkv, want = 2 * int64_t(sm_count());
-  if (blocks >= want) return 1;
-  return int(std::max<int64_t>(1, std::min<int64_t>((want + blocks - 1) / blocks, (max_visible + 63) / 64)));
+  return int(std::max<int64_t>(1, std::min<int64_t>(want / blocks, (max_visible + 63) / 64)));
 }
 
 void flash_decode(const GqaDecodeLaunch& l) {

@@ -236,13 +236,12 @@ void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tenso
 
 void flash_mla(const MlaLaunch& l) { launch<kDecodeStages>(l); }
 
-// One resident block a multiprocessor (the decode ring's 119 KB), with two tiles in flight: at
-// least 64 keys a split, so that a split's partial (32 KB of f32 for 16 heads) stays well under
-// the 72 KB of keys it reads.
+// One resident block a multiprocessor (the decode ring's 119 KB), with two tiles in flight,
+// rounded down so that the launch is one wave; at least 64 keys a split, so that a split's
+// partial (32 KB of f32 for 16 heads) stays well under the 72 KB of keys it reads.
 int flash_mla_decode_splits(int64_t T, int64_t H, int max_visible) {
   const int64_t blocks = T * (H / kHeads), want = sm_count();
-  if (blocks >= want) return 1;
-  return int(std::max<int64_t>(1, std::min<int64_t>((want + blocks - 1) / blocks, (max_visible + 63) / 64)));
+  return int(std::max<int64_t>(1, std::min<int64_t>(want / blocks, (max_visible + 63) / 64)));
 }
 
 }  // namespace ms::cuda
