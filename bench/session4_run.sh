@@ -12,14 +12,20 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SRC=${SRC:-.devsrc-s4} BEFORE_SRC=${BEFORE_SRC:-.devsrc-s4before} L=/tmp/logs
 mkdir -p $L
+# The attention timing harness is new: the before tree gets the after tree's test file (it uses
+# only ops the before tree has) so that both time the same cases.
+cp $SRC/tests/kernels/test_cuda_attention_moe.cpp $BEFORE_SRC/tests/kernels/
 build_trees $SRC $BEFORE_SRC
+cmake --build /tmp/before -j12 --target test_cuda_attention_moe > $L/build-before-attn.log 2>&1 || log "before attention test build failed"
 B=/tmp/b/moeserve
 run_gpu_tests /tmp/b $TESTS
 spec_vs_plain $B
 timeout 60 /tmp/b/ms_cuda_ceilings > $OUT/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $OUT/ceilings.json)"
-MOESERVE_BENCH_ATTENTION=1 timeout 60 /tmp/b/tests/test_cuda_attention_moe --gtest_filter='*Bench*:*Timing*' \
-  > $L/attention_bench.log 2>&1
-log "attention timing rc=$? $(grep -E 'us|GB/s' $L/attention_bench.log | tr '\n' ' ' | cut -c1-600)"
+for side in before b; do
+  MOESERVE_BENCH_ATTENTION=1 timeout 60 /tmp/$side/tests/test_cuda_attention_moe --gtest_filter=CudaOps.DecodeAttentionBench \
+    > $L/attention_bench_$side.log 2>&1
+  log "attention timing ($side) rc=$?"; grep '\[bench\]' $L/attention_bench_$side.log >> "$OUT/summary.log"
+done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for m in qwen3:qwen3-30b-a3b:12 v2lite:deepseek-v2-lite:9; do
   IFS=: read -r name shape layers <<< "$m"
