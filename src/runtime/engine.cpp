@@ -176,6 +176,8 @@ void Engine::drain_inbox() {
 }
 
 bool Engine::step(bool forward_when_idle) {
+  // A busy loop would retake step_mu_ at once and starve stats() (/metrics) for a whole run.
+  while (stats_waiters_.load() > 0) std::this_thread::yield();
   std::lock_guard lk(step_mu_);
   drain_inbox();
   ScheduleBatch batch = scheduler_.next_batch();
@@ -384,7 +386,9 @@ void Engine::flush_cache() {
 }
 
 EngineStats Engine::stats() {
+  ++stats_waiters_;
   std::lock_guard lk(step_mu_);
+  --stats_waiters_;
   EngineStats s;
   s.scheduler = scheduler_.stats();
   s.waiting = scheduler_.num_waiting();

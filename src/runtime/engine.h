@@ -3,6 +3,7 @@
 // (step(), run_until_idle()) or on its own thread (start()). submit, abort and poll may be
 // called from any thread; callbacks run on the thread that steps.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -174,7 +175,8 @@ class Engine final : public EngineApi {
   std::optional<Launched> in_flight_;
   int64_t overlapped_ = 0;
 
-  std::mutex step_mu_;  // one step at a time; guards scheduler_, callbacks_, stats
+  std::mutex step_mu_;  // one step at a time; guards scheduler_, callbacks_, counters
+  std::atomic<int> stats_waiters_{0};  // stats() calls waiting for step_mu_: steps let them in first
   std::unordered_map<RequestId, StreamCallback> callbacks_;
   int64_t generated_ = 0;
 
