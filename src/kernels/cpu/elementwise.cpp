@@ -139,6 +139,7 @@ class CpuReadback final : public ops::HostReadback {
 }  // namespace
 
 std::unique_ptr<ops::HostReadback> make_host_readback(int64_t capacity) { return std::make_unique<CpuReadback>(capacity); }
+
 void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
           const Tensor& sin, bool interleaved) {
   const int64_t T = x.size(0), H = x.size(1), half = rot_dim / 2;
