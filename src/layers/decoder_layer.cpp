@@ -4,12 +4,13 @@
 
 namespace ms {
 
-void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx,
-                           const RmsNorm& next_norm) const {
+void DecoderLayer::forward(Tensor& hidden, int layer, const ForwardContext& ctx) const {
+  Tensor h = input_norm(hidden);
+  ctx.round(h);
   Tensor a = std::visit([&](const auto& attn) { return attn.forward(h, layer, ctx); }, attention);
   if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
-  h = ctx.empty(hidden.shape());
-  post_attention_norm.add_forward(hidden, a, h);
+  ops::add_inplace(hidden, a);
+  h = post_attention_norm(hidden);
   ctx.round(h);
   Tensor f;
   if (!ctx.parallel || ffn_mode == FfnMode::Local) {
@@ -20,19 +21,7 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
     f = std::get<SparseMoe>(ffn).forward_all_to_all(h, ctx);
     if (ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(f);
   }
-  h = ctx.empty(hidden.shape());
-  next_norm.add_forward(hidden, f, h);
-  ctx.round(h);
-}
-
-Tensor forward_layers(std::span<const DecoderLayer> layers, Tensor& hidden, const RmsNorm& final_norm,
-                      const ForwardContext& ctx) {
-  MS_CHECK(!layers.empty(), "forward_layers: no layers");
-  Tensor h = layers[0].input_norm(hidden);
-  ctx.round(h);
-  for (size_t i = 0; i < layers.size(); ++i)
-    layers[i].forward(hidden, h, int(i), ctx, i + 1 < layers.size() ? layers[i + 1].input_norm : final_norm);
-  return h;
+  ops::add_inplace(hidden, f);
 }
 
 Tensor DecoderLayer::feed_forward(const Tensor& h, const ForwardContext& ctx) const {
