@@ -116,6 +116,61 @@ TEST(Sampler, TopKAndMinPCutTheTail) {
   EXPECT_NEAR(std::accumulate(d.begin(), d.end(), 0.0), 1.0, 1e-12);
 }
 
+// The sampler ranks only as much of the vocabulary as a draw reaches. Against the plain rule —
+// sort every token by logit (ties: lower id), keep top_k, then the shortest prefix reaching top_p
+// of the mass, then drop the tail under min_p times the best, draw the first token whose
+// cumulative probability passes u — on vocabularies with ties, -inf and flat or peaked logits.
+TEST(Sampler, DrawsAsTheWholeSortedVocabularyWould) {
+  std::mt19937 gen(11);
+  int compared = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int V = trial % 3 == 0 ? 50 : 6000;
+    std::normal_distribution<float> n(0.0f, trial % 2 ? 1.0f : 6.0f);
+    std::vector<float> logits(static_cast<size_t>(V));
+    for (float& x : logits) x = std::round(n(gen) * 8.0f) / 8.0f;  // coarse: many ties
+    if (trial % 5 == 0) logits[size_t(trial) % size_t(V)] = -INFINITY;
+    SamplingParams p;
+    p.temperature = trial % 4 == 0 ? 0.3f : 1.0f + float(trial % 3) * 0.4f;
+    p.top_k = trial % 7 == 0 ? 1 + trial % 40 : -1;
+    p.top_p = trial % 3 == 1 ? 0.5f + 0.1f * float(trial % 5) : 1.0f;
+    p.min_p = trial % 4 == 2 ? 0.02f * float(1 + trial % 3) : 0.0f;
+    if (p.greedy()) continue;
+    // The plain rule.
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    const size_t k = p.top_k > 0 ? size_t(p.top_k) : size_t(V);
+    ids.resize(k);
+    std::vector<double> w;
+    for (int32_t t : ids) w.push_back(std::exp((double(logits[size_t(t)]) - logits[size_t(ids[0])]) / p.temperature));
+    const double sum = std::accumulate(w.begin(), w.end(), 0.0);
+    size_t keep = k;  // top_p 1 keeps all (a cumulative sum can reach the total before the tail)
+    if (p.top_p < 1.0f)
+      for (double cum = keep = 0; keep < k && (keep == 0 || cum < p.top_p * sum);) cum += w[keep++];
+    while (keep > 1 && w[keep - 1] < p.min_p) --keep;
+    const double kept = std::accumulate(w.begin(), w.begin() + std::ptrdiff_t(keep), 0.0);
+    const std::vector<double> dist = sampling_distribution(logits, p);
+    for (size_t i = 0; i < keep; ++i) EXPECT_NEAR(dist[size_t(ids[i])], w[i] / kept, 1e-12) << "trial " << trial;
+    double rest = 0;
+    for (size_t i = keep; i < size_t(V) && i < ids.size(); ++i) rest += dist[size_t(ids[i])];
+    EXPECT_EQ(rest, 0.0) << "trial " << trial << ": cut tokens have no probability";
+    for (uint64_t step = 0; step < 4; ++step) {
+      const double u = uniform_draw(uint64_t(trial), step) * kept;
+      size_t pick = keep - 1;
+      double cum = 0;
+      for (size_t i = 0; i < keep; ++i)
+        if ((cum += w[i]) > u) {
+          pick = i;
+          break;
+        }
+      EXPECT_EQ(sample_token({logits, &p, {}, {}, uint64_t(trial), step}).token, ids[pick])
+          << "trial " << trial << " step " << step;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 600);
+}
+
 TEST(Sampler, PenaltiesFollowTheirDefinitions) {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
