@@ -54,7 +54,8 @@ class RankedWeights {
     const size_t V = x.size(), k = p.top_k > 0 ? std::min<size_t>(size_t(p.top_k), V) : V;
     std::vector<int32_t> ids(V);
     std::iota(ids.begin(), ids.end(), 0);
-    const auto higher = [&](int32_t a, int32_t b) { return this->higher(a, b); };
+    const float* xs = x.data();  // a plain pointer: the comparator runs V log k times
+    const auto higher = [xs](int32_t a, int32_t b) { return xs[a] > xs[b] || (xs[a] == xs[b] && a < b); };
     // A small top_k: one heap pass, most tokens rejected by a single comparison.
     if (k < V && k <= 4096) std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), higher);
     else if (k < V) std::nth_element(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), higher);
