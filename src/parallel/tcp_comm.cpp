@@ -86,12 +86,17 @@ TcpHub::TcpHub(const net::Address& address) : listener_(net::listen_on(address))
 
 int TcpHub::port() const { return net::local_port(listener_); }
 
+// The other nodes' ranks may still be reading the reply to their last collective when this node
+// is done: they close their connections once they have it. Only connections still open after a
+// grace period (a node that hangs) are cut; cutting at once made a finished run fail on node 1.
 TcpHub::~TcpHub() {
   stopping_ = true;
   net::close_fd(listener_);
   acceptor_.join();
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  served_.wait_for(lock, std::chrono::seconds(5), [&] { return open_ == 0; });
   for (int fd : fds_) ::shutdown(fd, 2);
+  lock.unlock();
   for (auto& t : servers_) t.join();
 }
 
@@ -101,6 +106,7 @@ void TcpHub::accept_loop() {
     if (fd < 0) return;
     std::lock_guard lock(mu_);
     fds_.push_back(fd);
+    ++open_;
     servers_.emplace_back([this, fd] { serve(fd); });
   }
 }
@@ -137,7 +143,11 @@ void TcpHub::serve(int fd) {
     // The connection broke: the rank is gone. Its peers must not wait for it.
   }
   if (comm) static_cast<ShmComm*>(comm)->abort();
+  std::lock_guard lock(mu_);
+  std::erase(fds_, fd);  // closed here: the destructor must not shut down a reused number
   net::close_fd(fd);
+  --open_;
+  served_.notify_all();
 }
 
 TcpComm::TcpComm(const net::Address& hub, const std::string& key, int size, int member)

@@ -5,6 +5,7 @@
 // one node, and results are bit-identical to a single process with the same ranks.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,8 +35,10 @@ class TcpHub {
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   std::mutex mu_;
+  std::condition_variable served_;  // a connection ended
   std::vector<std::thread> servers_;
   std::vector<int> fds_;
+  int open_ = 0;  // connections still served
   std::map<std::string, std::vector<std::unique_ptr<DeviceComm>>> groups_;
 };
 

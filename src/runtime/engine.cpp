@@ -52,9 +52,7 @@ std::unique_ptr<DraftModel> make_draft(const CausalLM& model, const EngineOption
 // in the same order, so every rank's speculative step runs the same sequence of forwards.
 bool in_lockstep(const CausalLM& model) { return model.groups && model.groups->world->size() > 1; }
 
-bool overlaps(const CausalLM& model, const EngineOptions& o) {
-  return !o.disable_overlap_schedule && !o.speculative.enabled() && !in_lockstep(model);
-}
+bool overlaps(const EngineOptions& o) { return !o.disable_overlap_schedule && !o.speculative.enabled(); }
 
 SchedulerOptions scheduler_options(const EngineOptions& o) {
   SchedulerOptions s = o.scheduler;
@@ -71,10 +69,10 @@ Engine::Engine(const CausalLM& model, const EngineOptions& options, Detokenizer 
       detok_(std::move(detokenizer)),
       draft_(make_draft(model, options, std::move(draft))),
       runner_(model, slots_with_draft(model, options, draft_.get()), options.bf16_activations, graph_settings(options),
-              verify_tokens(options), overlaps(model, options) ? options.scheduler.max_running_requests : 0),
+              verify_tokens(options), overlaps(options) ? options.scheduler.max_running_requests : 0),
       scheduler_(scheduler_options(options), runner_.num_slots(),
                  int(std::min<int64_t>(model.config.max_position_embeddings, runner_.num_slots()))),
-      overlap_(overlaps(model, options)) {
+      overlap_(overlaps(options)) {
   if (overlap_)
     for (auto& r : readbacks_) r = ops::make_host_readback(model.device, options.scheduler.max_running_requests);
   if (!draft_) return;
@@ -186,13 +184,12 @@ bool Engine::step(bool forward_when_idle) {
     batch = scheduler_.next_batch();
   }
   if (batch.empty()) {
-    if (in_flight_) {
-      complete_in_flight();
-      return true;
-    }
+    const bool completed = in_flight_.has_value();
+    complete_in_flight();
+    // A rank of a group still runs its one forward of the step: its peers' collectives wait on it.
     if (forward_when_idle && spec_) spec_->run_idle(scheduler_.kv().table());
     else if (forward_when_idle) runner_.idle_forward();
-    return false;
+    return completed;
   }
   if (spec_) {
     const ReqToTokenTable& table = scheduler_.kv().table();

@@ -34,8 +34,8 @@ struct EngineOptions {
   CudaGraphSettings cuda_graph;     // decode steps replayed on the GPU (not the MTP draft's)
   // --disable-overlap-schedule. Overlap: while step N runs on the device, the host schedules
   // and issues step N+1 (whose inputs name N's tokens still on the device), then reads N's
-  // tokens and reports them. Steps of requests sampled on the host, speculative decoding and
-  // ranks in lockstep run one step at a time.
+  // tokens and reports them. Steps of requests sampled on the host and speculative decoding run
+  // one step at a time.
   bool disable_overlap_schedule = false;
 };
 

@@ -244,6 +244,7 @@ EngineStats ParallelEngine::stats() {
     total.pool_capacity += s.pool_capacity, total.pool_used += s.pool_used, total.cached_slots += s.cached_slots;
     total.generated_tokens += s.generated_tokens;
     total.cuda_graph_replays += s.cuda_graph_replays;
+    total.overlapped_steps += s.overlapped_steps;
     total.speculative = s.speculative;
     add_speculative(total.spec, s.spec);
   }

@@ -112,6 +112,7 @@ TEST_P(ParallelEngineTest, SameTokensAsOneRank) {
   const EngineStats s = engine.stats();
   EXPECT_EQ(s.running + s.waiting, 0);
   EXPECT_EQ(s.generated_tokens, 12 * 4 + 9 + 10 + 12);
+  EXPECT_GT(s.overlapped_steps, 0) << "greedy steps overlap on every rank in lockstep";
   if (GetParam().chunk) EXPECT_GT(s.scheduler.extend_batches, 300 / GetParam().chunk);  // 300-token prompt in chunks
 }
 
