@@ -6,10 +6,14 @@
 #   speculative `generate` against the plain run; the decode attention timing harness before and
 #   after; bench-one-batch before/after (Qwen3-30B-A3B 12 layers, DeepSeek-V2-Lite 9 layers: decode
 #   B = 1 at 4k and B = 64 at 256, prefill of 8k).
-# PHASE=2: overlap scheduling off, then on, through bench-offline (same binary); Nsight Compute
-#   per-kernel times of the Qwen3 B = 1 and V2-Lite B = 64 steps.
+# PHASE=2: compute-sanitizer racecheck/synccheck over the decode attention tests; overlap
+#   scheduling off, then on, through bench-offline (same binary); Nsight Compute per-kernel times
+#   of the Qwen3 B = 1 and V2-Lite B = 64 steps.
 # $OUT gets summary.log, bench-{before,after}.jsonl, offline.jsonl, ceilings.json, ncu-*.csv, logs.tgz.
 #   PHASE=1 SRC=.devsrc-s4 BEFORE_SRC=.devsrc-s4before bash bench/session4_run.sh
+# $SRC: the tree to verify (the gpu-pending work applied: `git apply bench/gpu_pending.patch`, or
+# the branch); $BEFORE_SRC: main without it. Carry [".deps", "$SRC", "$BEFORE_SRC"]; phase 2
+# carries ".deps" only and reuses .b4/.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SRC=${SRC:-.devsrc-s4} BEFORE_SRC=${BEFORE_SRC:-.devsrc-s4before} L=/tmp/logs PHASE=${PHASE:-1}
@@ -41,6 +45,14 @@ if [ $PHASE = 1 ]; then
 else
   [ -x $B ] || { configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j12 --target moeserve >> $L/build.log 2>&1; log "rebuilt"; }
   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
+  # The decode attention's cp.async ring refills a slot its own thread read a step before, with no
+  # barrier in between: racecheck and synccheck over the GQA and MLA decode cases.
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  for tool in racecheck synccheck; do
+    timeout 150 $SAN --tool $tool --print-limit 5 /tmp/b/tests/test_cuda_attention_moe \
+      --gtest_filter='CudaOps.GqaAttentionMatchesCpu:CudaOps.MlaAttentionMatchesCpuOnStridedQueries' > $L/$tool.log 2>&1
+    log "compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|HAZARD|PASSED|FAILED' $L/$tool.log | head -3 | tr '\n' ' ')"
+  done
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for name in qwen3 v2lite; do
     # Overlap scheduling off, then on: one request (decode-bound, batch 1) and 64 requests.
