@@ -65,9 +65,16 @@ void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& sr
   MS_DISPATCH(dst, index_add_rows(dst, rows, src));
 }
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst) { MS_DISPATCH(dst, scatter_rows(src, slots, dst)); }
-void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos, const Tensor& sin,
-          bool interleaved) {
-  MS_DISPATCH(x, rope(x, offset, rot_dim, positions, cos, sin, interleaved));
+void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, Tensor& out) {
+  MS_DISPATCH(residual, add_rms_norm(residual, y, weight, eps, out));
+}
+void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope, std::span<const int32_t> slots,
+                   bool round_bf16, Tensor& k_cache, Tensor& v_cache, const HeadNorm* qk_norm) {
+  MS_DISPATCH(q, rope_store_kv(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm));
+}
+void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float eps, const RopeArgs& rope,
+                    std::span<const int32_t> slots, bool round_bf16, Tensor& cache) {
+  MS_DISPATCH(q, mla_rope_store(q, kv, kv_norm, eps, rope, slots, round_bf16, cache));
 }
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout, float scale,
                Tensor& out) {

@@ -35,6 +35,10 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 // x += y (same shape).
 void add_inplace(Tensor& x, const Tensor& y);
+// The residual add fused with the next norm: residual += y, then out = rms_norm(residual), with
+// the sum stored in residual's dtype before it is normalised (as add_inplace then rms_norm).
+// out may be y; residual, y and out are 2-D rows of one width.
+void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
 // out[T, I] = silu(gate_up[T, :I]) * gate_up[T, I:].
 void silu_and_mul(const Tensor& gate_up, Tensor& out);
 // out[t] = table[ids[t]] (table in its stored dtype). With `earlier` (I32 on out's device), an
@@ -52,11 +56,40 @@ void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& sr
 // Copies rows of src [T, W] into dst [slots, W] at rows slots[t] (KV cache writes).
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
 
-// Rotary embedding on x [T, H, D] for dims [offset, offset + rot_dim) of every head.
-// cos/sin: F32 [max_pos, rot_dim / 2]. Interleaved rotates pairs (2i, 2i+1) (DeepSeek);
-// otherwise (i, i + rot_dim/2) (NeoX, Qwen).
-void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
-          const Tensor& sin, bool interleaved);
+// Rotary embedding of token t at positions[t] over rot_dim dims of a head (which dims: the op
+// says). cos/sin: F32 [max_pos, rot_dim / 2]. Interleaved rotates pairs (2i, 2i+1) and writes
+// them de-interleaved to (i, i + rot_dim/2) as the reference does (DeepSeek); otherwise it rotates
+// (i, i + rot_dim/2) (NeoX, Qwen).
+struct RopeArgs {
+  const Tensor& cos;
+  const Tensor& sin;
+  int rot_dim;
+  bool interleaved;
+  std::span<const int32_t> positions;
+};
+
+// Per-head RMSNorm of q and k before their rope (Qwen3): weights [D].
+struct HeadNorm {
+  const Tensor& q;
+  const Tensor& k;
+  float eps;
+};
+
+// Rope and the KV-cache write of a GQA layer, rope on dims [0, rot_dim) of each head: q
+// [T, Hq, D] is roped in place; k [T, Hkv, D] is roped into k_cache [slots, Hkv, D] at row
+// slots[t] and v [T, Hkv, Dv] copied into v_cache [slots, Hkv, Dv]; k and v are left as they
+// are. q, k and v may be head slices of one fused projection (strided tokens). With qk_norm,
+// every q and k head is normalised first (its result stored, then roped). round_bf16: F32
+// activations emulate bf16 storage, so normalised and roped q and k are rounded to bf16 (BF16
+// tensors are rounded by their storage).
+void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope, std::span<const int32_t> slots,
+                   bool round_bf16, Tensor& k_cache, Tensor& v_cache, const HeadNorm* qk_norm = nullptr);
+// The same for MLA: kv [T, L + R] (the kv_a projection) becomes cache row slots[t] of [slots,
+// L + R]: its latent [0, L) normalised by kv_norm (weight [L], eps) and its last R = rot_dim
+// columns roped; q [T, H, nope + R] has its last R dims of each head roped in place. kv is left
+// as it is; round_bf16 as above, for the whole cached row and q.
+void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float eps, const RopeArgs& rope,
+                    std::span<const int32_t> slots, bool round_bf16, Tensor& cache);
 
 // Which keys each query sees. Sequence s owns queries [q_start[s], q_start[s+1]) and keys
 // kv_slots[kv_start[s] .. kv_start[s+1]); its queries are the last ones of its keys, and each

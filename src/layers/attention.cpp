@@ -12,24 +12,34 @@ GqaAttention::GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int he
                w_.k_proj.out_features() == int64_t(num_kv_heads) * head_dim,
            "attention: q_proj ", w_.q_proj.weight().w.describe(), " / k_proj ", w_.k_proj.weight().w.describe(),
            " do not match ", num_heads, " heads and ", num_kv_heads, " kv heads of ", head_dim);
+  MS_CHECK(w_.v_proj.out_features() == w_.k_proj.out_features(), "attention: v_proj ",
+           w_.v_proj.weight().w.describe(), " does not match k_proj");
+  MS_CHECK(!w_.qk_norm || w_.q_norm.eps() == w_.k_norm.eps(), "attention: q_norm and k_norm differ in eps");
+  // One GEMM for the three projections where their weights can be one; their outputs are then
+  // head slices of one [T, heads + 2 kv heads, D] row.
+  w_.qkv_proj = Linear::concat_rows({&w_.q_proj, &w_.k_proj, &w_.v_proj});
+  if (w_.qkv_proj.defined()) w_.q_proj = w_.k_proj = w_.v_proj = Linear();
 }
 
 Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
   const auto& b = ctx.batch;
   const int64_t T = x.size(0);
-  Tensor q = w_.q_proj(x), k = w_.k_proj(x), v = w_.v_proj(x);
-  ctx.round(q), ctx.round(k), ctx.round(v);
-  if (w_.qk_norm) {
-    w_.q_norm.inplace(q);
-    w_.k_norm.inplace(k);
-    ctx.round(q), ctx.round(k);
+  Tensor q3, k3, v3;  // [T, heads, D] each
+  if (w_.qkv_proj.defined()) {
+    Tensor qkv = w_.qkv_proj(x);
+    ctx.round(qkv);
+    Tensor heads = qkv.view({T, heads_ + 2 * kv_heads_, head_dim_});
+    q3 = heads.slice(1, 0, heads_);
+    k3 = heads.slice(1, heads_, heads_ + kv_heads_);
+    v3 = heads.slice(1, heads_ + kv_heads_, heads_ + 2 * kv_heads_);
+  } else {
+    Tensor q = w_.q_proj(x), k = w_.k_proj(x), v = w_.v_proj(x);
+    ctx.round(q), ctx.round(k), ctx.round(v);
+    q3 = q.view({T, heads_, head_dim_}), k3 = k.view({T, kv_heads_, head_dim_}), v3 = v.view({T, kv_heads_, head_dim_});
   }
-  Tensor q3 = q.view({T, heads_, head_dim_}), k3 = k.view({T, kv_heads_, head_dim_});
-  ops::rope(q3, 0, rope_->rot_dim, b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ops::rope(k3, 0, rope_->rot_dim, b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ctx.round(q3), ctx.round(k3);
-  ops::scatter_rows(k3, b.out_cache_loc, ctx.kv.buffer(layer, 0));
-  ops::scatter_rows(v.view({T, kv_heads_, head_dim_}), b.out_cache_loc, ctx.kv.buffer(layer, 1));
+  const ops::HeadNorm qk_norm{w_.q_norm.weight(), w_.k_norm.weight(), w_.q_norm.eps()};
+  ops::rope_store_kv(q3, k3, v3, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations,
+                     ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr);
   Tensor o = ctx.empty({T, heads_, head_dim_});
   ops::attention(q3, ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), b.attn, 1.0f / std::sqrt(float(head_dim_)), o);
   ctx.round(o);
@@ -48,19 +58,29 @@ MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(
   MS_CHECK(w_.kv_b_proj.out_features() == int64_t(d.heads) * (d.qk_nope_head_dim + d.v_head_dim) &&
                w_.kv_b_proj.in_features() == d.kv_lora_rank,
            "MLA: kv_b_proj ", w_.kv_b_proj.weight().w.describe(), " does not match the heads and kv_lora_rank");
+  // q_a_proj and kv_a_proj read the same x: one GEMM where their weights can be one. (Without
+  // q_lora, q_proj's output must be viewed as heads, which a column slice cannot be.)
+  if (w_.q_a_proj.defined()) w_.q_a_kv_a_proj = Linear::concat_rows({&w_.q_a_proj, &w_.kv_a_proj});
+  if (w_.q_a_kv_a_proj.defined()) w_.q_a_proj = w_.kv_a_proj = Linear();
 }
 
-Tensor MlaAttention::project_q(const Tensor& x, const ForwardContext& ctx) const {
-  if (!w_.q_a_proj.defined()) {
-    Tensor q = w_.q_proj(x);
-    ctx.round(q);
-    return q;
+std::pair<Tensor, Tensor> MlaAttention::project_x(const Tensor& x, const ForwardContext& ctx) const {
+  if (w_.q_a_kv_a_proj.defined()) {
+    Tensor both = w_.q_a_kv_a_proj(x);
+    ctx.round(both);
+    const int64_t qa = w_.q_b_proj.in_features();
+    return {both.slice(1, 0, qa), both.slice(1, qa, both.size(1))};
   }
-  Tensor qa = w_.q_a_proj(x);
-  ctx.round(qa);
-  w_.q_a_norm.inplace(qa);
-  ctx.round(qa);
-  Tensor q = w_.q_b_proj(qa);
+  Tensor first = w_.q_a_proj.defined() ? w_.q_a_proj(x) : w_.q_proj(x), kv = w_.kv_a_proj(x);
+  ctx.round(first), ctx.round(kv);
+  return {first, kv};
+}
+
+Tensor MlaAttention::project_q(Tensor& first, const ForwardContext& ctx) const {
+  if (!w_.q_b_proj.defined()) return first;
+  w_.q_a_norm.inplace(first);
+  ctx.round(first);
+  Tensor q = w_.q_b_proj(first);
   ctx.round(q);
   return q;
 }
@@ -69,17 +89,11 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   const auto& b = ctx.batch;
   const int64_t T = x.size(0), H = d_.heads, L = d_.kv_lora_rank, R = d_.qk_rope_head_dim;
   const int nope = d_.qk_nope_head_dim, vdim = d_.v_head_dim;
-  Tensor q = project_q(x, ctx).view({T, H, nope + R});
-  // Latent: normalise the first L columns in place, rope the last R; that row is what we cache.
-  Tensor kv = w_.kv_a_proj(x);
-  ctx.round(kv);
-  Tensor latent = kv.slice(1, 0, L);
-  w_.kv_a_norm.inplace(latent);
-  Tensor kv3 = kv.view({T, 1, L + R});
-  ops::rope(kv3, int(L), int(R), b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ops::rope(q, nope, int(R), b.positions, rope_->cos, rope_->sin, rope_->interleaved);
-  ctx.round(kv), ctx.round(q);
-  ops::scatter_rows(kv, b.out_cache_loc, ctx.kv.buffer(layer, 0));
+  auto [first, kv] = project_x(x, ctx);
+  Tensor q = project_q(first, ctx).view({T, H, nope + R});
+  // The cached row is the kv_a output with its first L columns normalised and its last R roped.
+  ops::mla_rope_store(q, kv, w_.kv_a_norm.weight(), w_.kv_a_norm.eps(), rope_->at(b.positions), b.out_cache_loc,
+                      ctx.bf16_activations, ctx.kv.buffer(layer, 0));
 
   Tensor q_latent = ctx.empty({T, H, L});
   ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent);

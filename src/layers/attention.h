@@ -1,6 +1,8 @@
 // Attention layers over the slot KV cache: GQA (Qwen: optional qkv bias and per-head q/k
 // RMSNorm, NeoX rope) and MLA (DeepSeek: low-rank q and kv, latent cache, absorbed form).
 #pragma once
+#include <utility>
+
 #include "layers/forward.h"
 #include "layers/linear.h"
 #include "layers/rope.h"
@@ -11,6 +13,7 @@ struct GqaWeights {
   Linear q_proj, k_proj, v_proj, o_proj;
   RmsNorm q_norm, k_norm;  // Qwen3 only
   bool qk_norm = false;
+  Linear qkv_proj;  // q, k and v rows in one, made by GqaAttention (then the three are empty)
 };
 
 class GqaAttention {
@@ -19,6 +22,7 @@ class GqaAttention {
   // x [T, hidden] -> [T, hidden]; writes this layer's keys/values to kv buffers (0: K, 1: V).
   Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
   static std::vector<Shape> kv_shapes(int num_kv_heads, int head_dim) { return {{num_kv_heads, head_dim}, {num_kv_heads, head_dim}}; }
+  bool fused_projection() const { return w_.qkv_proj.defined(); }
 
  private:
   GqaWeights w_;
@@ -31,6 +35,7 @@ struct MlaWeights {
   RmsNorm q_a_norm;
   Linear q_proj;              // q_lora_rank == 0 (V2-Lite)
   Linear kv_a_proj;           // [kv_lora + rope, hidden]
+  Linear q_a_kv_a_proj;       // q_a_proj and kv_a_proj in one, made by MlaAttention (both then empty)
   RmsNorm kv_a_norm;
   Linear kv_b_proj;           // [heads * (nope + v), kv_lora]
   Linear o_proj;
@@ -47,9 +52,13 @@ class MlaAttention {
   // x [T, hidden] -> [T, hidden]; caches the normalised latent and the roped key (buffer 0).
   Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
   static std::vector<Shape> kv_shapes(const MlaDims& d) { return {{d.kv_lora_rank + d.qk_rope_head_dim}}; }
+  bool fused_projection() const { return w_.q_a_kv_a_proj.defined(); }
 
  private:
-  Tensor project_q(const Tensor& x, const ForwardContext& ctx) const;
+  // x's two projections, rounded: q_a's (or q_proj's without q_lora) and kv_a's.
+  std::pair<Tensor, Tensor> project_x(const Tensor& x, const ForwardContext& ctx) const;
+  // q [T, H * (nope + R)] from the first of them (normalised in place on the way).
+  Tensor project_q(Tensor& first, const ForwardContext& ctx) const;
   MlaWeights w_;
   MlaDims d_;
   const RopeTable* rope_;

@@ -4,13 +4,12 @@
 
 namespace ms {
 
-void DecoderLayer::forward(Tensor& hidden, int layer, const ForwardContext& ctx) const {
-  Tensor h = input_norm(hidden);
-  ctx.round(h);
+void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx,
+                           const RmsNorm& next_norm) const {
   Tensor a = std::visit([&](const auto& attn) { return attn.forward(h, layer, ctx); }, attention);
   if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
-  ops::add_inplace(hidden, a);
-  h = post_attention_norm(hidden);
+  h = ctx.empty(hidden.shape());
+  post_attention_norm.add_forward(hidden, a, h);
   ctx.round(h);
   Tensor f;
   if (!ctx.parallel || ffn_mode == FfnMode::Local) {
@@ -21,7 +20,19 @@ void DecoderLayer::forward(Tensor& hidden, int layer, const ForwardContext& ctx)
     f = std::get<SparseMoe>(ffn).forward_all_to_all(h, ctx);
     if (ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(f);
   }
-  ops::add_inplace(hidden, f);
+  h = ctx.empty(hidden.shape());
+  next_norm.add_forward(hidden, f, h);
+  ctx.round(h);
+}
+
+Tensor forward_layers(std::span<const DecoderLayer> layers, Tensor& hidden, const RmsNorm& final_norm,
+                      const ForwardContext& ctx) {
+  MS_CHECK(!layers.empty(), "forward_layers: no layers");
+  Tensor h = layers[0].input_norm(hidden);
+  ctx.round(h);
+  for (size_t i = 0; i < layers.size(); ++i)
+    layers[i].forward(hidden, h, int(i), ctx, i + 1 < layers.size() ? layers[i + 1].input_norm : final_norm);
+  return h;
 }
 
 Tensor DecoderLayer::feed_forward(const Tensor& h, const ForwardContext& ctx) const {

@@ -12,9 +12,16 @@ class Linear {
   Tensor operator()(const Tensor& x) const;           // [T, in] -> [T, out]
   void forward(const Tensor& x, Tensor& out) const;   // into a preallocated output
   const ops::Weight& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
   int64_t out_features() const { return weight_.out_features(); }
   int64_t in_features() const { return weight_.in_features(); }
   bool defined() const { return weight_.w.defined(); }
+
+  // One linear whose output rows are the parts' rows in order (their outputs side by side), for
+  // projections of the same input that one GEMM can compute. Undefined when the parts cannot
+  // share a weight: different input widths, dtypes or biases, or FP8 parts whose boundaries do
+  // not fall on a scale block (every part but the last a whole number of block rows).
+  static Linear concat_rows(std::initializer_list<const Linear*> parts);
 
  private:
   ops::Weight weight_;
@@ -28,6 +35,10 @@ class RmsNorm {
   Tensor operator()(const Tensor& x) const;  // rows of x (any leading shape, last dim normalised)
   void forward(const Tensor& x, Tensor& out) const;  // 2-D rows, out may be a column slice
   void inplace(Tensor& x) const;
+  // residual += y, then out = norm(residual): a block's residual add fused with the norm after it.
+  void add_forward(Tensor& residual, const Tensor& y, Tensor& out) const;
+  const Tensor& weight() const { return weight_; }
+  float eps() const { return eps_; }
 
  private:
   Tensor weight_;

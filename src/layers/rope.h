@@ -1,6 +1,7 @@
 // Rotary position embedding tables: plain (theta) or YaRN-scaled, NeoX or interleaved pairs.
 #pragma once
 #include "core/tensor.h"
+#include "kernels/ops.h"
 
 namespace ms {
 
@@ -22,6 +23,8 @@ struct RopeTable {
   static RopeTable build(int rot_dim, double theta, int max_positions, bool interleaved,
                          const YarnParams* yarn = nullptr);
   RopeTable to(Device device) const { return {cos.to(device), sin.to(device), rot_dim, interleaved}; }
+  // This table applied at `positions` (the fused rope ops' argument; it refers to the table).
+  ops::RopeArgs at(std::span<const int32_t> positions) const { return {cos, sin, rot_dim, interleaved, positions}; }
 };
 
 }  // namespace ms

@@ -13,10 +13,7 @@ Tensor CausalLM::forward_hidden(const ForwardContext& ctx) const {
            "forward: ids, positions and cache slots differ in length");
   Tensor hidden = ctx.empty({b.num_tokens(), config.hidden_size});
   ops::embedding(embed, b.input_ids, hidden, b.earlier_ids.defined() ? &b.earlier_ids : nullptr);
-  for (size_t i = 0; i < layers.size(); ++i) layers[i].forward(hidden, int(i), ctx);
-  final_norm.inplace(hidden);
-  ctx.round(hidden);
-  return hidden;
+  return forward_layers(layers, hidden, final_norm, ctx);
 }
 
 // Rows whose logits are wanted: every token, or the last token of each sequence.
@@ -69,10 +66,7 @@ Tensor CausalLM::mtp_hidden(const ForwardContext& ctx, const Tensor& hidden) con
   ctx.round(cat);
   Tensor h = mtp->eh_proj(cat);
   ctx.round(h);
-  mtp->block->forward(h, 0, ctx);
-  mtp->final_norm.inplace(h);
-  ctx.round(h);
-  return h;
+  return forward_layers({mtp->block.get(), 1}, h, mtp->final_norm, ctx);
 }
 
 Linear load_lm_head(WeightLoader& loader, const ModelConfig& c, const Tensor& embed, const Sharding& sharding) {

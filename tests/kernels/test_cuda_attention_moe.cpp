@@ -1,14 +1,19 @@
 // The attention and MoE CUDA ops against their CPU ops: GQA and MLA over a shuffled slot cache
-// (prefill with a cached prefix, mixed batches, and long decodes that take the split-KV path),
-// the MLA absorptions (bf16 and fp8 kv_b), router top-k in every routing variant (ids must be
-// identical), and the routed experts (bf16 and fp8 weights).
+// (prefill with a cached prefix, mixed batches, and long decodes that take the split-KV path,
+// eager and replayed from a captured step), the MLA absorptions (bf16 and fp8 kv_b), router
+// top-k in every routing variant (ids must be identical), and the routed experts (bf16 and fp8
+// weights). DecodeAttentionBench times decode attention when MOESERVE_BENCH_ATTENTION=1.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <set>
+#include <string>
 
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/fp8_gemm.h"
 
 namespace ms {
@@ -37,11 +42,19 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{1, 900}, {64, 64}, {20, 300}},           // decode + prefill + prefix-cached extend
     {{1, 1000}, {1, 4000}, {1, 17}, {1, 2500}},  // a decode batch (split-KV)
     {{1, 6000}},                                // one long decode (many splits)
-    // Single decodes whose split-KV merges take 33 and 65 splits on a 132-SM H200 (GQA 32/4
-    // heads: 1056 and 2080 keys; MLA: 2080 and 4150 keys), as batch-1 decode at 2k-4k context.
+    // Single decodes as batch-1 decode at 1k-4k context, whose split-KV merges take, on a 132-SM
+    // H200, 17 and 33 splits (GQA 32/4 heads, 1056 and 2080 keys) and 33 and 65 (MLA, 2080 and
+    // 4150 keys: more than the 64 splits the merge loads in one batch).
     {{1, 1056}},
     {{1, 2080}},
     {{1, 4150}},
+    // Batch-1 decode at 4k (GQA: 64 splits of one 16-key step a warp; MLA: 64 splits of two
+    // tiles), a short one whose single split leaves warps without keys and a partial last step,
+    // three and eight decodes of unequal lengths (later splits of the short ones are empty).
+    {{1, 4096}},
+    {{1, 33}},
+    {{1, 4096}, {1, 1000}, {1, 33}},
+    {{1, 4096}, {1, 17}, {1, 2500}, {1, 4000}, {1, 129}, {1, 3333}, {1, 64}, {1, 1}},
     {{300, 300}, {130, 1200}, {16, 16}},        // prefill tiles on the tensor cores: causal, cached prefix, partial tiles
 };
 
@@ -49,7 +62,7 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
 // decode tile) and 1 (multi-head).
 TEST(CudaOps, GqaAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
-  const int64_t D = 128, pool = 8000;
+  const int64_t D = 128, pool = 16384;  // the largest layout of kLayouts holds 14140 keys
   for (auto [Hq, Hkv] : std::vector<std::pair<int64_t, int64_t>>{{32, 4}, {28, 4}, {64, 4}, {16, 16}}) {
     Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
     Tensor kg = gpu(kc), vg = gpu(vc);
@@ -69,7 +82,7 @@ TEST(CudaOps, GqaAttentionMatchesCpu) {
 // 16 heads (DeepSeek-V2-Lite) and 32 (two head groups of the tensor-core kernel).
 TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
   MS_REQUIRE_CUDA();
-  const int64_t L = 512, R = 64, pool = 8000;
+  const int64_t L = 512, R = 64, pool = 16384;  // as above
   Tensor cache = randn({pool, L + R}), cg = gpu(cache);
   for (int64_t H : {16, 32})
   for (const auto& seqs : kLayouts) {
@@ -83,6 +96,130 @@ TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
     Tensor out = poisoned(DType::BF16, {T, H, L});
     cuda::mla_attention(gpu(ql), gpu(qfull).slice(2, 128, 128 + R), cg, layout, 0.06f, out);
     EXPECT_LT(rel_error(out, ref), kBf16Tol) << H << " heads, " << seqs.size() << " sequences, " << T << " queries";
+  }
+}
+
+// Captured decode steps: the splits come from max_kv alone and every query divides its own keys
+// over them (split_len 0), so a replay with other lengths (shorter, equal to max_kv, a single
+// key) leaves some splits empty and others partly filled. GQA 32/4 and MLA 16 heads in one step.
+TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t D = 128, Hq = 32, Hkv = 4, H = 16, L = 512, R = 64, pool = 13000, T = 3;
+  const int max_kv = 4096;
+  Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D}), cache = randn({pool, L + R});
+  Tensor kg = gpu(kc), vg = gpu(vc), cg = gpu(cache);
+  Tensor q = randn({T, Hq, D}), ql = randn({T, H, L}, 0.3f), qr = randn({T, H, R});
+  Tensor qg = gpu(q), qlg = gpu(ql), qrg = gpu(qr);
+  Tensor out = poisoned(DType::BF16, {T, Hq, D}), mla_out = poisoned(DType::BF16, {T, H, L});
+  const auto captured = make_layout({{1, 4096}, {1, 1000}, {1, 33}}, int(pool));
+  const std::vector<int32_t> ids(T, 0), positions(T, 0), locs(T, 0);
+  auto body = [&] {
+    cuda::attention(qg, kg, vg, captured, 0.088f, out);
+    cuda::mla_attention(qlg, qrg, cg, captured, 0.06f, mla_out);
+  };
+  body();  // eagerly first, as the runner does: shared-memory limits, allocations
+  auto graph_pool = ops::make_graph_pool(Device::CUDA);
+  auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, positions, locs, &captured}, 3 * max_kv, max_kv,
+                                 *graph_pool, body);
+  for (const auto& seqs : std::vector<std::vector<std::pair<int, int>>>{
+           {{1, 50}, {1, 4096}, {1, 2000}}, {{1, 4096}, {1, 4096}, {1, 4096}}, {{1, 1}, {1, 17}, {1, 65}}}) {
+    const auto layout = make_layout(seqs, int(pool));
+    graph->replay(ops::StepArrays{ids, positions, locs, &layout});
+    Tensor ref = Tensor::empty(DType::F32, {T, Hq, D}), mla_ref = Tensor::empty(DType::F32, {T, H, L});
+    cpu::attention(q, kc, vc, layout, 0.088f, ref);
+    cpu::mla_attention(ql, qr, cache, layout, 0.06f, mla_ref);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << "GQA, keys " << seqs[0].second << " " << seqs[1].second << " " << seqs[2].second;
+    EXPECT_LT(rel_error(mla_out, mla_ref), kBf16Tol) << "MLA, keys " << seqs[0].second << " " << seqs[1].second << " "
+                                                     << seqs[2].second;
+  }
+}
+
+// A cache of `views` x `slots` rows of `row` bf16 values (small, finite), as `views` caches.
+std::vector<Tensor> bench_caches(int views, int64_t slots, Shape row) {
+  Shape shape{views * slots};
+  shape.insert(shape.end(), row.begin(), row.end());
+  Tensor host = Tensor::empty(DType::BF16, shape);
+  uint32_t x = 12345;
+  for (auto& v : host.span<uint16_t>()) x = x * 1664525u + 1013904223u, v = uint16_t(0x3c00 | ((x >> 16) & 0x83ff));
+  Tensor dev = host.to(Device::CUDA);
+  std::vector<Tensor> out;
+  for (int i = 0; i < views; ++i) out.push_back(dev.slice(0, i * slots, (i + 1) * slots));
+  return out;
+}
+
+// Microseconds a call of `call(i)` (i: 0 .. 199) takes, replayed from CUDA graphs of 20 calls
+// (as a decode step replays one per layer), and eagerly (metadata upload included).
+template <class F>
+std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max_kv, F call) {
+  constexpr int kPerGraph = 20, kCalls = 200;
+  const int64_t T = layout.q_start.back();
+  const std::vector<int32_t> ids(size_t(T), 0);
+  auto body = [&] {
+    for (int i = 0; i < kPerGraph; ++i) call(i);
+  };
+  body();
+  auto graph_pool = ops::make_graph_pool(Device::CUDA);
+  auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, ids, ids, &layout},
+                                 int64_t(layout.kv_slots.size()), max_kv, *graph_pool, body);
+  const ops::StepArrays arrays{ids, ids, ids, &layout};
+  graph->replay(arrays);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start), cudaEventCreate(&stop);
+  auto timed = [&](auto&& run) {
+    cudaEventRecord(start, cuda::stream());
+    run();
+    cudaEventRecord(stop, cuda::stream());
+    cudaEventSynchronize(stop);
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, start, stop);
+    return 1000.0 * ms / kCalls;
+  };
+  const double graphed = timed([&] {
+    for (int r = 0; r < kCalls / kPerGraph; ++r) graph->replay(arrays);
+  });
+  const double eager = timed([&] {
+    for (int i = 0; i < kCalls; ++i) call(i);
+  });
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return {graphed, eager};
+}
+
+// Decode attention at 4096 keys a query: µs a call and the KV bytes it streams per µs, GQA 32/4
+// heads and MLA 16 heads, one and eight queries. Each call reads another copy of the cache, and
+// the copies together exceed the 50 MB L2, so the numbers are DRAM's. Opt-in (timing, not a
+// check): MOESERVE_BENCH_ATTENTION=1.
+TEST(CudaOps, DecodeAttentionBench) {
+  MS_REQUIRE_CUDA();
+  const char* env = std::getenv("MOESERVE_BENCH_ATTENTION");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_ATTENTION=1 to time decode attention";
+  constexpr int kKeys = 4096;
+  for (int B : {1, 8}) {
+    const int64_t slots = int64_t(B) * kKeys;
+    const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, kKeys}), int(slots));
+    {
+      const int64_t Hq = 32, Hkv = 4, D = 128;
+      const double bytes = double(slots) * Hkv * D * 2 * 2;
+      const int views = std::max(2, int(std::ceil(160e6 / bytes)));
+      auto k = bench_caches(views, slots, {Hkv, D}), v = bench_caches(views, slots, {Hkv, D});
+      Tensor q = gpu(randn({B, Hq, D})), out = poisoned(DType::BF16, {B, Hq, D});
+      auto [graphed, eager] = time_calls(layout, kKeys, [&](int i) {
+        cuda::attention(q, k[size_t(i % views)], v[size_t(i % views)], layout, 0.088f, out);
+      });
+      std::printf("[bench] GQA 32/4 heads, B=%d, %d keys: %.2f us (%.0f GB/s) graphed, %.2f us eager, %.1f MB a call\n",
+                  B, kKeys, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
+    }
+    {
+      const int64_t H = 16, L = 512, R = 64;
+      const double bytes = double(slots) * (L + R) * 2;
+      const int views = std::max(2, int(std::ceil(160e6 / bytes)));
+      auto c = bench_caches(views, slots, {L + R});
+      Tensor ql = gpu(randn({B, H, L}, 0.3f)), qr = gpu(randn({B, H, R})), out = poisoned(DType::BF16, {B, H, L});
+      auto [graphed, eager] = time_calls(layout, kKeys, [&](int i) {
+        cuda::mla_attention(ql, qr, c[size_t(i % views)], layout, 0.06f, out);
+      });
+      std::printf("[bench] MLA 16 heads, B=%d, %d keys: %.2f us (%.0f GB/s) graphed, %.2f us eager, %.1f MB a call\n",
+                  B, kKeys, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
+    }
   }
 }
 

@@ -5,7 +5,6 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
-#include "layers/rope.h"
 
 namespace ms {
 namespace {
@@ -180,34 +179,6 @@ TEST(CudaOps, IndexAddRowsSumsRepeatedRows) {
   Tensor d32 = gpu(dst, DType::F32);
   cuda::index_add_rows(d32, rows, gpu(src));
   EXPECT_LT(rel_error(d32, expect), 1e-6);
-}
-
-// NeoX rope on [T, H, D]; interleaved YaRN rope on the roped tail of MLA's q [T, H, 192] and on
-// the latent row viewed as [T, 1, 576].
-TEST(CudaOps, RopeMatchesCpuOnStridedViews) {
-  MS_REQUIRE_CUDA();
-  const int64_t T = 40;
-  std::vector<int32_t> pos(T);
-  std::uniform_int_distribution<int32_t> pp(0, 4000);
-  for (auto& p : pos) p = pp(rng());
-  RopeTable neox = RopeTable::build(128, 1e6, 4096, false).to(Device::CUDA);
-  RopeTable host_neox = RopeTable::build(128, 1e6, 4096, false);
-  Tensor q = randn({T, 32, 128}), qref = q.clone(), qg = gpu(q);
-  cpu::rope(qref, 0, 128, pos, host_neox.cos, host_neox.sin, false);
-  cuda::rope(qg, 0, 128, pos, neox.cos, neox.sin, false);
-  EXPECT_LT(rel_error(qg, qref), kBf16Tol);
-
-  YarnParams y{40, 4096, 32, 1, 0.707, 0.707};
-  RopeTable host_yarn = RopeTable::build(64, 1e4, 4096, true, &y), yarn = host_yarn.to(Device::CUDA);
-  Tensor m = randn({T, 16, 192}), mref = m.clone(), mg = gpu(m);
-  cpu::rope(mref, 128, 64, pos, host_yarn.cos, host_yarn.sin, true);
-  cuda::rope(mg, 128, 64, pos, yarn.cos, yarn.sin, true);
-  EXPECT_LT(rel_error(mg, mref), kBf16Tol);
-  Tensor kv = randn({T, 576}), kvref = kv.clone(), kvg = gpu(kv);
-  Tensor kvref3 = kvref.view({T, 1, 576}), kvg3 = kvg.view({T, 1, 576});
-  cpu::rope(kvref3, 512, 64, pos, host_yarn.cos, host_yarn.sin, true);
-  cuda::rope(kvg3, 512, 64, pos, yarn.cos, yarn.sin, true);
-  EXPECT_LT(rel_error(kvg, kvref), kBf16Tol);
 }
 
 }  // namespace

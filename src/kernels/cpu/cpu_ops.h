@@ -19,8 +19,12 @@ void round_to_bf16(Tensor& x);
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
 void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src);
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
-void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
-          const Tensor& sin, bool interleaved);
+void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
+void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                   std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                   const ops::HeadNorm* qk_norm);
+void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float eps, const ops::RopeArgs& rope,
+                    std::span<const int32_t> slots, bool round_bf16, Tensor& cache);
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                float scale, Tensor& out);
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
@@ -32,6 +36,12 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 std::vector<int32_t> argmax_rows(const Tensor& logits);
 void argmax_rows_into(const Tensor& logits, Tensor& ids);
 std::unique_ptr<ops::HostReadback> make_host_readback(int64_t capacity);
+
+// Rotary embedding on x [T, H, D] for dims [offset, offset + rot_dim) of every head, in place
+// (ops::RopeArgs describes the two forms): the piece the fused rope-and-cache-write ops are
+// composed of, so that they keep the numbers of the separate steps.
+void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
+          const Tensor& sin, bool interleaved);
 
 // Vector helpers shared by the CPU kernels (AVX-512 when compiled for it, scalar otherwise).
 float dot_f32(const float* a, const float* b, int64_t n);

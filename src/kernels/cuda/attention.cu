@@ -149,58 +149,62 @@ __global__ void attention_kernel(AttnParams p) {
   if (lane == 0) p.part_ml[2 * row] = m, p.part_ml[2 * row + 1] = l;
 }
 
-constexpr int kCombineWarps = 16;  // a block's warps, each summing every 16th split
+constexpr int kCombineWarps = 8;   // a block's warps, each merging every 8th split
+constexpr int kCombineBatch = 8;   // splits a warp loads before it merges them
 constexpr int kCombineCols = 32;   // V-wide pieces of the output a block: one a lane
 
 // out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z. Block
-// (t * hq + h, c) writes dims [c * 32V, (c + 1) * 32V) of one (query, head): warp 0 puts the
-// splits' weights into shared memory once, then every warp sums its share of the splits, V
-// floats a lane (16-byte loads for V = 4), and the warps' sums meet in shared memory. Many warps
-// a block keep many loads in flight: a decode merges 33-65 splits for only 16-32 (query, head)s.
+// (t * hq + h, c) writes dims [c * 32V, (c + 1) * 32V) of one (query, head). Each warp loads the
+// (m, l) and the V-float piece of kCombineBatch of its splits at once (a decode's splits are one
+// batch: a single round trip to L2, where the partials were just written) and merges them
+// online; the warps' merges meet in shared memory. No pass over the splits waits on another.
 template <int V>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams p) {
   using Vec = std::conditional_t<V == 4, float4, float2>;
-  extern __shared__ float weight[];  // [splits]
-  __shared__ float sums[kCombineWarps][kCombineCols * V];
-  __shared__ float inv_total;
+  __shared__ float acc_s[kCombineWarps][kCombineCols * V];
+  __shared__ float2 ml_s[kCombineWarps];
   const int64_t row = blockIdx.x, stride = int64_t(p.T) * p.hq;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp == 0) {
-    float M = -INFINITY;
-    for (int z = lane; z < p.splits; z += 32) M = fmaxf(M, p.part_ml[2 * (z * stride + row)]);
-    M = warp_max(M);
-    float L = 0.f;
-    for (int z = lane; z < p.splits; z += 32) {
-      const float* ml = p.part_ml + 2 * (z * stride + row);
-      weight[z] = ml[0] == -INFINITY ? 0.f : expf(ml[0] - M);  // a split with no keys weighs nothing
-      L += ml[1] * weight[z];
-    }
-    L = warp_sum(L);
-    if (lane == 0) inv_total = 1.0f / L;
-  }
-  __syncthreads();
   const int col = int(blockIdx.y) * kCombineCols + lane;  // in V-wide pieces
-  float acc[V] = {};
-  if (col * V < p.dv) {
-#pragma unroll 4
-    for (int z = warp; z < p.splits; z += kCombineWarps) {
-      const Vec a = reinterpret_cast<const Vec*>(p.part_acc + (z * stride + row) * p.dv)[col];
-      const float* af = reinterpret_cast<const float*>(&a);
-      const float w = weight[z];
+  const bool in = col * V < p.dv;
+  float m = -INFINITY, l = 0.f, acc[V] = {};
+  for (int z0 = warp; z0 < p.splits; z0 += kCombineWarps * kCombineBatch) {
+    float2 ml[kCombineBatch];
+    Vec a[kCombineBatch];
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] += w * af[i];
+    for (int b = 0; b < kCombineBatch; ++b) {
+      const int64_t z = z0 + b * kCombineWarps;
+      ml[b] = z < p.splits ? reinterpret_cast<const float2*>(p.part_ml)[z * stride + row] : make_float2(-INFINITY, 0.f);
+      a[b] = z < p.splits && in ? reinterpret_cast<const Vec*>(p.part_acc + (z * stride + row) * p.dv)[col] : Vec{};
+    }
+#pragma unroll
+    for (int b = 0; b < kCombineBatch; ++b) {
+      const float m_new = fmaxf(m, ml[b].x);
+      if (m_new == -INFINITY) continue;  // no keys so far, nor in this split (uniform over the warp)
+      const float keep = expf(m - m_new), w = expf(ml[b].x - m_new);  // an empty split weighs nothing
+      const float* af = reinterpret_cast<const float*>(&a[b]);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] = acc[i] * keep + af[i] * w;
+      l = l * keep + ml[b].y * w, m = m_new;
     }
   }
 #pragma unroll
-  for (int i = 0; i < V; ++i) sums[warp][lane * V + i] = acc[i];
+  for (int i = 0; i < V; ++i) acc_s[warp][lane * V + i] = acc[i];
+  if (lane == 0) ml_s[warp] = make_float2(m, l);
   __syncthreads();
   const int d = int(blockIdx.y) * kCombineCols * V + int(threadIdx.x);
   if (threadIdx.x >= kCombineCols * V || d >= p.dv) return;
-  float total = 0.f;
+  float M = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) total += sums[w][threadIdx.x];
+  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, ml_s[w].x);
+  float total = 0.f, L = 0.f;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) {
+    const float f = ml_s[w].x == -INFINITY ? 0.f : expf(ml_s[w].x - M);
+    total += f * acc_s[w][threadIdx.x], L += f * ml_s[w].y;
+  }
   const int t = int(row) / p.hq, h = int(row) % p.hq;
-  p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(total * inv_total);
+  p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? total / L : 0.f);
 }
 
 // Merges p.splits partials into p.out: float4 pieces when rows of partials allow them (the
@@ -208,9 +212,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams 
 void launch_combine(const AttnParams& p) {
   const int v = p.dv % 4 == 0 ? 4 : 2;
   const dim3 grid(unsigned(p.T * p.hq), unsigned((p.dv + kCombineCols * v - 1) / (kCombineCols * v)));
-  const size_t smem = size_t(p.splits) * sizeof(float);
-  if (v == 4) combine_splits<4><<<grid, kCombineWarps * 32, smem, stream()>>>(p);
-  else combine_splits<2><<<grid, kCombineWarps * 32, smem, stream()>>>(p);
+  if (v == 4) combine_splits<4><<<grid, kCombineWarps * 32, 0, stream()>>>(p);
+  else combine_splits<2><<<grid, kCombineWarps * 32, 0, stream()>>>(p);
   MS_CUDA_LAUNCHED("combine_splits");
 }
 
@@ -226,9 +229,11 @@ void launch(const AttnParams& p, int kv_heads, size_t smem) {
 void launch_all(AttnParams p, int kv_heads, const char* op);
 void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 
-// Splits of the keys per query: enough blocks to fill the GPU twice, at least 64 keys each.
+// Splits of the keys per query: the tensor-core kernels size theirs to their blocks' shared
+// memory; the CUDA-core kernel's fill the GPU twice, at least 64 keys each.
 int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
   if (p.gqa_tc) return flash_decode_splits(p.T, kv_heads, max_visible);
+  if (p.mla_tc) return flash_mla_decode_splits(p.T, p.hq, max_visible);
   p.warps = std::min(p.group, 16);
   p.hgroups = (p.group + p.warps - 1) / p.warps;
   const int64_t blocks = int64_t(p.T) * kv_heads * p.hgroups, want = 2 * int64_t(sm_count());

@@ -28,8 +28,12 @@ void round_to_bf16(Tensor& x);
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
 void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src);
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
-void rope(Tensor& x, int offset, int rot_dim, std::span<const int32_t> positions, const Tensor& cos,
-          const Tensor& sin, bool interleaved);
+void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
+void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                   std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                   const ops::HeadNorm* qk_norm);
+void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float eps, const ops::RopeArgs& rope,
+                    std::span<const int32_t> slots, bool round_bf16, Tensor& cache);
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                float scale, Tensor& out);
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,

@@ -1,8 +1,8 @@
-// Row-wise and element-wise kernels: RMSNorm, residual adds, SiLU-and-mul, embedding, row
-// gathers and KV-cache scatters, rotary embedding. Rows may be strided (a column slice, a
+// Row-wise and element-wise kernels: residual adds, SiLU-and-mul, embedding, row gathers and
+// KV-cache scatters (RMSNorm: norm.cu; rope: rope.cu). Rows may be strided (a column slice, a
 // [T, H, D] view) exactly as the CPU ops allow: row r starts at r * strides[0], and the rest of
 // the row is contiguous. Arithmetic is f32; the result is rounded once into the output dtype.
-// BF16 rows that allow it take 16-byte loads (RMSNorm by groups of threads a row, residual adds).
+// BF16 rows that allow it take 16-byte loads (residual adds).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
@@ -27,96 +27,6 @@ Rows rows_of(const Tensor& t, const char* op, const char* what) {
     expect *= t.size(d);
   }
   return {t.size(0), expect, t.strides()[0]};  // the width holds with no rows too (an IDLE batch)
-}
-
-__device__ float block_sum(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < warps; ++w) total += shared[w];
-  return total;
-}
-
-template <class T, class TW>
-__global__ void rms_norm_kernel(const T* x, int64_t xs, const TW* w, float eps, int64_t D, T* out, int64_t os) {
-  __shared__ float partial[32];
-  const T* xr = x + int64_t(blockIdx.x) * xs;
-  T* orow = out + int64_t(blockIdx.x) * os;
-  float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    float v = load_f(xr + i);
-    ss += v * v;
-  }
-  const float inv = 1.0f / sqrtf(block_sum(ss, partial) / float(D) + eps);
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) store_f(orow + i, load_f(xr + i) * inv * load_f(w + i));
-}
-
-// 8 bf16 values from 16 bytes, and 8 weights (bf16 or f32) from 16-byte aligned memory.
-__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
-  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
-    f[2 * j] = p.x, f[2 * j + 1] = p.y;
-  }
-}
-__device__ __forceinline__ void load8(const bf16* w, float f[8]) { unpack8(*reinterpret_cast<const uint4*>(w), f); }
-__device__ __forceinline__ void load8(const float* w, float f[8]) {
-  const float4 a = reinterpret_cast<const float4*>(w)[0], b = reinterpret_cast<const float4*>(w)[1];
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
-constexpr int kNormPieces = 2;          // 16-byte pieces a thread, at most
-constexpr int kNormMaxGroup = 1024;     // threads a row, at most: widths up to 16384
-constexpr int kNormMinBlock = 128;
-
-// RMSNorm of bf16 rows (width a multiple of 8, 16-byte aligned rows and weight) by groups of
-// `group` threads a row (a power of two: a part of a warp for narrow rows such as per-head
-// q/k norms, up to a whole block for wide ones), so that a handful of rows, or one, still spreads
-// over many threads. Each thread keeps its 16-byte pieces (and their weights, loaded at once so
-// both reads are in flight together) in registers from the sum of squares to the write, so a row
-// is read once and in place is safe; the arithmetic is rms_norm_kernel's.
-template <class TW>
-__global__ void rms_norm_rows_kernel(const bf16* x, int64_t xs, const TW* w, float eps, int D, int64_t rows,
-                                     int group, bf16* out, int64_t os) {
-  __shared__ float warp_ss[32];
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
-  const int g = int(threadIdx.x) % group, n = D / 8;
-  const bool live = row < rows;  // threads past the last row still join the reductions
-  float v[kNormPieces][8], wt[kNormPieces][8], ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNormPieces; ++i) {
-    const int c = g + group * i;
-    if (!live || c >= n) break;
-    unpack8(reinterpret_cast<const uint4*>(x + row * xs)[c], v[i]);
-    load8(w + c * 8, wt[i]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += v[i][j] * v[i][j];
-  }
-  for (int o = min(group, 32) / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (group > 32) {  // the row's warps meet in shared memory
-    if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
-    __syncthreads();
-    const int first = int(threadIdx.x) / group * (group / 32);
-    ss = 0.f;
-    for (int k = 0; k < group / 32; ++k) ss += warp_ss[first + k];
-  }
-  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
-#pragma unroll
-  for (int i = 0; i < kNormPieces; ++i) {
-    const int c = g + group * i;
-    if (!live || c >= n) break;
-    uint32_t res[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const __nv_bfloat162 r =
-          __floats2bfloat162_rn(v[i][2 * j] * inv * wt[i][2 * j], v[i][2 * j + 1] * inv * wt[i][2 * j + 1]);
-      res[j] = *reinterpret_cast<const uint32_t*>(&r);
-    }
-    reinterpret_cast<uint4*>(out + row * os)[c] = make_uint4(res[0], res[1], res[2], res[3]);
-  }
 }
 
 // x += y for bf16 rows whose width is a multiple of 8 and whose rows are 16-byte aligned.
@@ -237,33 +147,6 @@ constexpr int kThreads = 256;
 bool wide(const void* p, int64_t stride) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride % 8 == 0; }
 
 }  // namespace
-
-void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
-  Rows xr = rows_of(x, "rms_norm", "input"), orow = rows_of(out, "rms_norm", "output");
-  MS_CHECK(weight.numel() == xr.width && orow.n == xr.n && orow.width == xr.width && x.dtype() == out.dtype(),
-           "rms_norm: ", x.describe(), " -> ", out.describe(), " with weight ", weight.describe());
-  check_device_tensor(weight, {DType::BF16, DType::F32}, "rms_norm", "weight");
-  MS_CHECK(weight.is_contiguous(), "rms_norm: weight must be contiguous");
-  if (xr.n == 0) return;
-  if (x.dtype() == DType::BF16 && xr.width % 8 == 0 && xr.width <= 8 * kNormPieces * kNormMaxGroup &&
-      wide(x.raw(), xr.stride) && wide(out.raw(), orow.stride) && wide(weight.raw(), 0)) {
-    // A thread a 16-byte piece (threads a row: a power of two), two pieces each past 8192 wide.
-    int group = 1;
-    while (group < kNormMaxGroup && group < xr.width / 8) group *= 2;
-    const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
-    MS_FLOAT_DISPATCH(weight.dtype(), TW,
-      rms_norm_rows_kernel<TW><<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(
-          x.data<bf16>(), xr.stride, weight.data<TW>(), eps, int(xr.width), xr.n, group, out.data<bf16>(),
-          orow.stride));
-    MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
-    return;
-  }
-  const int threads = xr.width >= 1024 ? 256 : 128;
-  MS_FLOAT_DISPATCH(x.dtype(), T, MS_FLOAT_DISPATCH(weight.dtype(), TW,
-    rms_norm_kernel<T, TW><<<unsigned(xr.n), threads, 0, stream()>>>(x.data<T>(), xr.stride, weight.data<TW>(), eps,
-                                                                     xr.width, out.data<T>(), orow.stride)));
-  MS_CUDA_LAUNCHED("rms_norm_kernel");
-}
 
 void add_inplace(Tensor& x, const Tensor& y) {
   MS_CHECK(x.shape() == y.shape(), "add: ", x.describe(), " vs ", y.describe());

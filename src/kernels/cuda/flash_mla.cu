@@ -1,13 +1,19 @@
-// Absorbed MLA prefill on the tensor cores (flash_prefill.h). The 16 heads of one query share
-// its keys (the latent cache row: 512 latent + 64 rope values, the first 512 also the value), so
-// a block takes 16 heads of one query as the 16 rows of the mma and reads each key once for all
-// of them. Per tile of 32 keys: each of the 4 warps scores a quarter of the 576 dims (S partial
-// sums meet in shared memory), 128 threads run the online softmax (8 per row), and each warp
-// accumulates its quarter of the 512 output dims from P (bf16, shared memory) and the tile.
-// Decode splits the keys across blocks (blockIdx.z) and leaves partial softmaxes to merge.
+// Absorbed MLA on the tensor cores (flash_prefill.h). The 16 heads of one query share its keys
+// (the latent cache row: 512 latent + 64 rope values, the first 512 also the value), so a block
+// takes 16 heads of one query as the 16 rows of the mma and reads each key once for all of them.
+// Per tile of 32 keys: each of the 4 warps scores a quarter of the 576 dims (S partial sums meet
+// in shared memory), 128 threads run the online softmax (8 per row), and each warp accumulates
+// its quarter of the 512 output dims from P (bf16, shared memory) and the tile.
+//
+// Tiles arrive by cp.async into a ring of STAGES tiles; warp w copies rows 8w .. 8w + 7, a row's
+// 1152 bytes by all 32 lanes, with the slot indices loaded a tile ahead. Decode (split-KV, each
+// block's keys read once) keeps two tiles (72 KB) in flight while it computes one; prefill,
+// whose blocks reread the same keys from L2 and are compute-bound, keeps one stage and four
+// blocks a multiprocessor.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/mma.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ms::cuda {
@@ -16,13 +22,29 @@ namespace {
 constexpr int kL = 512, kR = 64, kDk = kL + kR, kHeads = 16, kKeys = 32, kWarps = 4;
 constexpr int kStride = kDk + 8, kPStride = kKeys + 8;  // padded rows: ldmatrix without bank conflicts
 constexpr int kDkWarp = kDk / kWarps, kDvWarp = kL / kWarps;  // 144 scored, 128 accumulated dims a warp
-constexpr size_t kSmem = size_t(kKeys) * kStride * 2 + size_t(kWarps) * kHeads * kKeys * 4 +
-                         size_t(kHeads) * kPStride * 2 + 2 * kHeads * 4;
+constexpr int kDecodeStages = 3;
+constexpr size_t kTileBytes = size_t(kKeys) * kStride * 2;
+constexpr size_t kScratchBytes = size_t(kWarps) * kHeads * kKeys * 4 + size_t(kHeads) * kPStride * 2 + 2 * kHeads * 4;
+constexpr size_t smem_bytes(int stages) { return stages * kTileBytes + kScratchBytes; }
 
+// Issues the copies of one tile's rows 8w .. 8w + 7 (w: this warp) into `buf`; lane i < 8 holds
+// the slot of row 8w + i (-1: past the block's keys, copied as zeros).
+__device__ __forceinline__ void issue_tile(bf16* buf, const bf16* kv, int64_t kv_s0, int slot, int warp, int lane) {
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const int s = __shfl_sync(0xffffffffu, slot, r);
+    const bf16* src = kv + (s >= 0 ? int64_t(s) * kv_s0 : 0);
+    bf16* dst = buf + (warp * 8 + r) * kStride;
+#pragma unroll
+    for (int c = lane; c < kDk / 8; c += 32) cp_async16(dst + 8 * c, src + 8 * c, s >= 0);
+  }
+}
+
+template <int STAGES>
 __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   extern __shared__ float4 smem4[];
-  bf16* ks = reinterpret_cast<bf16*>(smem4);                      // [kKeys][kStride]
-  float* sp = reinterpret_cast<float*>(ks + kKeys * kStride);     // [kWarps][kHeads][kKeys]
+  bf16* ring = reinterpret_cast<bf16*>(smem4);                        // [STAGES][kKeys][kStride]
+  float* sp = reinterpret_cast<float*>(ring + STAGES * kKeys * kStride);  // [kWarps][kHeads][kKeys]
   bf16* pb = reinterpret_cast<bf16*>(sp + kWarps * kHeads * kKeys);  // [kHeads][kPStride]
   float* alpha_s = reinterpret_cast<float*>(pb + kHeads * kPStride);  // [kHeads], then l [kHeads]
   const int t = blockIdx.x, h0 = blockIdx.y * kHeads;
@@ -47,15 +69,38 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   float m = -INFINITY, l = 0.f;
 
   const float scale_log2 = p.scale * float(M_LOG2E);
-  for (int k0 = kb; k0 < keys; k0 += kKeys) {
-    __syncthreads();  // the previous tile is consumed
-    for (int i = threadIdx.x; i < kKeys * (kDk / 8); i += blockDim.x) {
-      const int j = i / (kDk / 8), c = (i % (kDk / 8)) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (k0 + j < keys) v = *reinterpret_cast<const uint4*>(p.kv + int64_t(p.slots[kv0 + k0 + j]) * p.kv_s0 + c);
-      *reinterpret_cast<uint4*>(ks + j * kStride + c) = v;
+  // The slot of row 8 * warp + lane of tile i (lanes 0..7 only; -1 past the block's keys).
+  auto slot_of = [&](int i) {
+    const int key = kb + i * kKeys + warp * 8 + lane;
+    return lane < 8 && key < keys ? p.slots[kv0 + key] : -1;
+  };
+  int sl[STAGES];
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) sl[s] = slot_of(s);
+#pragma unroll
+  for (int s = 0; s + 1 < STAGES; ++s) {
+    if (kb + s * kKeys < keys) issue_tile(ring + s * kKeys * kStride, p.kv, p.kv_s0, sl[s], warp, lane);
+    cp_async_commit();
+  }
+  int pending = sl[STAGES - 1];
+  for (int k0 = kb, i = 0, stage = 0; k0 < keys; k0 += kKeys, ++i, stage = stage + 1 == STAGES ? 0 : stage + 1) {
+    if constexpr (STAGES == 1) {
+      __syncthreads();  // the previous tile is consumed
+      issue_tile(ring, p.kv, p.kv_s0, pending, warp, lane);
+      cp_async_commit();
+      pending = slot_of(i + 1);
+      cp_async_wait<0>();
+      __syncthreads();  // every warp's rows have landed
+    } else {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile i has landed for every warp, and every warp is done with tile i - 1
+      // Tile i + STAGES - 1 goes into the stage tile i - 1 used.
+      if (k0 + (STAGES - 1) * kKeys < keys)
+        issue_tile(ring + (stage == 0 ? STAGES - 1 : stage - 1) * kKeys * kStride, p.kv, p.kv_s0, pending, warp, lane);
+      cp_async_commit();
+      pending = slot_of(i + STAGES);
     }
-    __syncthreads();
+    const bf16* ks = ring + stage * kKeys * kStride;
     float s[kKeys / 8][4] = {};
 #pragma unroll
     for (int st = 0; st < kDkWarp / 16; ++st)
@@ -142,6 +187,18 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   }
 }
 
+template <int STAGES>
+void launch(const MlaLaunch& l) {
+  static PerDeviceOnce smem_limit;
+  smem_limit([] {
+    MS_CUDA(cudaFuncSetAttribute(flash_mla_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(smem_bytes(STAGES))));
+  });
+  dim3 grid(unsigned(l.T), unsigned(l.H / kHeads), unsigned(l.splits));
+  flash_mla_kernel<STAGES><<<grid, kWarps * 32, smem_bytes(STAGES), stream()>>>(l);
+  MS_CUDA_LAUNCHED("flash_mla_kernel");
+}
+
 }  // namespace
 
 bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const Tensor& out) {
@@ -174,13 +231,17 @@ void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tenso
               out.data<bf16>(), out.strides()[0], out.strides()[1],
               d_slots.data<int32_t>(), d_ranges.data<int32_t>(), d_ranges.data<int32_t>() + T,
               nullptr, nullptr, T, int(q_latent.size(1)), 1, 1 << 30, scale};
-  flash_mla(l);
+  launch<1>(l);
 }
 
-void flash_mla(const MlaLaunch& l) {
-  dim3 grid(unsigned(l.T), unsigned(l.H / kHeads), unsigned(l.splits));
-  flash_mla_kernel<<<grid, kWarps * 32, kSmem, stream()>>>(l);
-  MS_CUDA_LAUNCHED("flash_mla_kernel");
+void flash_mla(const MlaLaunch& l) { launch<kDecodeStages>(l); }
+
+// One resident block a multiprocessor (the decode ring's 119 KB), with two tiles in flight,
+// rounded down so that the launch is one wave; at least 64 keys a split, so that a split's
+// partial (32 KB of f32 for 16 heads) stays well under the 72 KB of keys it reads.
+int flash_mla_decode_splits(int64_t T, int64_t H, int max_visible) {
+  const int64_t blocks = T * (H / kHeads), want = sm_count();
+  return int(std::max<int64_t>(1, std::min<int64_t>(want / blocks, (max_visible + 63) / 64)));
 }
 
 }  // namespace ms::cuda

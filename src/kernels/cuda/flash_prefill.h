@@ -21,11 +21,11 @@ bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Ten
 void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
                        const ops::AttentionLayout& layout, float scale, Tensor& out);
 
-// One launch of the MLA kernel over device arrays, for decode's split-KV too: query t sees keys
+// Decode's launch of the MLA kernel over device arrays (split-KV): query t sees keys
 // slots[kv_begin[t] + j], j < visible[t]; split z of `splits` takes j in [z * len, (z + 1) * len)
 // with len = split_len, or (split_len 0) visible[t] / splits rounded up to 32. One split writes
 // out; more write f32 partials part_acc [splits, T, H, 512] and part_ml [splits, T, H, 2]
-// (max in natural-log units, sum) for attention.cu's merge.
+// (max in natural-log units, sum; an empty split: -inf, 0 and zeros) for attention.cu's merge.
 struct MlaLaunch {
   const bf16* ql; int64_t ql_s0, ql_s1;
   const bf16* qr; int64_t qr_s0, qr_s1;
@@ -37,9 +37,11 @@ struct MlaLaunch {
   float scale;
 };
 void flash_mla(const MlaLaunch& l);
+// Splits of the keys for decode: enough blocks for one a multiprocessor, at least 64 keys each.
+int flash_mla_decode_splits(int64_t T, int64_t H, int max_visible);
 
-// GQA decode (flash_decode.cu), one warp per query, KV head and split; the same split and
-// partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
+// GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the same split
+// and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
 struct GqaDecodeLaunch {
   const bf16* q; int64_t q_s0, q_s1;
   const bf16* k; int64_t k_s0, k_s1;
@@ -51,8 +53,31 @@ struct GqaDecodeLaunch {
   float scale;
 };
 bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
-// Splits of the keys for T queries: enough warps to fill the GPU, at least 32 keys each.
+// Splits of the keys for T queries: two blocks a multiprocessor, at least 64 keys each.
 int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible);
 void flash_decode(const GqaDecodeLaunch& l);
 
 }  // namespace ms::cuda
+
+#ifdef __CUDACC__
+namespace ms::cuda {
+
+// Asynchronous 16-byte copies from global to shared memory (cp.async, L2 only: the KV cache is
+// streamed once), so that the decode kernels keep several steps of keys in flight without
+// holding them in registers. `valid` false copies nothing and zero-fills the 16 bytes: keys past
+// a split's end must read as zeros, since a zero probability times a stale NaN is NaN.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// Closes the group of copies issued since the last commit (an empty group when none were).
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace ms::cuda
+#endif
