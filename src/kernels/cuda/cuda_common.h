@@ -11,6 +11,7 @@
 #include <array>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -34,6 +35,10 @@ cudaStream_t stream();
 cublasLtHandle_t lt_handle();
 void* lt_workspace(size_t bytes);
 int sm_count();
+// Programmatic dependent launch (Hopper): a kernel launched by launch_pdl may start while the
+// kernel before it in the stream finishes, so it can fetch its weights meanwhile; it calls
+// pdl_wait() before it reads anything an earlier kernel wrote. MOESERVE_PDL=0 turns it off.
+bool pdl_enabled();
 
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
 // dynamic shared-memory limit (cudaFuncSetAttribute) belongs to one device.
@@ -75,6 +80,32 @@ __device__ __forceinline__ float load_f(const float* p) { return *p; }
 __device__ __forceinline__ float load_f(const bf16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_f(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+// pdl_wait: blocks until the kernels this one depends on have finished and their writes are
+// visible (returns at once when it was not launched early). pdl_trigger: lets the next kernel,
+// if launched by launch_pdl, start as soon as every block of this one has triggered or exited.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Launches `kernel` on this thread's stream, allowed to overlap the tail of the kernel before it.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream();
+  config.attrs = &attr, config.numAttrs = pdl_enabled() ? 1 : 0;
+  MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 __device__ __forceinline__ float fp8_to_f(uint8_t byte) {
   __nv_fp8_e4m3 v;
   v.__x = byte;

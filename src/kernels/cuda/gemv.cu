@@ -69,6 +69,22 @@ __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
+// Asks L2 for rows [n0, n0 + 16) of a dense weight (and its SwiGLU twin): one 128-byte line a
+// thread at a time.
+template <bool FP8, int MATS>
+__device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
+  const int64_t row_bytes = int64_t(p.K) * (FP8 ? 1 : 2), lines = (row_bytes + 127) / 128;
+  const int rows = min(kSlab, p.N - n0);
+  for (int64_t i = threadIdx.x; i < rows * lines; i += blockDim.x) {
+    const int64_t off = int64_t(n0 + i / lines) * p.w.ld * (FP8 ? 1 : 2) + (i % lines) * 128;
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+      const char* w = static_cast<const char*>(m == 0 ? p.w.w_one : p.w.w2_one) + off;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
+    }
+  }
+}
+
 template <class TO>
 __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, float v) {
   store_f(static_cast<TO*>(p.out) + int64_t(row) * p.out_ld + n, v);
@@ -79,7 +95,16 @@ __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, f
 template <bool FP8, class TO, bool SWIGLU, int NT, int U>
 __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
+  // Inputs of a round loaded with its weights when the registers allow (few rows): loaded after
+  // the weights arrive, each input load was one more L2 round trip per chunk, in series.
+  constexpr bool kPrefetchX = NT * U * MATS <= 8;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
+  // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
+  // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
+  // the routing of grouped rows). The next kernel may start its own prefetch meanwhile.
+  if (!p.w.w && blockIdx.y < p.slabs) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
+  pdl_wait();
+  pdl_trigger();
   int group = 0;
   if (p.rows.active) {
     if (int(blockIdx.x) >= *p.rows.n_active) return;
@@ -105,14 +130,18 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       float acc[MATS][NT][4] = {};
       for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
         uint32_t a[U][MATS][2][8];
+        uint32_t xs[kPrefetchX ? U : 1][NT][8];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int k0 = (c0 + u * S) * kChunk + q * 16;
+          const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
 #pragma unroll
           for (int m = 0; m < MATS; ++m) {
-            load_weights<FP8>(p, W[m], SC[m], n0 + g, c0 + u * S < p.chunks ? k0 : p.K, a[u][m][0]);
-            load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, c0 + u * S < p.chunks ? k0 : p.K, a[u][m][1]);
+            load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, a[u][m][0]);
+            load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, a[u][m][1]);
           }
+          if constexpr (kPrefetchX)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -121,7 +150,12 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             uint32_t x[8];
-            load_inputs(p, src[t], k0, x);
+            if constexpr (kPrefetchX) {
+#pragma unroll
+              for (int i = 0; i < 8; ++i) x[i] = xs[u][t][i];
+            } else {
+              load_inputs(p, src[t], k0, x);
+            }
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
 #pragma unroll
@@ -168,8 +202,7 @@ template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = SWIGLU ? 2 : 4;
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
-  gemv_kernel<FP8, TO, SWIGLU, NT, U><<<grid, warps * 32, smem, stream()>>>(p);
-  MS_CUDA_LAUNCHED("gemv_kernel");
+  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
 }
 
 template <bool FP8, class TO, bool SWIGLU>

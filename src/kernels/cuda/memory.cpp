@@ -6,9 +6,11 @@
 // use is queued after the earlier ones.
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "core/device_memory.h"
 #include "kernels/cuda/cuda_common.h"
@@ -289,6 +291,14 @@ int current_device() {
 cudaStream_t stream() { return runtime().stream; }
 cublasLtHandle_t lt_handle() { return runtime().lt; }
 int sm_count() { return runtime().sms; }
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_PDL");
+    return !env || std::string(env) != "0";
+  }();
+  return on;
+}
 
 void* lt_workspace(size_t bytes) {
   Runtime& r = runtime();

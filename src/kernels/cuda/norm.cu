@@ -46,6 +46,7 @@ template <class T, class TY, class TW>
 __global__ void rms_norm_kernel(T* x, int64_t xs, const TY* y, int64_t ys, const TW* w, float eps, int64_t D, T* out,
                                 int64_t os) {
   __shared__ float partial[32];
+  pdl_trigger();  // the product after a norm may start fetching its weights now
   T* xr = x + int64_t(blockIdx.x) * xs;
   T* orow = out + int64_t(blockIdx.x) * os;
   float ss = 0.f;
@@ -98,6 +99,7 @@ template <class TW, bool kAdd>
 __global__ void rms_norm_rows_kernel(bf16* x, int64_t xs, const bf16* y, int64_t ys, const TW* w, float eps, int D,
                                      int64_t rows, int group, bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
+  pdl_trigger();  // the product after a norm may start fetching its weights now
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   const int g = int(threadIdx.x) % group, n = D / 8;
   const bool live = row < rows;  // threads past the last row still join the reductions
