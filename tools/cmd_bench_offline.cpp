@@ -23,6 +23,7 @@ struct OfflineArgs {
   std::string model_path, device = "cpu", dtype = "float32", dataset_name = "random", dataset_path, result_file;
   int num_prompts = 1000, input_len = 1024, output_len = 1024;
   double range_ratio = 0.0;
+  float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 1;
   bool skip_warmup = false, disable_tqdm = false, disable_ignore_eos = false;
   RuntimeArgs runtime;
@@ -35,7 +36,8 @@ struct OfflineResult {
 };
 
 // Submits every prompt at once and steps the engine until all have finished.
-OfflineResult run_once(Engine& engine, const std::vector<BenchPrompt>& prompts, bool ignore_eos, bool progress) {
+OfflineResult run_once(Engine& engine, const std::vector<BenchPrompt>& prompts, const OfflineArgs& a, bool ignore_eos,
+                       bool progress) {
   OfflineResult r;
   ProgressBar bar("bench-offline", int(prompts.size()), progress);
   int64_t generated = 0;
@@ -43,7 +45,9 @@ OfflineResult run_once(Engine& engine, const std::vector<BenchPrompt>& prompts, 
   for (const BenchPrompt& p : prompts) {
     GenerateRequest req;
     req.input_ids = p.ids;
-    req.sampling.temperature = 0.0f;
+    req.sampling.temperature = a.temperature;
+    req.sampling.top_p = a.top_p;
+    req.sampling.seed = a.seed + uint64_t(r.requests++);
     req.sampling.max_new_tokens = p.output_len;
     req.sampling.ignore_eos = ignore_eos;
     // Callbacks run on this thread, the one that steps, so plain counters are safe.
@@ -55,7 +59,6 @@ OfflineResult run_once(Engine& engine, const std::vector<BenchPrompt>& prompts, 
   }
   engine.run_until_idle();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.requests = int(prompts.size());
   r.output_tokens = generated;
   return r;
 }
@@ -104,11 +107,11 @@ void run_bench_offline(const OfflineArgs& a) {
   Engine engine(*model, a.runtime.options(a.dtype == "bfloat16" && a.device == "cpu"));
   const int32_t vocab = model->config.vocab_size;
   if (!a.skip_warmup) {  // SGLang's warmup: up to 16 prompts of 256 tokens, 16 new tokens each
-    run_once(engine, make_prompts(a, vocab, std::min(a.num_prompts, 16), 256, 16), true, false);
+    run_once(engine, make_prompts(a, vocab, std::min(a.num_prompts, 16), 256, 16), a, true, false);
     engine.flush_cache();
   }
   const auto prompts = make_prompts(a, vocab, a.num_prompts, a.input_len, a.output_len);
-  const OfflineResult r = run_once(engine, prompts, !a.disable_ignore_eos, !a.disable_tqdm);
+  const OfflineResult r = run_once(engine, prompts, a, !a.disable_ignore_eos, !a.disable_tqdm);
   print_result(r);
   if (a.result_file.empty()) return;
   std::ofstream file(a.result_file, std::ios::app);
@@ -120,7 +123,8 @@ void run_bench_offline(const OfflineArgs& a) {
                          {"output_throughput", double(r.output_tokens) / r.seconds},
                          {"total_throughput", double(r.input_tokens + r.output_tokens) / r.seconds},
                          {"cuda_graph_replays", engine.stats().cuda_graph_replays},
-                         {"overlapped_steps", engine.stats().overlapped_steps}}
+                         {"overlapped_steps", engine.stats().overlapped_steps}, {"temperature", a.temperature},
+                         {"top_p", a.top_p}}
               .dump()
        << "\n";
 }
@@ -140,7 +144,10 @@ void add_bench_offline(CLI::App& app) {
   cmd->add_option("--random-output-len", a->output_len, "most tokens to generate")->check(CLI::PositiveNumber);
   cmd->add_option("--random-range-ratio", a->range_ratio, "lengths are uniform in [len * ratio, len]")
       ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", a->seed, "seed of the dataset");
+  cmd->add_option("--seed", a->seed, "seed of the dataset (and of request i's sampling: seed + i)");
+  cmd->add_option("--temperature", a->temperature, "sampling temperature of every request (0: greedy)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", a->top_p, "nucleus sampling bound of every request")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--result-filename,--output-file", a->result_file, "append the result as one JSON line");
   cmd->add_flag("--skip-warmup", a->skip_warmup, "no warmup batch");
   cmd->add_flag("--disable-ignore-eos", a->disable_ignore_eos, "let requests stop at the end-of-sequence token");

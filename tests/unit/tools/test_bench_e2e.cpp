@@ -110,6 +110,19 @@ TEST(BenchOfflineE2E, TotalsThroughTheEngine) {
   EXPECT_NE(out.find("Offline Throughput Benchmark Result"), std::string::npos) << out;
 }
 
+TEST(BenchOfflineE2E, SampledRequestsReportTheirTemperature) {
+  const std::string out_file = test::temp_dir() + "/offline.jsonl";
+  std::string out;
+  const json rec = run_json("bench-offline --model-path " + test::fixture_dir("qwen3-moe-tiny") +
+                                " --num-prompts 6 --random-input-len 24 --random-output-len 5 --random-range-ratio 1"
+                                " --temperature 0.8 --top-p 0.9 --max-total-tokens 4096 --result-filename " + out_file,
+                            out_file, out);
+  ASSERT_FALSE(rec.is_null()) << out;
+  EXPECT_EQ(rec["total_output_tokens"], 6 * 5);
+  EXPECT_FLOAT_EQ(rec["temperature"].get<float>(), 0.8f);
+  EXPECT_FLOAT_EQ(rec["top_p"].get<float>(), 0.9f);
+}
+
 std::string write_gsm8k(const std::string& dir) {
   const std::string path = dir + "/gsm8k.jsonl";
   std::ofstream data(path);
