@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
   // Inputs of a round loaded with its weights when the registers allow (few rows): loaded after
   // the weights arrive, each input load was one more L2 round trip per chunk, in series.
-  constexpr bool kPrefetchX = NT * U * MATS <= 8;
+  constexpr bool kPrefetchX = NT * U <= 4;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
   // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
   // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
