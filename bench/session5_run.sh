@@ -85,6 +85,12 @@ else
       done
     done
   done
+  # Does PDL act inside captured graphs? The same step eager (graphs off), PDL on and off.
+  for pdl in 1 0; do
+    MOESERVE_PDL=$pdl timeout 120 $B bench-one-batch --model-path /tmp/qwen3 --device cuda --batch-size 1 --input-len 4096 \
+      --output-len 16 --disable-cuda-graph --result-file "$OUT/bench-eager.jsonl" > $L/eager-$pdl.log 2>&1
+    log "eager qwen3 B=1 PDL=$pdl rc=$? $(grep -E 'Decode\.  median' $L/eager-$pdl.log | tail -1)"
+  done
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for name in qwen3 v2lite; do
     [ $name = qwen3 ] && set -- 1 4096 || set -- 64 256
