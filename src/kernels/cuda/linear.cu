@@ -42,10 +42,10 @@ void linear_fp8(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& o
 
 // The streaming product feeds up to 32 rows a pass over the weight to its mmas, but re-reads
 // the input rows for every 16 outputs, so beyond 8 BF16 rows cuBLASLt wins (64 rows through it
-// slowed B = 64 decode by 28-37 %, bench/BENCHMARKS.md). FP8 blocks keep it up to one pass:
-// their alternative dequantises the whole weight into scratch before the GEMM (a 32-row verify
-// ran 1.8x faster this way).
-constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 32;
+// slowed B = 64 decode by 28-37 %, bench/BENCHMARKS.md). FP8 blocks keep it up to two passes:
+// their alternative dequantises the whole weight into scratch before the GEMM, 5 bytes of
+// traffic a weight against the passes' 1 each (a 32-row verify ran 1.8x faster this way).
+constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 64;
 
 bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
