@@ -10,6 +10,7 @@
 # PHASE=2: compute-sanitizer racecheck/synccheck over the new kernels' tests; bench-offline greedy
 #   and sampled (temperature 1), before/after; Nsight Compute per-kernel times of the Qwen3 B = 1 and
 #   V2-Lite B = 64 steps.
+# PHASE=3: DeepSeek-V3 FP8, the EP8 shard (32 experts), 2 and 5 layers, bench-one-batch before/after.
 #   PHASE=1 SRC=.devsrc-s5 BEFORE_SRC=.devsrc-s5before bash bench/session5_run.sh
 # Carry [".deps", "$SRC", "$BEFORE_SRC"] in both phases.
 set -uo pipefail
@@ -62,6 +63,23 @@ if [ $PHASE = 1 ]; then
   opt_in_bench /tmp/b test_cuda_sampling MOESERVE_BENCH_SAMPLING '*Bench*'
   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
   for name in qwen3 v2lite; do bench_three $name "1 4096 16" "64 256 16" "1 8192 2"; done
+elif [ $PHASE = 3 ]; then
+  # DeepSeek-V3 with FP8 blocks, the 32-expert shard one GPU of EP8 holds, 2 and 5 layers (one
+  # dense first layer each): per MoE layer = step difference / 3, before and after.
+  for layers in 2 5; do
+    M=.b4/models/v3ep8-$layers
+    [ -e $M/config.json ] || timeout 200 $B make-random-model --shape deepseek-v3 --fp8 --layers $layers \
+      --set num_nextn_predict_layers=0 --set n_routed_experts=32 $M > $L/make-v3-$layers.log 2>&1
+    log "v3 ep8 model layers=$layers rc=$? $(du -sh $M | cut -f1)"
+    for bi in "1 4096" "64 512" "256 128"; do
+      read -r b i <<< "$bi"
+      for side in before b; do
+        timeout 150 /tmp/$side/moeserve bench-one-batch --model-path $M --device cuda --batch-size $b --input-len $i \
+          --output-len 16 --result-file "$OUT/v3-$side-$layers.jsonl" > $L/v3-$side-$layers-$b.log 2>&1
+        log "v3 ep8 L=$layers B=$b I=$i $side rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/v3-$side-$layers-$b.log | tr '\n' ' ')"
+      done
+    done
+  done
 else
   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
