@@ -80,6 +80,10 @@ elif [ $PHASE = 3 ]; then
       done
     done
   done
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --log-file $OUT/ncu-v3ep8-b64.csv \
+    $B bench-one-batch --model-path .b4/models/v3ep8-2 --device cuda --batch-size 64 --input-len 512 --output-len 4 \
+    --disable-cuda-graph > /dev/null 2>&1; log "ncu v3 ep8 B=64 rc=$?"
 else
   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
