@@ -9,12 +9,15 @@
 #include <cstdlib>
 #include <numeric>
 #include <set>
+#include <span>
 #include <string>
+#include <tuple>
 
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "layers/rope.h"
 
 namespace ms {
 namespace {
@@ -22,13 +25,14 @@ using namespace test;
 
 constexpr double kBf16Tol = 1e-2;
 
-// Sequences of (queries, keys); every key gets a distinct random slot of a pool of `pool`.
-ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& seqs, int pool) {
+// Sequences of (queries, keys); every key gets a distinct random slot of a pool of `pool`
+// (or, unshuffled, the slots in order: each sequence's keys contiguous).
+ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& seqs, int pool, bool shuffle = true) {
   ops::AttentionLayout l;
   l.q_start = {0}, l.kv_start = {0};
   std::vector<int32_t> slots(static_cast<size_t>(pool));
   std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng());
+  if (shuffle) std::shuffle(slots.begin(), slots.end(), rng());
   size_t next = 0;
   for (auto [nq, nk] : seqs) {
     for (int i = 0; i < nk; ++i) l.kv_slots.push_back(slots.at(next++));
@@ -36,6 +40,13 @@ ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& seqs, i
     l.kv_start.push_back(l.kv_start.back() + nk);
   }
   return l;
+}
+
+// B decodes of `keys` keys less (i % 7) * `less` for decode i.
+std::vector<std::pair<int, int>> batch_of(int B, int keys, int less) {
+  std::vector<std::pair<int, int>> seqs;
+  for (int i = 0; i < B; ++i) seqs.push_back({1, keys - (i % 7) * less});
+  return seqs;
 }
 
 const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
@@ -56,13 +67,22 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{1, 4096}, {1, 1000}, {1, 33}},
     {{1, 4096}, {1, 17}, {1, 2500}, {1, 4000}, {1, 129}, {1, 3333}, {1, 64}, {1, 1}},
     {{300, 300}, {130, 1200}, {16, 16}},        // prefill tiles on the tensor cores: causal, cached prefix, partial tiles
+    // The one-pass merge of few splits (GQA 32/4 and MLA 16 heads at batch 1 on a 132-SM H200:
+    // 2, 3, 8 and 16 splits of 64 keys), and DeepSeek-V2-Lite's batch-64 decode at ~256 keys
+    // (MLA: 2 splits over 1024 (query, head) rows; GQA: one split, written directly), lengths
+    // unequal so that the short queries' last split is partial.
+    {{1, 128}},
+    {{1, 192}},
+    {{1, 512}},
+    {{1, 1000}},
+    batch_of(64, 256, 9),
 };
 
 // Query heads per KV head: 8 (Qwen3-30B-A3B), 7 (Qwen2-57B-A14B), 16 (every row of the tensor-core
 // decode tile) and 1 (multi-head).
 TEST(CudaOps, GqaAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
-  const int64_t D = 128, pool = 16384;  // the largest layout of kLayouts holds 14140 keys
+  const int64_t D = 128, pool = 16384;  // the largest layouts of kLayouts hold 14140 and 14683 keys
   for (auto [Hq, Hkv] : std::vector<std::pair<int64_t, int64_t>>{{32, 4}, {28, 4}, {64, 4}, {16, 16}}) {
     Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
     Tensor kg = gpu(kc), vg = gpu(vc);
@@ -101,36 +121,42 @@ TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
 
 // Captured decode steps: the splits come from max_kv alone and every query divides its own keys
 // over them (split_len 0), so a replay with other lengths (shorter, equal to max_kv, a single
-// key) leaves some splits empty and others partly filled. GQA 32/4 and MLA 16 heads in one step.
+// key) leaves some splits empty and others partly filled. GQA 32/4 and MLA 16 heads in one step,
+// captured at 4096 keys (22 and 44 splits on a 132-SM H200: the merge of many splits) and at 256
+// (4 splits each: the one-pass merge).
 TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
   const int64_t D = 128, Hq = 32, Hkv = 4, H = 16, L = 512, R = 64, pool = 13000, T = 3;
-  const int max_kv = 4096;
   Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D}), cache = randn({pool, L + R});
   Tensor kg = gpu(kc), vg = gpu(vc), cg = gpu(cache);
   Tensor q = randn({T, Hq, D}), ql = randn({T, H, L}, 0.3f), qr = randn({T, H, R});
   Tensor qg = gpu(q), qlg = gpu(ql), qrg = gpu(qr);
-  Tensor out = poisoned(DType::BF16, {T, Hq, D}), mla_out = poisoned(DType::BF16, {T, H, L});
-  const auto captured = make_layout({{1, 4096}, {1, 1000}, {1, 33}}, int(pool));
   const std::vector<int32_t> ids(T, 0), positions(T, 0), locs(T, 0);
-  auto body = [&] {
-    cuda::attention(qg, kg, vg, captured, 0.088f, out);
-    cuda::mla_attention(qlg, qrg, cg, captured, 0.06f, mla_out);
-  };
-  body();  // eagerly first, as the runner does: shared-memory limits, allocations
-  auto graph_pool = ops::make_graph_pool(Device::CUDA);
-  auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, positions, locs, &captured}, 3 * max_kv, max_kv,
-                                 *graph_pool, body);
-  for (const auto& seqs : std::vector<std::vector<std::pair<int, int>>>{
-           {{1, 50}, {1, 4096}, {1, 2000}}, {{1, 4096}, {1, 4096}, {1, 4096}}, {{1, 1}, {1, 17}, {1, 65}}}) {
-    const auto layout = make_layout(seqs, int(pool));
-    graph->replay(ops::StepArrays{ids, positions, locs, &layout});
-    Tensor ref = Tensor::empty(DType::F32, {T, Hq, D}), mla_ref = Tensor::empty(DType::F32, {T, H, L});
-    cpu::attention(q, kc, vc, layout, 0.088f, ref);
-    cpu::mla_attention(ql, qr, cache, layout, 0.06f, mla_ref);
-    EXPECT_LT(rel_error(out, ref), kBf16Tol) << "GQA, keys " << seqs[0].second << " " << seqs[1].second << " " << seqs[2].second;
-    EXPECT_LT(rel_error(mla_out, mla_ref), kBf16Tol) << "MLA, keys " << seqs[0].second << " " << seqs[1].second << " "
-                                                     << seqs[2].second;
+  using Seqs = std::vector<std::pair<int, int>>;
+  for (const int max_kv : {4096, 256}) {
+    Tensor out = poisoned(DType::BF16, {T, Hq, D}), mla_out = poisoned(DType::BF16, {T, H, L});
+    const auto captured = make_layout({{1, max_kv}, {1, max_kv / 4}, {1, 33}}, int(pool));
+    auto body = [&] {
+      cuda::attention(qg, kg, vg, captured, 0.088f, out);
+      cuda::mla_attention(qlg, qrg, cg, captured, 0.06f, mla_out);
+    };
+    body();  // eagerly first, as the runner does: shared-memory limits, allocations
+    auto graph_pool = ops::make_graph_pool(Device::CUDA);
+    auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, positions, locs, &captured}, 3 * max_kv, max_kv,
+                                   *graph_pool, body);
+    for (const Seqs& seqs : std::vector<Seqs>{{{1, 50}, {1, max_kv}, {1, max_kv / 2}},
+                                              {{1, max_kv}, {1, max_kv}, {1, max_kv}},
+                                              {{1, 1}, {1, 17}, {1, 65}}}) {
+      const auto layout = make_layout(seqs, int(pool));
+      graph->replay(ops::StepArrays{ids, positions, locs, &layout});
+      Tensor ref = Tensor::empty(DType::F32, {T, Hq, D}), mla_ref = Tensor::empty(DType::F32, {T, H, L});
+      cpu::attention(q, kc, vc, layout, 0.088f, ref);
+      cpu::mla_attention(ql, qr, cache, layout, 0.06f, mla_ref);
+      const std::string keys = "captured at " + std::to_string(max_kv) + ", keys " + std::to_string(seqs[0].second) +
+                               " " + std::to_string(seqs[1].second) + " " + std::to_string(seqs[2].second);
+      EXPECT_LT(rel_error(out, ref), kBf16Tol) << "GQA, " << keys;
+      EXPECT_LT(rel_error(mla_out, mla_ref), kBf16Tol) << "MLA, " << keys;
+    }
   }
 }
 
@@ -148,20 +174,24 @@ std::vector<Tensor> bench_caches(int views, int64_t slots, Shape row) {
 }
 
 // Microseconds a call of `call(i)` (i: 0 .. 199) takes, replayed from CUDA graphs of 20 calls
-// (as a decode step replays one per layer), and eagerly (metadata upload included).
+// (as a decode step replays one per layer), and eagerly (metadata upload included). The step's
+// positions and cache locations are `positions` and `locs` (zeros when not given): ops that are
+// passed these very vectors read them from the step's staged arrays, as a model's layers do.
 template <class F>
-std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max_kv, F call) {
+std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max_kv, F call,
+                                     std::span<const int32_t> positions = {}, std::span<const int32_t> locs = {}) {
   constexpr int kPerGraph = 20, kCalls = 200;
   const int64_t T = layout.q_start.back();
   const std::vector<int32_t> ids(size_t(T), 0);
+  if (positions.empty()) positions = ids;
+  if (locs.empty()) locs = ids;
   auto body = [&] {
     for (int i = 0; i < kPerGraph; ++i) call(i);
   };
   body();
   auto graph_pool = ops::make_graph_pool(Device::CUDA);
-  auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, ids, ids, &layout},
-                                 int64_t(layout.kv_slots.size()), max_kv, *graph_pool, body);
-  const ops::StepArrays arrays{ids, ids, ids, &layout};
+  const ops::StepArrays arrays{ids, positions, locs, &layout};
+  auto graph = ops::capture_step(Device::CUDA, arrays, int64_t(layout.kv_slots.size()), max_kv, *graph_pool, body);
   graph->replay(arrays);
   cudaEvent_t start, stop;
   cudaEventCreate(&start), cudaEventCreate(&stop);
@@ -184,29 +214,36 @@ std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max
   return {graphed, eager};
 }
 
-// Decode attention at 4096 keys a query: µs a call and the KV bytes it streams per µs, GQA 32/4
-// heads and MLA 16 heads, one and eight queries. Each call reads another copy of the cache, and
-// the copies together exceed the 50 MB L2, so the numbers are DRAM's. Opt-in (timing, not a
+// Decode attention: µs a call (split-KV kernel and merge) and the KV bytes it streams per µs,
+// GQA 32/4 heads (Qwen3-30B-A3B) and MLA 16 heads (DeepSeek-V2-Lite): batch 1 and 8 at 4096 keys
+// a query, and batch 64 at 256 (V2-Lite's 2-split MLA decode, where the merge's cost shows).
+// Each call reads another copy of the cache, and the copies together exceed the 50 MB L2, so the
+// numbers are DRAM's. Slots shuffled over the pool (each key a random row), and in order (each
+// sequence's rows contiguous): the difference is DRAM's access pattern, not the kernel's work.
+// Then the fused rope + KV-cache writes of the same steps: Qwen3's (32 + 4 heads with q/k norms)
+// at batch 1, V2-Lite's MLA (16 heads, latent 512 + 64) at batch 64. Opt-in (timing, not a
 // check): MOESERVE_BENCH_ATTENTION=1.
 TEST(CudaOps, DecodeAttentionBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_ATTENTION");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_ATTENTION=1 to time decode attention";
-  constexpr int kKeys = 4096;
-  for (int B : {1, 8}) {
-    const int64_t slots = int64_t(B) * kKeys;
-    const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, kKeys}), int(slots));
+  for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 4096}, {8, 4096}, {64, 256}})
+  for (bool shuffled : {true, false}) {
+    const int64_t slots = int64_t(B) * keys;
+    const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, keys}), int(slots), shuffled);
+    const char* order = shuffled ? "shuffled" : "in order";
     {
       const int64_t Hq = 32, Hkv = 4, D = 128;
       const double bytes = double(slots) * Hkv * D * 2 * 2;
       const int views = std::max(2, int(std::ceil(160e6 / bytes)));
       auto k = bench_caches(views, slots, {Hkv, D}), v = bench_caches(views, slots, {Hkv, D});
       Tensor q = gpu(randn({B, Hq, D})), out = poisoned(DType::BF16, {B, Hq, D});
-      auto [graphed, eager] = time_calls(layout, kKeys, [&](int i) {
+      auto [graphed, eager] = time_calls(layout, keys, [&](int i) {
         cuda::attention(q, k[size_t(i % views)], v[size_t(i % views)], layout, 0.088f, out);
       });
-      std::printf("[bench] GQA 32/4 heads, B=%d, %d keys: %.2f us (%.0f GB/s) graphed, %.2f us eager, %.1f MB a call\n",
-                  B, kKeys, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
+      std::printf("[bench] GQA 32/4 heads, B=%d, %d keys, slots %s: %.2f us (%.0f GB/s) graphed, %.2f us eager, "
+                  "%.1f MB a call\n",
+                  B, keys, order, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
     }
     {
       const int64_t H = 16, L = 512, R = 64;
@@ -214,11 +251,44 @@ TEST(CudaOps, DecodeAttentionBench) {
       const int views = std::max(2, int(std::ceil(160e6 / bytes)));
       auto c = bench_caches(views, slots, {L + R});
       Tensor ql = gpu(randn({B, H, L}, 0.3f)), qr = gpu(randn({B, H, R})), out = poisoned(DType::BF16, {B, H, L});
-      auto [graphed, eager] = time_calls(layout, kKeys, [&](int i) {
+      auto [graphed, eager] = time_calls(layout, keys, [&](int i) {
         cuda::mla_attention(ql, qr, c[size_t(i % views)], layout, 0.06f, out);
       });
-      std::printf("[bench] MLA 16 heads, B=%d, %d keys: %.2f us (%.0f GB/s) graphed, %.2f us eager, %.1f MB a call\n",
-                  B, kKeys, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
+      std::printf("[bench] MLA 16 heads, B=%d, %d keys, slots %s: %.2f us (%.0f GB/s) graphed, %.2f us eager, "
+                  "%.1f MB a call\n",
+                  B, keys, order, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
+    }
+  }
+  // Rope + KV write: positions and slots are the step's arrays (a token's cache row its own).
+  for (auto [B, mla] : std::vector<std::pair<int, bool>>{{1, false}, {64, true}}) {
+    const int64_t pool = 4096;
+    const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, 1}), int(B));
+    std::vector<int32_t> positions(static_cast<size_t>(B)), locs(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) positions[size_t(i)] = 1000 + 37 * i, locs[size_t(i)] = 3 * i;
+    double graphed = 0, eager = 0;
+    if (!mla) {
+      const int64_t Hq = 32, Hkv = 4, D = 128;
+      const RopeTable table = RopeTable::build(int(D), 1e6, 8192, false).to(Device::CUDA);
+      Tensor qkv = gpu(randn({B, (Hq + 2 * Hkv) * D})).view({B, Hq + 2 * Hkv, D});
+      Tensor q = qkv.slice(1, 0, Hq), k = qkv.slice(1, Hq, Hq + Hkv), v = qkv.slice(1, Hq + Hkv, Hq + 2 * Hkv);
+      Tensor kc = gpu(randn({pool, Hkv, D})), vc = gpu(randn({pool, Hkv, D}));
+      Tensor wq = gpu(randn({D}, 0.5f)), wk = gpu(randn({D}, 0.5f));
+      const ops::HeadNorm norm{wq, wk, 1e-6f};
+      std::tie(graphed, eager) = time_calls(layout, 1, [&](int) {
+        cuda::rope_store_kv(q, k, v, table.at(positions), locs, false, kc, vc, &norm);
+      }, positions, locs);
+      std::printf("[bench] rope_store_kv (Qwen3 32/4 heads of 128, q/k norms), B=%d: %.2f us graphed, %.2f us eager\n",
+                  B, graphed, eager);
+    } else {
+      const int64_t H = 16, nope = 128, L = 512, R = 64;
+      const RopeTable table = RopeTable::build(int(R), 1e4, 8192, true).to(Device::CUDA);
+      Tensor q = gpu(randn({B, H, nope + R})), kv = gpu(randn({B, L + R})), w = gpu(randn({L}, 0.5f));
+      Tensor cache = gpu(randn({pool, L + R}));
+      std::tie(graphed, eager) = time_calls(layout, 1, [&](int) {
+        cuda::mla_rope_store(q, kv, w, 1e-6f, table.at(positions), locs, false, cache);
+      }, positions, locs);
+      std::printf("[bench] mla_rope_store (16 heads, latent 512 + 64), B=%d: %.2f us graphed, %.2f us eager\n", B,
+                  graphed, eager);
     }
   }
 }

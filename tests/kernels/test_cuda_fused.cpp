@@ -89,11 +89,15 @@ struct GqaCase {
 
 // Qwen3-style heads (NeoX, 128 dims), several KV heads, interleaved and partial rotary, batch 1
 // and a prefill's tokens; q is a strided view (heads padded), slots scattered over the pool.
+// Wide heads fill a lane's registers: 256 dims all rotary (4 pairs a lane), and 320 with 64
+// rotary (8 unrotated dims a lane, the most; the value head's last 64 dims past the batch of
+// registers it is loaded in).
 TEST(CudaFused, RopeStoreKvMatchesCpu) {
   MS_REQUIRE_CUDA();
   for (GqaCase c : {GqaCase{1, 32, 4, 128, 128, false}, GqaCase{40, 32, 4, 128, 128, false},
                     GqaCase{17, 16, 8, 128, 128, true}, GqaCase{5, 8, 2, 128, 64, false},
-                    GqaCase{3, 4, 4, 64, 64, true}}) {
+                    GqaCase{3, 4, 4, 64, 64, true}, GqaCase{3, 8, 2, 256, 256, false},
+                    GqaCase{2, 4, 2, 320, 64, true}}) {
     const std::string name = std::to_string(c.T) + " tokens, " + std::to_string(c.hq) + "/" +
                              std::to_string(c.hkv) + " heads of " + std::to_string(c.D) + ", rot " +
                              std::to_string(c.rot_dim) + (c.interleaved ? " interleaved" : " neox");
@@ -127,8 +131,10 @@ TEST(CudaFused, RopeStoreKvMatchesCpu) {
 TEST(CudaFused, RopeStoreKvWithHeadNormsOnFusedProjection) {
   MS_REQUIRE_CUDA();
   const int64_t Hq = 32, Hkv = 4, D = 128, S = 64, W = (Hq + 2 * Hkv) * D;
-  RopeTable host = RopeTable::build(int(D), 1e6, 4096, false), dev = host.to(Device::CUDA);
-  for (auto [T, wdt] : std::vector<std::pair<int64_t, DType>>{{1, DType::BF16}, {23, DType::F32}}) {
+  // Full NeoX rotary (Qwen3), and a partial interleaved one: the norm covers the unrotated dims.
+  for (auto [T, wdt, rot, interleaved] : std::vector<std::tuple<int64_t, DType, int, bool>>{
+           {1, DType::BF16, 128, false}, {23, DType::F32, 128, false}, {4, DType::BF16, 64, true}}) {
+    RopeTable host = RopeTable::build(rot, 1e6, 4096, interleaved), dev = host.to(Device::CUDA);
     const auto pos = random_positions(T, 4096);
     const auto slots = random_slots(T, S);
     Tensor qkv = randn({T, W}), wq = randn({D}, 0.5f), wk = randn({D}, 0.5f), c0 = randn({S, Hkv, D});

@@ -149,20 +149,79 @@ __global__ void attention_kernel(AttnParams p) {
   if (lane == 0) p.part_ml[2 * row] = m, p.part_ml[2 * row + 1] = l;
 }
 
+constexpr int kMergeThreads = 256;  // a block of the one-pass merge: pieces of several rows
+constexpr int kFewSplits = 16;      // the most splits the one-pass merge loads at once
+
+// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z, for up to NS
+// splits. A thread owns one V-float piece of one (query, head) row and loads every split's
+// (m, l) and piece at once (one round trip to L2, where the partials were just written), so the
+// merge costs splits x rows x dv reads and nothing more: no idle warps, no shared memory, no
+// barrier. Consecutive threads take consecutive pieces of a row (coalesced; the (m, l) loads of
+// a warp are one or two broadcasts).
+template <int V, int NS>
+__global__ void __launch_bounds__(kMergeThreads) combine_few(AttnParams p) {
+  using Vec = std::conditional_t<V == 4, float4, float2>;
+  pdl_wait();  // launched early (launch_pdl): the partials are the attention kernel's
+  pdl_trigger();
+  const int pieces = p.dv / V;
+  const int64_t rows = int64_t(p.T) * p.hq, idx = int64_t(blockIdx.x) * kMergeThreads + threadIdx.x;
+  if (idx >= rows * pieces) return;
+  const int64_t row = idx / pieces;
+  const int col = int(idx % pieces);
+  float2 ml[NS];
+  Vec a[NS];
+#pragma unroll
+  for (int z = 0; z < NS; ++z) {
+    const bool in = z < p.splits;
+    ml[z] = in ? reinterpret_cast<const float2*>(p.part_ml)[z * rows + row] : make_float2(-INFINITY, 0.f);
+    a[z] = in ? reinterpret_cast<const Vec*>(p.part_acc + (z * rows + row) * p.dv)[col] : Vec{};
+  }
+  float M = -INFINITY;
+#pragma unroll
+  for (int z = 0; z < NS; ++z) M = fmaxf(M, ml[z].x);
+  float acc[V] = {}, L = 0.f;
+#pragma unroll
+  for (int z = 0; z < NS; ++z) {
+    const float w = ml[z].x == -INFINITY ? 0.f : expf(ml[z].x - M);  // an empty split weighs nothing
+    const float* af = reinterpret_cast<const float*>(&a[z]);
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] += w * af[i];
+    L += w * ml[z].y;
+  }
+  const float inv = L > 0.f ? 1.0f / L : 0.f;
+  const int t = int(row / p.hq), h = int(row % p.hq);
+  auto* o = reinterpret_cast<__nv_bfloat162*>(p.out + t * p.o_s0 + h * p.o_s1 + col * V);
+#pragma unroll
+  for (int i = 0; i < V / 2; ++i) o[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+}
+
+template <int V>
+void launch_few(const AttnParams& p) {
+  const int64_t threads = int64_t(p.T) * p.hq * (p.dv / V);
+  const dim3 grid(blocks_for(threads, kMergeThreads)), block(kMergeThreads);
+  if (p.splits <= 2) launch_pdl(combine_few<V, 2>, grid, block, 0, p);
+  else if (p.splits <= 4) launch_pdl(combine_few<V, 4>, grid, block, 0, p);
+  else if (p.splits <= 8) launch_pdl(combine_few<V, 8>, grid, block, 0, p);
+  else launch_pdl(combine_few<V, kFewSplits>, grid, block, 0, p);
+  MS_CUDA_LAUNCHED("combine_few");
+}
+
 constexpr int kCombineWarps = 8;   // a block's warps, each merging every 8th split
 constexpr int kCombineBatch = 8;   // splits a warp loads before it merges them
 constexpr int kCombineCols = 32;   // V-wide pieces of the output a block: one a lane
 
-// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z. Block
-// (t * hq + h, c) writes dims [c * 32V, (c + 1) * 32V) of one (query, head). Each warp loads the
-// (m, l) and the V-float piece of kCombineBatch of its splits at once (a decode's splits are one
-// batch: a single round trip to L2, where the partials were just written) and merges them
-// online; the warps' merges meet in shared memory. No pass over the splits waits on another.
+// The merge of more than kFewSplits splits, where a row's pieces alone are too few threads to
+// keep the loads of every split in flight: block (t * hq + h, c) writes dims [c * 32V,
+// (c + 1) * 32V) of one (query, head), each of its 8 warps loading the (m, l) and the V-float
+// piece of kCombineBatch of its splits at once and merging them online; the warps' merges meet
+// in shared memory. No pass over the splits waits on another.
 template <int V>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams p) {
   using Vec = std::conditional_t<V == 4, float4, float2>;
   __shared__ float acc_s[kCombineWarps][kCombineCols * V];
   __shared__ float2 ml_s[kCombineWarps];
+  pdl_wait();  // as in combine_few
+  pdl_trigger();
   const int64_t row = blockIdx.x, stride = int64_t(p.T) * p.hq;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = int(blockIdx.y) * kCombineCols + lane;  // in V-wide pieces
@@ -209,11 +268,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams 
 
 // Merges p.splits partials into p.out: float4 pieces when rows of partials allow them (the
 // scratch is 16-byte aligned, so a value width divisible by 4 does), else float2 (widths are even).
+// Launched early (the attention kernels trigger at their start), so that the merge's blocks are
+// resident and waiting when the last partial lands instead of being launched then.
 void launch_combine(const AttnParams& p) {
   const int v = p.dv % 4 == 0 ? 4 : 2;
+  if (p.splits <= kFewSplits) {
+    if (v == 4) launch_few<4>(p);
+    else launch_few<2>(p);
+    return;
+  }
   const dim3 grid(unsigned(p.T * p.hq), unsigned((p.dv + kCombineCols * v - 1) / (kCombineCols * v)));
-  if (v == 4) combine_splits<4><<<grid, kCombineWarps * 32, 0, stream()>>>(p);
-  else combine_splits<2><<<grid, kCombineWarps * 32, 0, stream()>>>(p);
+  if (v == 4) launch_pdl(combine_splits<4>, grid, dim3(kCombineWarps * 32), 0, p);
+  else launch_pdl(combine_splits<2>, grid, dim3(kCombineWarps * 32), 0, p);
   MS_CUDA_LAUNCHED("combine_splits");
 }
 

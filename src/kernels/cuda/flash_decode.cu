@@ -152,6 +152,7 @@ __device__ void merge_warps(float* smem, const GqaDecodeLaunch& p, int t, int kv
 
 __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
   extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
   const int kv0 = p.kv_begin[t], visible = p.visible[t];
@@ -162,10 +163,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   const int32_t* slots = p.slots + kv0;
 
   // The first kStages steps' slots, then their copies, before the query: every load the warp
-  // can make without waiting is in flight at once.
+  // can make without waiting is in flight at once. The slots are the step's metadata, on the
+  // device before any kernel of the step ran, so they are read before the wait for the kernel
+  // before this one (launched early: launch_pdl), whose writes (the query, the new keys) the
+  // copies need.
   StepSlots sl[kStages];
 #pragma unroll
   for (int s = 0; s < kStages; ++s) sl[s] = step_slots(slots, first + s * stride, ke, g, q);
+  pdl_wait();
   const bf16* kbase = p.k + int64_t(kvh) * p.k_s1 + 32 * q;
   const bf16* vbase = p.v + int64_t(kvh) * p.v_s1 + 16 * g;
   uint4* mine = ring + warp * kRing + lane;
@@ -238,7 +243,7 @@ void flash_decode(const GqaDecodeLaunch& l) {
     MS_CUDA(cudaFuncSetAttribute(flash_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   });
   dim3 grid(unsigned(l.T), unsigned(l.Hkv), unsigned(l.splits));
-  flash_decode_kernel<<<grid, kWarps * 32, kSmem, stream()>>>(l);
+  launch_pdl(flash_decode_kernel, grid, dim3(kWarps * 32), kSmem, l);
   MS_CUDA_LAUNCHED("flash_decode_kernel");
 }
 

@@ -43,6 +43,7 @@ __device__ __forceinline__ void issue_tile(bf16* buf, const bf16* kv, int64_t kv
 template <int STAGES>
 __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   extern __shared__ float4 smem4[];
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   bf16* ring = reinterpret_cast<bf16*>(smem4);                        // [STAGES][kKeys][kStride]
   float* sp = reinterpret_cast<float*>(ring + STAGES * kKeys * kStride);  // [kWarps][kHeads][kKeys]
   bf16* pb = reinterpret_cast<bf16*>(sp + kWarps * kHeads * kKeys);  // [kHeads][kPStride]
@@ -52,6 +53,19 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   const int len = p.split_len > 0 ? p.split_len : ((visible + p.splits - 1) / p.splits + kKeys - 1) / kKeys * kKeys;
   const int kb = min(visible, int(blockIdx.z) * len), keys = min(visible, kb + len);  // this block's keys [kb, keys)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
+  const float scale_log2 = p.scale * float(M_LOG2E);
+  // The slot of row 8 * warp + lane of tile i (lanes 0..7 only; -1 past the block's keys).
+  auto slot_of = [&](int i) {
+    const int key = kb + i * kKeys + warp * 8 + lane;
+    return lane < 8 && key < keys ? p.slots[kv0 + key] : -1;
+  };
+  // The first tiles' slots are the step's metadata, on the device before any kernel of the step
+  // ran: read before the wait for the kernel before this one (launched early: launch_pdl), whose
+  // writes (the query, the new keys) the rest needs.
+  int sl[STAGES];
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) sl[s] = slot_of(s);
+  pdl_wait();
 
   uint32_t qf[kDkWarp / 16][4];
 #pragma unroll
@@ -68,15 +82,6 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   const int srow = threadIdx.x / 8, scol = (threadIdx.x % 8) * 4;
   float m = -INFINITY, l = 0.f;
 
-  const float scale_log2 = p.scale * float(M_LOG2E);
-  // The slot of row 8 * warp + lane of tile i (lanes 0..7 only; -1 past the block's keys).
-  auto slot_of = [&](int i) {
-    const int key = kb + i * kKeys + warp * 8 + lane;
-    return lane < 8 && key < keys ? p.slots[kv0 + key] : -1;
-  };
-  int sl[STAGES];
-#pragma unroll
-  for (int s = 0; s < STAGES; ++s) sl[s] = slot_of(s);
 #pragma unroll
   for (int s = 0; s + 1 < STAGES; ++s) {
     if (kb + s * kKeys < keys) issue_tile(ring + s * kKeys * kStride, p.kv, p.kv_s0, sl[s], warp, lane);
@@ -195,7 +200,7 @@ void launch(const MlaLaunch& l) {
                                  int(smem_bytes(STAGES))));
   });
   dim3 grid(unsigned(l.T), unsigned(l.H / kHeads), unsigned(l.splits));
-  flash_mla_kernel<STAGES><<<grid, kWarps * 32, smem_bytes(STAGES), stream()>>>(l);
+  launch_pdl(flash_mla_kernel<STAGES>, grid, dim3(kWarps * 32), smem_bytes(STAGES), l);
   MS_CUDA_LAUNCHED("flash_mla_kernel");
 }
 

@@ -1,73 +1,125 @@
 // Rotary embedding fused with the KV-cache write, one launch per attention layer (the decode
 // step's q rope, k rope and cache copies were four or five small launches before).
 //   GQA: a warp per (token, head) over the Hq query heads and the Hkv key heads of every token:
-//        a query warp ropes its head in place; a key warp ropes the key head into its cache slot,
-//        copies the unrotated dims, and copies the value head into the value cache. Qwen3's
+//        a query warp ropes its head in place; a key warp ropes the key head into its cache slot
+//        with the unrotated dims, and copies the value head into the value cache. Qwen3's
 //        per-head q/k RMSNorm runs in the same warp before the rope (a warp reduction).
 //   MLA: a grid of [tokens, 1 + query-head blocks]: block (t, 0) writes token t's cache row
-//        (RMSNorm of the latent, a block reduction, then one warp ropes the key part from the
-//        kv_a row into the cache), blocks (t, 1..) rope q's rope dims, a warp a head.
-// Rope lanes read their pairs into registers before any lane writes, because the interleaved
-// form writes its result de-interleaved (i, i + half) over the inputs (2i, 2i + 1), as the CPU
-// op and the reference do. With F32 tensors and `round`, what a bf16 store would round is
-// rounded (the CPU's bf16 emulation); BF16 stores round by themselves.
+//        (RMSNorm of the latent, a block reduction; warp 0 ropes the key part of the kv_a row),
+//        blocks (t, 1..) rope q's rope dims, a warp a head.
+// At decode these kernels are a handful of warps, so their time is the chain of memory round
+// trips, not bandwidth: every thread loads all it will need (its elements, the norm weights,
+// the value head, the cos/sin row once the position is in) into registers first, and then only
+// computes and stores. Loads placed after a store to memory that may alias them (in place, or
+// through a second pointer) would each wait a round trip of their own.
+// A rope lane owns pairs i = lane + 32p: (2i, 2i + 1) interleaved, else (i, i + half); the
+// interleaved form writes its result de-interleaved (i, i + half), as the CPU op and the
+// reference do. With F32 tensors and `round`, what a bf16 store would round is rounded (the
+// CPU's bf16 emulation); BF16 stores round by themselves.
+#include <type_traits>
+
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace ms::cuda {
 namespace {
 
-constexpr int kMaxPairsPerLane = 8;  // rot_dim up to 512
-constexpr int kWarps = 8;            // warps a block
+constexpr int kMaxPairsPerLane = 8;   // rot_dim up to 512
+constexpr int kMaxTailPerLane = 8;    // unrotated dims of a GQA head up to 256
+constexpr int kMaxValuePerLane = 8;   // value dims loaded with the key (the rest, if any, after)
+constexpr int kHeadWarps = 4;         // warps a block of the GQA kernel: 36 heads are 9 blocks
+constexpr int kWarps = 8;             // warps a block of the MLA kernel
+constexpr int kMaxLatentPerThread = 4;  // latent width up to 1024
 
 __device__ __forceinline__ float rounded(float v, bool round) {
   return round ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
-// One warp ropes `half` pairs of src into dst (dst may be src) with the cos/sin row of a token.
-template <class TS, class TD>
-__device__ void rope_head(const TS* src, TD* dst, const float* c, const float* s, int half, bool interleaved,
-                          bool round, int lane) {
-  float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
+// The value a store into T keeps: what the rope after a norm reads, as when the norm was its
+// own op.
+template <class T>
+__device__ __forceinline__ float as_stored(float v, bool round) {
+  if constexpr (std::is_same_v<T, bf16>) return __bfloat162float(__float2bfloat16_rn(v));
+  else return rounded(v, round);
+}
+
+// A head in a lane's registers: its rope pairs and its unrotated dims 2 * half + lane + 32j
+// (zeros past the head).
+struct HeadRegs {
+  float a[kMaxPairsPerLane], b[kMaxPairsPerLane], tail[kMaxTailPerLane];
+};
+
+template <class T>
+__device__ __forceinline__ void load_head(const T* src, int D, int half, bool interleaved, int lane, HeadRegs& r) {
 #pragma unroll
   for (int p = 0; p < kMaxPairsPerLane; ++p) {
     const int i = lane + 32 * p;
-    if (i < half) {
-      const float a = load_f(src + (interleaved ? 2 * i : i)), b = load_f(src + (interleaved ? 2 * i + 1 : i + half));
-      lo[p] = a * c[i] - b * s[i];
-      hi[p] = b * c[i] + a * s[i];
-    }
+    r.a[p] = i < half ? load_f(src + (interleaved ? 2 * i : i)) : 0.f;
+    r.b[p] = i < half ? load_f(src + (interleaved ? 2 * i + 1 : i + half)) : 0.f;
   }
-  __syncwarp();
 #pragma unroll
-  for (int p = 0; p < kMaxPairsPerLane; ++p) {
-    const int i = lane + 32 * p;
-    if (i < half) {
-      store_f(dst + i, rounded(lo[p], round));
-      store_f(dst + i + half, rounded(hi[p], round));
-    }
+  for (int j = 0; j < kMaxTailPerLane; ++j) {
+    const int e = 2 * half + lane + 32 * j;
+    r.tail[j] = e < D ? load_f(src + e) : 0.f;
   }
 }
 
-// Copies n elements by the lanes of a warp (rounded as above when asked).
+// The cos/sin of a lane's pairs at one position.
+struct RopeRegs {
+  float c[kMaxPairsPerLane], s[kMaxPairsPerLane];
+};
+
+__device__ __forceinline__ void load_cos_sin(const float* c, const float* s, int half, int lane, RopeRegs& r) {
+#pragma unroll
+  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+    const int i = lane + 32 * p;
+    r.c[p] = i < half ? c[i] : 0.f;
+    r.s[p] = i < half ? s[i] : 0.f;
+  }
+}
+
+// RMSNorm of a head held by a warp (weights w in the same layout), each value as stored.
+template <class T>
+__device__ __forceinline__ void norm_head(HeadRegs& x, const HeadRegs& w, float eps, int D, bool round) {
+  float ss = 0.f;
+#pragma unroll
+  for (int p = 0; p < kMaxPairsPerLane; ++p) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
+#pragma unroll
+  for (int j = 0; j < kMaxTailPerLane; ++j) ss += x.tail[j] * x.tail[j];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+#pragma unroll
+  for (int p = 0; p < kMaxPairsPerLane; ++p)
+    x.a[p] = as_stored<T>(x.a[p] * inv * w.a[p], round), x.b[p] = as_stored<T>(x.b[p] * inv * w.b[p], round);
+#pragma unroll
+  for (int j = 0; j < kMaxTailPerLane; ++j) x.tail[j] = as_stored<T>(x.tail[j] * inv * w.tail[j], round);
+}
+
+// Stores the roped pairs at dst[i], dst[i + half], and the unrotated dims when asked.
+template <class T>
+__device__ __forceinline__ void store_head(T* dst, const HeadRegs& x, const RopeRegs& cs, int D, int half,
+                                           bool tail, bool round, int lane) {
+#pragma unroll
+  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+    const int i = lane + 32 * p;
+    if (i < half) {
+      store_f(dst + i, rounded(x.a[p] * cs.c[p] - x.b[p] * cs.s[p], round));
+      store_f(dst + i + half, rounded(x.b[p] * cs.c[p] + x.a[p] * cs.s[p], round));
+    }
+  }
+  if (!tail) return;
+#pragma unroll
+  for (int j = 0; j < kMaxTailPerLane; ++j) {
+    const int e = 2 * half + lane + 32 * j;
+    if (e < D) store_f(dst + e, rounded(x.tail[j], round));
+  }
+}
+
+// Copies n elements by the lanes of a warp (rounded as above when asked): a load a lane and
+// iteration, each after the previous store; for the rare widths past the register batches.
 template <class T>
 __device__ void copy_lanes(const T* src, T* dst, int n, bool round, int lane) {
   for (int i = lane; i < n; i += 32) store_f(dst + i, rounded(load_f(src + i), round));
-}
-
-// A head's RMSNorm by one warp, src -> dst (dst may be src), each lane its own elements; the
-// stored (rounded) result is what the rope then reads, as when the norm was its own op.
-template <class T, class TW>
-__device__ void norm_head(const T* src, T* dst, const TW* w, float eps, int D, bool round, int lane) {
-  float ss = 0.f;
-  for (int i = lane; i < D; i += 32) {
-    const float v = load_f(src + i);
-    ss += v * v;
-  }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
-  for (int i = lane; i < D; i += 32) store_f(dst + i, rounded(load_f(src + i) * inv * load_f(w + i), round));
-  __syncwarp();
 }
 
 struct Strided3 {  // a [T, H, D] view with contiguous head dims
@@ -82,37 +134,52 @@ struct QkNormArgs {  // null weights: no per-head norm
 };
 
 template <class T, class TW>
-__global__ void rope_store_kv_kernel(T* q, Strided3 qs, const T* k, Strided3 ks, const T* v, Strided3 vs, T* kc,
-                                     Strided3 kcs, T* vc, Strided3 vcs, int64_t tokens, int hq, int hkv, int D,
-                                     int Dv, int half, const int32_t* positions, const int32_t* slots,
-                                     const float* cos, const float* sin, bool interleaved, bool round,
-                                     QkNormArgs<TW> norm) {
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+__global__ void __launch_bounds__(kHeadWarps * 32)
+    rope_store_kv_kernel(T* q, Strided3 qs, const T* k, Strided3 ks, const T* v, Strided3 vs, T* kc, Strided3 kcs,
+                         T* vc, Strided3 vcs, int64_t tokens, int hq, int hkv, int D, int Dv, int half,
+                         const int32_t* positions, const int32_t* slots, const float* cos, const float* sin,
+                         bool interleaved, bool round, QkNormArgs<TW> norm) {
+  const int64_t row = int64_t(blockIdx.x) * kHeadWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= tokens * (hq + hkv)) return;
   const int64_t t = row / (hq + hkv);
   const int h = int(row % (hq + hkv));
-  const float* c = cos + int64_t(positions[t]) * half;
-  const float* s = sin + int64_t(positions[t]) * half;
-  if (h < hq) {
-    T* x = q + t * qs.s0 + h * qs.s1;
-    if (norm.q) norm_head(x, x, norm.q, norm.eps, D, round, lane);
-    rope_head(x, x, c, s, half, interleaved, round, lane);
-    if (round) copy_lanes(x + 2 * half, x + 2 * half, D - 2 * half, true, lane);
+  const bool is_q = h < hq;
+  const int kh = h - hq;
+  pdl_trigger();  // the attention after this may launch; it waits for these writes
+  // Every load first: what no kernel before this one writes (position, slot, norm weights) while
+  // launched early, then the head and the value head; the cos/sin row (after the position)
+  // overlaps the norm's reduction.
+  const int pos = positions[t];
+  const int64_t slot = is_q ? 0 : slots[t];
+  HeadRegs x, w;
+  const TW* nw = is_q ? norm.q : norm.k;
+  if (nw) load_head(nw, D, half, interleaved, lane, w);
+  pdl_wait();  // q, k and v are the projection's, just computed
+  const T* src = is_q ? q + t * qs.s0 + h * qs.s1 : k + t * ks.s0 + kh * ks.s1;
+  load_head(src, D, half, interleaved, lane, x);
+  const T* vsrc = v + t * vs.s0 + kh * vs.s1;
+  float vr[kMaxValuePerLane];
+  if (!is_q) {
+#pragma unroll
+    for (int j = 0; j < kMaxValuePerLane; ++j) vr[j] = lane + 32 * j < Dv ? load_f(vsrc + lane + 32 * j) : 0.f;
+  }
+  RopeRegs cs;
+  load_cos_sin(cos + int64_t(pos) * half, sin + int64_t(pos) * half, half, lane, cs);
+  if (nw) norm_head<T>(x, w, norm.eps, D, round);
+  __syncwarp();  // in place: every lane has read its pairs before any lane writes (interleaved pairs cross lanes)
+  if (is_q) {
+    // q's unrotated dims change only when normalised or rounded.
+    store_head(q + t * qs.s0 + h * qs.s1, x, cs, D, half, nw != nullptr || round, round, lane);
     return;
   }
-  const int kh = h - hq;
-  const int64_t slot = slots[t];
-  const T* ksrc = k + t * ks.s0 + kh * ks.s1;
-  T* kdst = kc + slot * kcs.s0 + kh * kcs.s1;
-  if (norm.k) {  // normalised into the cache slot, roped there
-    norm_head(ksrc, kdst, norm.k, norm.eps, D, round, lane);
-    rope_head(kdst, kdst, c, s, half, interleaved, round, lane);
-  } else {
-    rope_head(ksrc, kdst, c, s, half, interleaved, round, lane);
-    copy_lanes(ksrc + 2 * half, kdst + 2 * half, D - 2 * half, round, lane);
-  }
-  copy_lanes(v + t * vs.s0 + kh * vs.s1, vc + slot * vcs.s0 + kh * vcs.s1, Dv, false, lane);
+  store_head(kc + slot * kcs.s0 + kh * kcs.s1, x, cs, D, half, true, round, lane);
+  T* vdst = vc + slot * vcs.s0 + kh * vcs.s1;
+#pragma unroll
+  for (int j = 0; j < kMaxValuePerLane; ++j)
+    if (lane + 32 * j < Dv) store_f(vdst + lane + 32 * j, vr[j]);
+  const int done = 32 * kMaxValuePerLane;
+  if (Dv > done) copy_lanes(vsrc + done, vdst + done, Dv - done, false, lane);
 }
 
 __device__ float block_sum(float v, float* shared) {
@@ -127,34 +194,61 @@ __device__ float block_sum(float v, float* shared) {
 
 // q [T, H, nope + R] roped at dims [qoff, qoff + R); kv rows [L + R] -> cache rows.
 template <class T, class TW>
-__global__ void mla_rope_store_kernel(T* q, Strided3 qs, int heads, int qoff, const T* kv, int64_t kvs,
-                                      const TW* norm_w, float eps, int L, T* cache, int64_t cs, int half,
-                                      const int32_t* positions, const int32_t* slots, const float* cos,
-                                      const float* sin, bool interleaved, bool round) {
+__global__ void __launch_bounds__(kWarps * 32)
+    mla_rope_store_kernel(T* q, Strided3 qs, int heads, int qoff, const T* kv, int64_t kvs, const TW* norm_w,
+                          float eps, int L, T* cache, int64_t cs, int half, const int32_t* positions,
+                          const int32_t* slots, const float* cos, const float* sin, bool interleaved, bool round) {
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x % 32;
-  const float* c = cos + int64_t(positions[t]) * half;
-  const float* s = sin + int64_t(positions[t]) * half;
+  pdl_trigger();  // as in rope_store_kv_kernel
+  const int pos = positions[t];
+  RopeRegs r;
+  HeadRegs x;
   if (blockIdx.y > 0) {
     const int h = (int(blockIdx.y) - 1) * kWarps + int(threadIdx.x) / 32;
     if (h >= heads) return;
-    T* x = q + t * qs.s0 + h * qs.s1;
-    rope_head(x + qoff, x + qoff, c, s, half, interleaved, round, lane);
-    if (round) copy_lanes(x, x, qoff, true, lane);
+    pdl_wait();  // q and kv are the projections', just computed
+    T* head = q + t * qs.s0 + h * qs.s1;
+    load_head(head + qoff, 2 * half, half, interleaved, lane, x);
+    load_cos_sin(cos + int64_t(pos) * half, sin + int64_t(pos) * half, half, lane, r);
+    __syncwarp();  // in place, as above
+    store_head(head + qoff, x, r, 2 * half, half, false, round, lane);
+    if (round) copy_lanes(head, head, qoff, true, lane);
     return;
   }
+  // The cache row: each thread's latent elements and weights, warp 0's rope pairs, all loaded
+  // before the block's reduction; then only stores.
   __shared__ float partial[kWarps];
   const T* src = kv + t * kvs;
-  T* dst = cache + int64_t(slots[t]) * cs;
+  const int64_t slot = slots[t];
+  float lat[kMaxLatentPerThread], wl[kMaxLatentPerThread];
   float ss = 0.f;
-  for (int i = threadIdx.x; i < L; i += blockDim.x) {
-    const float v = load_f(src + i);
-    ss += v * v;
+#pragma unroll
+  for (int j = 0; j < kMaxLatentPerThread; ++j) {
+    const int i = int(threadIdx.x) + j * kWarps * 32;
+    wl[j] = i < L ? load_f(norm_w + i) : 0.f;
   }
+  pdl_wait();
+#pragma unroll
+  for (int j = 0; j < kMaxLatentPerThread; ++j) {
+    const int i = int(threadIdx.x) + j * kWarps * 32;
+    lat[j] = i < L ? load_f(src + i) : 0.f;
+  }
+  const bool roper = threadIdx.x < 32;
+  if (roper) {
+    load_head(src + L, 2 * half, half, interleaved, lane, x);
+    load_cos_sin(cos + int64_t(pos) * half, sin + int64_t(pos) * half, half, lane, r);
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxLatentPerThread; ++j) ss += lat[j] * lat[j];
   const float inv = 1.0f / sqrtf(block_sum(ss, partial) / float(L) + eps);
-  for (int i = threadIdx.x; i < L; i += blockDim.x)
-    store_f(dst + i, rounded(load_f(src + i) * inv * load_f(norm_w + i), round));
-  if (threadIdx.x < 32) rope_head(src + L, dst + L, c, s, half, interleaved, round, lane);
+  T* dst = cache + slot * cs;
+#pragma unroll
+  for (int j = 0; j < kMaxLatentPerThread; ++j) {
+    const int i = int(threadIdx.x) + j * kWarps * 32;
+    if (i < L) store_f(dst + i, rounded(lat[j] * inv * wl[j], round));
+  }
+  if (roper) store_head(dst + L, x, r, 2 * half, half, false, round, lane);
 }
 
 Strided3 strided3(const Tensor& t, const char* op, const char* what) {
@@ -199,6 +293,8 @@ void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeA
   for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &k_cache, &v_cache})
     MS_CHECK(t->dtype() == q.dtype(), op, ": ", t->describe(), " is not ", dtype_name(q.dtype()), " as q is");
   check_rope(op, r, T, D, slots, k_cache.size(0));
+  MS_CHECK(D - r.rot_dim <= 32 * kMaxTailPerLane, op, ": ", D - r.rot_dim, " unrotated dims of a head exceed ",
+           32 * kMaxTailPerLane);
   if (qk_norm) {
     for (const Tensor* w : {&qk_norm->q, &qk_norm->k}) {
       check_device_tensor(*w, {DType::BF16, DType::F32}, op, "q/k norm weight");
@@ -213,10 +309,10 @@ void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeA
   MS_FLOAT_DISPATCH(q.dtype(), TX, MS_FLOAT_DISPATCH(qk_norm ? qk_norm->q.dtype() : DType::F32, TW, {
     const QkNormArgs<TW> norm{qk_norm ? qk_norm->q.data<TW>() : nullptr, qk_norm ? qk_norm->k.data<TW>() : nullptr,
                               qk_norm ? qk_norm->eps : 0.f};
-    rope_store_kv_kernel<TX, TW><<<blocks_for(T * (hq + hkv), kWarps), kWarps * 32, 0, stream()>>>(
-        q.data<TX>(), qs, k.data<TX>(), ks, v.data<TX>(), vs, k_cache.data<TX>(), kcs, v_cache.data<TX>(), vcs, T,
-        hq, hkv, int(D), int(Dv), r.rot_dim / 2, pos.data<int32_t>(), sl.data<int32_t>(), r.cos.data<float>(),
-        r.sin.data<float>(), r.interleaved, round, norm);
+    launch_pdl(rope_store_kv_kernel<TX, TW>, dim3(blocks_for(T * (hq + hkv), kHeadWarps)), dim3(kHeadWarps * 32), 0,
+               q.data<TX>(), qs, k.data<TX>(), ks, v.data<TX>(), vs, k_cache.data<TX>(), kcs, v_cache.data<TX>(),
+               vcs, T, hq, hkv, int(D), int(Dv), r.rot_dim / 2, pos.data<int32_t>(), sl.data<int32_t>(),
+               r.cos.data<float>(), r.sin.data<float>(), r.interleaved, round, norm);
   }));
   MS_CUDA_LAUNCHED("rope_store_kv_kernel");
 }
@@ -234,16 +330,17 @@ void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float ep
   MS_CHECK(kv_norm.is_contiguous() && kv_norm.numel() == L, op, ": latent norm ", kv_norm.describe(), " for ", L,
            " columns");
   check_rope(op, r, T, q.size(2), slots, cache.size(0));
+  MS_CHECK(L <= kWarps * 32 * kMaxLatentPerThread, op, ": latent of ", L, " exceeds ", kWarps * 32 * kMaxLatentPerThread);
   if (T == 0) return;
   Tensor pos = upload_i32(r.positions), sl = upload_i32(slots);
   const bool round = round_bf16 && q.dtype() == DType::F32;
   const int heads = int(q.size(1));
   const dim3 grid(unsigned(T), 1u + unsigned((heads + kWarps - 1) / kWarps));
   MS_FLOAT_DISPATCH(q.dtype(), TX, MS_FLOAT_DISPATCH(kv_norm.dtype(), TW,
-    mla_rope_store_kernel<TX, TW><<<grid, kWarps * 32, 0, stream()>>>(
-        q.data<TX>(), qs, heads, int(q.size(2) - R), kv.data<TX>(), kv.strides()[0], kv_norm.data<TW>(), eps,
-        int(L), cache.data<TX>(), cache.strides()[0], int(R / 2), pos.data<int32_t>(), sl.data<int32_t>(),
-        r.cos.data<float>(), r.sin.data<float>(), r.interleaved, round)));
+    launch_pdl(mla_rope_store_kernel<TX, TW>, grid, dim3(kWarps * 32), 0, q.data<TX>(), qs, heads,
+               int(q.size(2) - R), kv.data<TX>(), kv.strides()[0], kv_norm.data<TW>(), eps, int(L),
+               cache.data<TX>(), cache.strides()[0], int(R / 2), pos.data<int32_t>(), sl.data<int32_t>(),
+               r.cos.data<float>(), r.sin.data<float>(), r.interleaved, round)));
   MS_CUDA_LAUNCHED("mla_rope_store_kernel");
 }
 
