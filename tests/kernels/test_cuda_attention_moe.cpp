@@ -53,13 +53,14 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{1, 900}, {64, 64}, {20, 300}},           // decode + prefill + prefix-cached extend
     {{1, 1000}, {1, 4000}, {1, 17}, {1, 2500}},  // a decode batch (split-KV)
     {{1, 6000}},                                // one long decode (many splits)
-    // Single decodes as batch-1 decode at 1k-4k context, whose split-KV merges take, on a 132-SM
-    // H200, 17 and 33 splits (GQA 32/4 heads, 1056 and 2080 keys) and 33 and 65 (MLA, 2080 and
-    // 4150 keys: more than the 64 splits the merge loads in one batch).
+    // Single decodes as batch-1 decode at 1k-8k context, whose split-KV merges take, on a 132-SM
+    // H200, 17, 33, 33 and 65 splits (GQA 32/4 heads, 1056, 2080, 4150 and 8300 keys) and 17,
+    // 33, 65 and 130 (MLA: more than the 128 splits the merge loads in one pass).
     {{1, 1056}},
     {{1, 2080}},
     {{1, 4150}},
-    // Batch-1 decode at 4k (GQA: 64 splits of one 16-key step a warp; MLA: 64 splits of two
+    {{1, 8300}},
+    // Batch-1 decode at 4k (GQA: 32 splits of two 16-key steps a warp; MLA: 64 splits of two
     // tiles), a short one whose single split leaves warps without keys and a partial last step,
     // three and eight decodes of unequal lengths (later splits of the short ones are empty).
     {{1, 4096}},

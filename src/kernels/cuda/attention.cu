@@ -206,13 +206,13 @@ void launch_few(const AttnParams& p) {
   MS_CUDA_LAUNCHED("combine_few");
 }
 
-constexpr int kCombineWarps = 8;   // a block's warps, each merging every 8th split
-constexpr int kCombineBatch = 8;   // splits a warp loads before it merges them
+constexpr int kCombineWarps = 16;  // a block's warps, each merging every 16th split
+constexpr int kCombineBatch = 8;   // splits a warp loads before it merges them: 128 a pass
 constexpr int kCombineCols = 32;   // V-wide pieces of the output a block: one a lane
 
 // The merge of more than kFewSplits splits, where a row's pieces alone are too few threads to
 // keep the loads of every split in flight: block (t * hq + h, c) writes dims [c * 32V,
-// (c + 1) * 32V) of one (query, head), each of its 8 warps loading the (m, l) and the V-float
+// (c + 1) * 32V) of one (query, head), each of its 16 warps loading the (m, l) and the V-float
 // piece of kCombineBatch of its splits at once and merging them online; the warps' merges meet
 // in shared memory. No pass over the splits waits on another.
 template <int V>

@@ -232,9 +232,17 @@ bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor
 // (16 KB) in flight, 128 KB an SM, which is past what the SM's share of the bandwidth needs
 // over the memory latency (~30 KB). Rounded down, so that every block of the launch is resident
 // at once (no second wave); at least 64 keys a split: one step for each of its warps.
+// But no more splits than it takes for a block on every multiprocessor and every split's keys
+// in flight at once (128: the ring's two steps ahead for each of 4 warps): past that, more
+// splits put no more bytes in flight, only more partials to write and merge. Batch-1 decode at
+// 4k keys (4 KV heads) takes 32 splits of 128 keys so, not 64 of 64: the same 64 KB in flight
+// an SM, half the partials (0.5 MB) and half the merge.
 int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible) {
-  const int64_t blocks = T * Hkv, want = 2 * int64_t(sm_count());
-  return int(std::max<int64_t>(1, std::min<int64_t>(want / blocks, (max_visible + 63) / 64)));
+  const int64_t blocks = T * Hkv, sms = sm_count();
+  const int64_t most = std::min<int64_t>(2 * sms / blocks, (max_visible + 63) / 64);
+  const int64_t in_flight = int64_t(kWarps) * kStep * (kStages - 1);
+  const int64_t enough = std::max<int64_t>((sms + blocks - 1) / blocks, (max_visible + in_flight - 1) / in_flight);
+  return int(std::max<int64_t>(1, std::min(most, enough)));
 }
 
 void flash_decode(const GqaDecodeLaunch& l) {
