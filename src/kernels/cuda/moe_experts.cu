@@ -8,6 +8,12 @@
 // (fp8_gemm.h) with each expert's rows quantised as one segment. Both end
 // in the same kernel that sums each token's k outputs with their router weights in a fixed slot
 // order.
+//
+// Prefill moves far more bytes than it multiplies (4096 tokens x 8 slots x 2048 hidden is 134 MB
+// of gathered BF16 rows per layer): every intermediate there is BF16 (gathered tokens, the
+// [gate | up] products, the down products), as the reference model computes them, and every
+// data-moving kernel takes 16-byte accesses. The products accumulate in f32 inside the GEMM and
+// are rounded once on the way out; the combine sums in f32.
 #include <map>
 #include <mutex>
 
@@ -29,25 +35,111 @@ std::pair<int, int> local_range(const X& e) {
   else return {0, e.num_experts()};
 }
 
-__global__ void gather_tokens(const bf16* x, int64_t xs, const int32_t* token_of_row, int64_t rows, int64_t H,
-                              bf16* xe) {
+// Eight consecutive elements as f32: one 16-byte access for bf16, two for f32.
+__device__ __forceinline__ void load8(const bf16* p, float v[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+    v[2 * j] = f.x, v[2 * j + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const float* p, float v[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(bf16* p, const float v[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+    w[j] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ void store8(float* p, const float v[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// Whether rows starting at `p`, `stride_bytes` apart, are all 16-byte aligned.
+bool aligned16(const void* p, int64_t stride_bytes) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride_bytes % 16 == 0;
+}
+
+constexpr int kGatherWarps = 8;  // rows a block, a warp each
+constexpr int kGatherUnroll = 4;  // 16-byte loads a lane has in flight before it stores
+
+// xe[r] = x[token_of_row[r]] (zeros for a pad row, token -1) in 16-byte pieces, W16 a row; a
+// warp a row, so the row's token is read once and each lane keeps kGatherUnroll loads in flight.
+__global__ void __launch_bounds__(kGatherWarps * 32) gather_rows_x16(const uint4* __restrict__ x, int64_t xs16,
+                                                                     const int32_t* __restrict__ token_of_row,
+                                                                     int64_t rows, int W16, uint4* __restrict__ xe) {
+  const int64_t r = int64_t(blockIdx.x) * kGatherWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int32_t t = token_of_row[r];
+  const uint4* src = x + int64_t(t < 0 ? 0 : t) * xs16;
+  uint4* dst = xe + r * W16;
+  for (int c0 = lane; c0 < W16; c0 += 32 * kGatherUnroll) {
+    uint4 v[kGatherUnroll];
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) {
+      const int c = c0 + 32 * u;
+      v[u] = t >= 0 && c < W16 ? src[c] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u)
+      if (c0 + 32 * u < W16) dst[c0 + 32 * u] = v[u];
+  }
+}
+
+// The same an element a thread, for rows that are not 16-byte aligned.
+__global__ void gather_rows_scalar(const bf16* x, int64_t xs, const int32_t* token_of_row, int64_t rows, int64_t H,
+                                   bf16* xe) {
   int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * H) return;
   int64_t r = idx / H, i = idx % H;
-  xe[idx] = x[int64_t(token_of_row[r]) * xs + i];
+  const int32_t t = token_of_row[r];
+  xe[idx] = t >= 0 ? x[int64_t(t) * xs + i] : __float2bfloat16_rn(0.f);
 }
 
-// out[t] = sum_j weights[t, j] * ye[row_of[t, j]], j = 0..K-1 (pairs of other ranks' experts: row -1).
-template <class TO>
-__global__ void combine_experts(const float* ye, const int32_t* row_of, const float* weights, int64_t T, int K,
-                                int64_t H, TO* out, int64_t os) {
+// out[t] = sum_j weights[t, j] * ye[row_of[t, j]], j = 0..K-1 in order (pairs of other ranks'
+// experts: row -1), summed in f32 and rounded once. Eight columns a thread (H8 = H / 8), each
+// expert row read once with 16-byte loads.
+template <class TY, class TO>
+__global__ void combine_x8(const TY* __restrict__ ye, const int32_t* __restrict__ row_of,
+                           const float* __restrict__ weights, int64_t T, int K, int64_t H8, TO* __restrict__ out,
+                           int64_t os) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * H8) return;
+  const int64_t t = idx / H8, i = (idx % H8) * 8;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int j = 0; j < K; ++j) {
+    const int32_t r = row_of[t * K + j];
+    if (r < 0) continue;
+    const float w = weights[t * K + j];
+    float v[8];
+    load8(ye + int64_t(r) * H8 * 8 + i, v);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] += w * v[c];
+  }
+  store8(out + t * os + i, acc);
+}
+
+// The same an element a thread, for widths or outputs the vector kernel cannot take.
+template <class TY, class TO>
+__global__ void combine_scalar(const TY* ye, const int32_t* row_of, const float* weights, int64_t T, int K, int64_t H,
+                               TO* out, int64_t os) {
   int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= T * H) return;
   int64_t t = idx / H, i = idx % H;
   float acc = 0.f;
   for (int j = 0; j < K; ++j) {
     const int32_t r = row_of[t * K + j];
-    if (r >= 0) acc += weights[t * K + j] * ye[int64_t(r) * H + i];
+    if (r >= 0) acc += weights[t * K + j] * load_f(ye + int64_t(r) * H + i);
   }
   store_f(out + t * os + i, acc);
 }
@@ -84,16 +176,6 @@ Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K
   return p;
 }
 
-void combine(const Tensor& ye, const Tensor& row_of, const Tensor& weights, int64_t T, int64_t K, int64_t H,
-             Tensor& out) {
-  const int threads = 256;
-  MS_FLOAT_DISPATCH(out.dtype(), TO,
-    combine_experts<TO><<<blocks_for(T * H, threads), threads, 0, stream()>>>(
-        ye.data<float>(), row_of.data<int32_t>(), weights.data<float>(), T, int(K), H, out.data<TO>(),
-        out.strides()[0]));
-  MS_CUDA_LAUNCHED("combine_experts");
-}
-
 void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
                      int first, Tensor& out) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
@@ -108,7 +190,7 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   gemv(I, H, table.gate_up, rows, xin, GemvOutput{act.raw(), DType::BF16, I}, true);
   GemvInput ain{act.data<bf16>(), I};
   gemv(H, I, table.down, rows, ain, GemvOutput{ye.raw(), DType::F32, H}, false);
-  combine(ye, perm.row_of, weights, T, K, H, out);
+  combine_expert_rows(ye, perm.row_of, weights, out);
 }
 
 void check_expert(const ExpertWeights& experts, int e, int64_t H, int64_t I) {
@@ -132,25 +214,21 @@ void bf16_experts(const Tensor& x, const Permutation& perm, const ExpertWeights&
                   Tensor& ye) {
   const int64_t rows = perm.offsets.back(), H = x.size(1), I = act.size(1);
   const int E = experts.num_experts();
-  Tensor token_of_row = upload_i32(perm.token_of_row);
   Tensor xe = scratch(DType::BF16, {rows, H});
-  const int threads = 256;
-  gather_tokens<<<blocks_for(rows * H, threads), threads, 0, stream()>>>(x.data<bf16>(), x.strides()[0],
-                                                                         token_of_row.data<int32_t>(), rows, H,
-                                                                         xe.data<bf16>());
-  MS_CUDA_LAUNCHED("gather_tokens");
+  gather_token_rows(x, upload_i32(perm.token_of_row), xe);
+  bf16* g = gu.data<bf16>();
   for (int e = 0; e < E; ++e) {
     const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
     if (n == 0) continue;
     Tensor xr = xe.narrow_rows(off, n);
-    gemm_xwT(xr, weight_bf16(experts.gate[e]), gu.data<float>() + off * 2 * I, DType::F32, 2 * I);
-    gemm_xwT(xr, weight_bf16(experts.up[e]), gu.data<float>() + off * 2 * I + I, DType::F32, 2 * I);
+    gemm_xwT(xr, weight_bf16(experts.gate[e]), g + off * 2 * I, DType::BF16, 2 * I);
+    gemm_xwT(xr, weight_bf16(experts.up[e]), g + off * 2 * I + I, DType::BF16, 2 * I);
   }
   silu_and_mul(gu, act);
   for (int e = 0; e < E; ++e) {
     const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
     if (n == 0) continue;
-    gemm_xwT(act.narrow_rows(off, n), weight_bf16(experts.down[e]), ye.data<float>() + off * H, DType::F32, H);
+    gemm_xwT(act.narrow_rows(off, n), weight_bf16(experts.down[e]), ye.data<bf16>() + off * H, DType::BF16, H);
   }
 }
 
@@ -164,8 +242,8 @@ void fp8_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& 
   for (int e = 0; e < E; ++e) {
     const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
     if (n == 0) continue;
-    fp8_gemm(xq, off, n, experts.gate[e], gu.data<float>() + off * 2 * I, DType::F32, 2 * I);
-    fp8_gemm(xq, off, n, experts.up[e], gu.data<float>() + off * 2 * I + I, DType::F32, 2 * I);
+    fp8_gemm(xq, off, n, experts.gate[e], gu.data<bf16>() + off * 2 * I, DType::BF16, 2 * I);
+    fp8_gemm(xq, off, n, experts.up[e], gu.data<bf16>() + off * 2 * I + I, DType::BF16, 2 * I);
   }
   silu_and_mul(gu, act);
   std::vector<int32_t> same(perm.token_of_row.size());
@@ -174,7 +252,7 @@ void fp8_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& 
   for (int e = 0; e < E; ++e) {
     const int64_t off = perm.offsets[e], n = perm.offsets[e + 1] - off;
     if (n == 0) continue;
-    fp8_gemm(aq, off, n, experts.down[e], ye.data<float>() + off * H, DType::F32, H);
+    fp8_gemm(aq, off, n, experts.down[e], ye.data<bf16>() + off * H, DType::BF16, H);
   }
 }
 
@@ -209,13 +287,57 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   for (int e = 0; e < E; ++e)
     if (perm.offsets[e + 1] > perm.offsets[e]) check_expert(experts, e, H, I);
   Tensor row_of = upload_i32(perm.row_of);
-  Tensor gu = scratch(DType::F32, {rows, 2 * I}), act = scratch(DType::BF16, {rows, I});
-  Tensor ye = scratch(DType::F32, {rows, H});
+  Tensor gu = scratch(DType::BF16, {rows, 2 * I}), act = scratch(DType::BF16, {rows, I});
+  Tensor ye = scratch(DType::BF16, {rows, H});
   if (rows > 0) {  // none when every pair belongs to another rank's experts
     if (fp8) fp8_experts(x, perm, experts, gu, act, ye);
     else bf16_experts(x, perm, experts, gu, act, ye);
   }
-  combine(ye, row_of, weights, T, K, H, out);
+  combine_expert_rows(ye, row_of, weights, out);
+}
+
+void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe) {
+  const int64_t rows = xe.size(0), H = x.size(1);
+  MS_CHECK(x.dtype() == DType::BF16 && xe.dtype() == DType::BF16 && x.strides()[1] == 1 && xe.is_contiguous() &&
+               xe.size(1) == H && token_of_row.dtype() == DType::I32 && token_of_row.numel() == rows,
+           "gather_token_rows: ", x.describe(), " by ", token_of_row.describe(), " -> ", xe.describe());
+  if (rows == 0 || H == 0) return;
+  if (H % 8 == 0 && aligned16(x.raw(), x.strides()[0] * 2) && aligned16(xe.raw(), H * 2)) {
+    gather_rows_x16<<<blocks_for(rows, kGatherWarps), kGatherWarps * 32, 0, stream()>>>(
+        static_cast<const uint4*>(x.raw()), x.strides()[0] / 8, token_of_row.data<int32_t>(), rows, int(H / 8),
+        static_cast<uint4*>(xe.raw()));
+    MS_CUDA_LAUNCHED("gather_rows_x16");
+    return;
+  }
+  const int threads = 256;
+  gather_rows_scalar<<<blocks_for(rows * H, threads), threads, 0, stream()>>>(
+      x.data<bf16>(), x.strides()[0], token_of_row.data<int32_t>(), rows, H, xe.data<bf16>());
+  MS_CUDA_LAUNCHED("gather_rows_scalar");
+}
+
+void combine_expert_rows(const Tensor& ye, const Tensor& row_of, const Tensor& weights, Tensor& out) {
+  const int64_t T = weights.size(0), K = weights.size(1), H = ye.size(1);
+  MS_CHECK(ye.is_contiguous() && row_of.dtype() == DType::I32 && row_of.numel() == T * K &&
+               weights.dtype() == DType::F32 && weights.is_contiguous() && out.size(0) == T && out.size(1) == H &&
+               out.strides()[1] == 1,
+           "combine_expert_rows: ", ye.describe(), " ", row_of.describe(), " ", weights.describe(), " -> ",
+           out.describe());
+  if (T == 0 || H == 0) return;
+  const int threads = 256;
+  const bool wide = H % 8 == 0 && aligned16(ye.raw(), H * int64_t(dtype_size(ye.dtype()))) &&
+                    aligned16(out.raw(), out.strides()[0] * int64_t(dtype_size(out.dtype())));
+  MS_FLOAT_DISPATCH(ye.dtype(), TY, MS_FLOAT_DISPATCH(out.dtype(), TO, {
+    if (wide) {
+      combine_x8<TY, TO><<<blocks_for(T * (H / 8), threads), threads, 0, stream()>>>(
+          ye.data<TY>(), row_of.data<int32_t>(), weights.data<float>(), T, int(K), H / 8, out.data<TO>(),
+          out.strides()[0]);
+    } else {
+      combine_scalar<TY, TO><<<blocks_for(T * H, threads), threads, 0, stream()>>>(
+          ye.data<TY>(), row_of.data<int32_t>(), weights.data<float>(), T, int(K), H, out.data<TO>(),
+          out.strides()[0]);
+    }
+  }));
+  MS_CUDA_LAUNCHED("combine_expert_rows");
 }
 
 }  // namespace ms::cuda

@@ -1,6 +1,7 @@
 // The device side of the grouped MoE path (moe_experts.cu): a table of every local expert's
 // weight pointers, built once per ExpertWeights, and the sort of (token, slot) pairs by expert
-// done on the device, so that a decode step never waits for the host.
+// done on the device, so that a decode step never waits for the host. Also the row gather and the
+// weighted combine that moe_experts runs around its products, public so tests can time them.
 #pragma once
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/gemv.h"
@@ -31,5 +32,14 @@ struct Permuted {
   Tensor offsets, active, n_active, token_of_row, row_of;
 };
 Permuted permute_on_device(const Tensor& ids, int first, int E);
+
+// xe [rows, H] (BF16, contiguous): row r = x[token_of_row[r]] (x BF16 with contiguous rows), zeros
+// where token_of_row[r] is -1 (a pad row). 16-byte copies, a warp a row, where rows are aligned.
+void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe);
+
+// out[t] (BF16 or F32, contiguous rows) = sum_j weights[t, j] * ye[row_of[t * K + j]] for
+// weights [T, K] (F32) and ye [rows, H] (BF16 or F32, contiguous), over j in order, rows -1
+// skipped, summed in f32 and rounded once.
+void combine_expert_rows(const Tensor& ye, const Tensor& row_of, const Tensor& weights, Tensor& out);
 
 }  // namespace ms::cuda
