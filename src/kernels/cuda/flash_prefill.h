@@ -14,6 +14,10 @@ bool flash_prefill_supported(const Tensor& q, const Tensor& k_cache, const Tenso
 // Same contract as ops::attention; the layout is on the host (not a captured step).
 void flash_prefill(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionLayout& layout,
                    float scale, Tensor& out);
+// The same with blocks of `block_rows` queries (64 or 128), which flash_prefill picks by the
+// queries a sequence brings; tests and the bench run both.
+void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
 
 bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const Tensor& out);
 

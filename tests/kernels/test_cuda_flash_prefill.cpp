@@ -1,0 +1,205 @@
+// The tensor-core prefill attention (flash_prefill.cu) against the CPU op: causal prompts whose
+// lengths fall around the 64- and 128-row blocks and the 64-key tiles, batches of sequences with
+// a cached prefix, chunked prefill whose queries start mid-sequence, GQA groups of 8, 7 and 1,
+// and queries strided as the fused q/k/v projection leaves them. Both block heights run, and the
+// dispatch through cuda::attention. Head dims other than 128 (DeepSeek's 192-dim keys with
+// 128-dim values) are not the kernel's: they keep the CUDA-core kernel, checked here too; MLA
+// prefill runs in the absorbed form (flash_mla.cu) and is checked at the V2-Lite shape.
+// PrefillAttentionBench times 4096- and 8192-token prompts when MOESERVE_BENCH_PREFILL=1.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_common.h"
+
+// From kernels/cuda/flash_prefill.h, whose launch structs need the CUDA headers' bf16.
+namespace ms::cuda {
+bool flash_prefill_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out);
+void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
+}  // namespace ms::cuda
+
+namespace ms {
+namespace {
+using namespace test;
+
+constexpr double kBf16Tol = 1e-2, kRowTol = 3e-2;
+
+// Sequences of (queries, keys); every key gets a distinct random slot of a pool of `pool`.
+ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& seqs, int pool) {
+  ops::AttentionLayout l;
+  l.q_start = {0}, l.kv_start = {0};
+  std::vector<int32_t> slots(static_cast<size_t>(pool));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng());
+  size_t next = 0;
+  for (auto [nq, nk] : seqs) {
+    for (int i = 0; i < nk; ++i) l.kv_slots.push_back(slots.at(next++));
+    l.q_start.push_back(l.q_start.back() + nq);
+    l.kv_start.push_back(l.kv_start.back() + nk);
+  }
+  return l;
+}
+
+// The worst relative error of one output row (a query head's Dv values): a single wrong row of
+// thousands hardly moves the whole tensor's error. NaN (an unwritten row) propagates.
+double worst_row_error(const Tensor& out, const Tensor& ref) {
+  const auto x = out.to_vector(), y = ref.to_vector();
+  const int64_t dv = ref.size(ref.dim() - 1);
+  double worst = 0;
+  for (size_t r = 0; r * dv < y.size(); ++r) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < dv; ++i) {
+      const double a = x[r * dv + i], b = y[r * dv + i];
+      num += (a - b) * (a - b), den += b * b;
+    }
+    const double e = std::sqrt(num / std::max(den, 1e-30));
+    if (!(e <= worst)) worst = e;
+  }
+  return worst;
+}
+
+const std::vector<std::vector<std::pair<int, int>>> kPrompts = {
+    {{1, 1}}, {{16, 16}}, {{63, 63}}, {{64, 64}}, {{65, 65}}, {{127, 127}}, {{128, 128}}, {{129, 129}},
+    {{200, 200}}, {{1000, 1000}},
+    {{100, 300}, {64, 64}, {1, 50}, {257, 1000}, {16, 16}, {130, 130}},  // a batch, some with cached prefixes
+    {{130, 1200}}, {{512, 2048}}, {{77, 141}},                           // chunked prefill: queries start mid-sequence
+};
+
+std::string describe(const std::vector<std::pair<int, int>>& seqs) {
+  std::string s;
+  for (auto [nq, nk] : seqs) s += " " + std::to_string(nq) + "/" + std::to_string(nk);
+  return s;
+}
+
+// Query heads per KV head 8 (Qwen3-30B-A3B), 7 (Qwen2-57B-A14B) and 1; q is the head slice of a
+// fused [T, Hq + 2 Hkv, D] projection, as GqaAttention passes it; a sharp softmax (q x 4) for
+// one group stresses the online max.
+TEST(CudaFlashPrefill, MatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t D = 128, pool = 4096;
+  struct Heads { int64_t hq, hkv; float q_scale; };
+  for (auto [Hq, Hkv, q_scale] : std::vector<Heads>{{32, 4, 1.f}, {28, 4, 1.f}, {8, 8, 4.f}}) {
+    Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
+    Tensor kg = gpu(kc), vg = gpu(vc);
+    for (const auto& seqs : kPrompts) {
+      const auto layout = make_layout(seqs, int(pool));
+      const int64_t T = layout.q_start.back();
+      Tensor qkv = randn({T, Hq + 2 * Hkv, D}, q_scale), q = qkv.slice(1, 0, Hq);
+      Tensor qg = gpu(qkv).slice(1, 0, Hq);
+      ASSERT_TRUE(cuda::flash_prefill_supported(qg, kg, vg, qg));
+      Tensor ref = Tensor::empty(DType::F32, {T, Hq, D});
+      cpu::attention(q, kc, vc, layout, 0.088f, ref);
+      for (int rows : {0, 64, 128}) {  // 0: through cuda::attention's dispatch
+        Tensor out = poisoned(DType::BF16, {T, Hq, D});
+        if (rows == 0) cuda::attention(qg, kg, vg, layout, 0.088f, out);
+        else cuda::flash_prefill_rows(qg, kg, vg, layout, 0.088f, out, rows);
+        const std::string what = std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, rows " +
+                                 std::to_string(rows) + ", q/k per sequence" + describe(seqs);
+        EXPECT_LT(rel_error(out, ref), kBf16Tol) << what;
+        EXPECT_LT(worst_row_error(out, ref), kRowTol) << what;
+      }
+    }
+  }
+}
+
+// DeepSeek's unabsorbed shape (192-dim q/k, 128-dim v) is not the tensor-core kernel's; the
+// dispatch must leave it to the CUDA-core kernel, which still matches.
+TEST(CudaFlashPrefill, OtherHeadDimsKeepTheGeneralKernel) {
+  MS_REQUIRE_CUDA();
+  const int64_t H = 16, Dk = 192, Dv = 128, pool = 1024;
+  Tensor kc = randn({pool, H, Dk}), vc = randn({pool, H, Dv});
+  Tensor kg = gpu(kc), vg = gpu(vc);
+  for (const auto& seqs : std::vector<std::vector<std::pair<int, int>>>{{{200, 200}}, {{70, 300}, {65, 65}}}) {
+    const auto layout = make_layout(seqs, int(pool));
+    const int64_t T = layout.q_start.back();
+    Tensor q = randn({T, H, Dk}), qg = gpu(q);
+    Tensor out = poisoned(DType::BF16, {T, H, Dv});
+    EXPECT_FALSE(cuda::flash_prefill_supported(qg, kg, vg, out));
+    Tensor ref = Tensor::empty(DType::F32, {T, H, Dv});
+    cpu::attention(q, kc, vc, layout, 0.072f, ref);
+    cuda::attention(qg, kg, vg, layout, 0.072f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << describe(seqs);
+    EXPECT_LT(worst_row_error(out, ref), kRowTol) << describe(seqs);
+  }
+}
+
+// MLA prefill at DeepSeek-V2-Lite's shape (16 heads over the 512 + 64 latent cache).
+TEST(CudaFlashPrefill, MlaPrefillMatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t H = 16, L = 512, R = 64, pool = 2048;
+  Tensor cache = randn({pool, L + R}), cg = gpu(cache);
+  for (const auto& seqs : std::vector<std::vector<std::pair<int, int>>>{{{65, 65}}, {{300, 300}, {130, 1200}}}) {
+    const auto layout = make_layout(seqs, int(pool));
+    const int64_t T = layout.q_start.back();
+    Tensor ql = randn({T, H, L}, 0.3f), qr = randn({T, H, R});
+    Tensor ref = Tensor::empty(DType::F32, {T, H, L});
+    cpu::mla_attention(ql, qr, cache, layout, 0.06f, ref);
+    Tensor out = poisoned(DType::BF16, {T, H, L});
+    cuda::mla_attention(gpu(ql), gpu(qr), cg, layout, 0.06f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << describe(seqs);
+    EXPECT_LT(worst_row_error(out, ref), kRowTol) << describe(seqs);
+  }
+}
+
+// Milliseconds a call of `call` takes (eager, as prefill runs: metadata upload included).
+template <class F>
+double time_ms(F call, int reps) {
+  call();
+  call();  // shared-memory limits, allocator pools
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start), cudaEventCreate(&stop);
+  cudaEventRecord(start, cuda::stream());
+  for (int i = 0; i < reps; ++i) call();
+  cudaEventRecord(stop, cuda::stream());
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return ms / reps;
+}
+
+// One causal prompt of T tokens: the Qwen3-30B-A3B shape (32/4 heads of 128) through both block
+// heights and the dispatch, and DeepSeek-V2-Lite's absorbed MLA (16 heads, 576-dim keys, 512-dim
+// values; flash_mla.cu) for comparison. TFLOP/s counts the causal triangle's mma work only.
+// Opt-in (timing, not a check): MOESERVE_BENCH_PREFILL=1.
+TEST(CudaFlashPrefill, PrefillAttentionBench) {
+  MS_REQUIRE_CUDA();
+  const char* env = std::getenv("MOESERVE_BENCH_PREFILL");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_PREFILL=1 to time prefill attention";
+  for (int T : {4096, 8192}) {
+    const auto layout = make_layout({{T, T}}, T);
+    const double pairs = double(T) * (T + 1) / 2;  // (query, visible key) pairs
+    {
+      const int64_t Hq = 32, Hkv = 4, D = 128;
+      Tensor k = gpu(randn({T, Hkv, D})), v = gpu(randn({T, Hkv, D})), q = gpu(randn({T, Hq, D}));
+      Tensor out = poisoned(DType::BF16, {T, Hq, D});
+      const double flop = 4.0 * Hq * D * pairs;
+      for (int rows : {0, 64, 128}) {
+        const double ms = time_ms([&] {
+          if (rows == 0) cuda::attention(q, k, v, layout, 0.088f, out);
+          else cuda::flash_prefill_rows(q, k, v, layout, 0.088f, out, rows);
+        }, 20);
+        std::printf("[bench] prefill GQA 32/4 heads x 128, %d tokens, %s: %.3f ms, %.0f TFLOP/s\n", T,
+                    rows == 0 ? "dispatch" : rows == 64 ? "64-row blocks" : "128-row blocks", ms, flop / ms / 1e9);
+      }
+    }
+    {
+      const int64_t H = 16, L = 512, R = 64;
+      Tensor cache = gpu(randn({T, L + R})), ql = gpu(randn({T, H, L}, 0.3f)), qr = gpu(randn({T, H, R}));
+      Tensor out = poisoned(DType::BF16, {T, H, L});
+      const double flop = 2.0 * H * (L + R + L) * pairs;
+      const double ms = time_ms([&] { cuda::mla_attention(ql, qr, cache, layout, 0.06f, out); }, 10);
+      std::printf("[bench] prefill MLA 16 heads (V2-Lite, absorbed), %d tokens: %.3f ms, %.0f TFLOP/s\n", T, ms,
+                  flop / ms / 1e9);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ms
