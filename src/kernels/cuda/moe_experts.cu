@@ -323,7 +323,8 @@ void combine_expert_rows(const Tensor& ye, const Tensor& row_of, const Tensor& w
            "combine_expert_rows: ", ye.describe(), " ", row_of.describe(), " ", weights.describe(), " -> ",
            out.describe());
   if (T == 0 || H == 0) return;
-  const int threads = 256;
+  // Decode batches have a few hundred threads' work: small blocks spread it over more SMs.
+  const int threads = T * (H / 8) >= int64_t(256) * sm_count() ? 256 : 64;
   const bool wide = H % 8 == 0 && aligned16(ye.raw(), H * int64_t(dtype_size(ye.dtype()))) &&
                     aligned16(out.raw(), out.strides()[0] * int64_t(dtype_size(out.dtype())));
   MS_FLOAT_DISPATCH(ye.dtype(), TY, MS_FLOAT_DISPATCH(out.dtype(), TO, {
