@@ -103,6 +103,14 @@ void argmax_rows_into(const Tensor& logits, Tensor& ids) {
            "argmax_rows_into: ids ", ids.describe(), " for logits ", logits.describe());
   MS_DISPATCH(logits, argmax_rows_into(logits, ids));
 }
+void sample_rows_into(const Tensor& logits, std::span<const RowSampling> rows, Tensor& ids) {
+  MS_CHECK(logits.dim() == 2 && int64_t(rows.size()) == logits.size(0) && logits.size(1) > 0,
+           "sample_rows_into: ", rows.size(), " rows of sampling for logits ", logits.describe());
+  MS_CHECK(ids.dtype() == DType::I32 && ids.device() == logits.device() && ids.dim() == 1 &&
+               ids.size(0) == logits.size(0) && ids.is_contiguous(),
+           "sample_rows_into: ids ", ids.describe(), " for logits ", logits.describe());
+  MS_DISPATCH(logits, sample_rows_into(logits, rows, ids));
+}
 
 std::unique_ptr<HostReadback> make_host_readback(Device device, int64_t capacity) {
   if (device == Device::CPU) return ::ms::cpu::make_host_readback(capacity);

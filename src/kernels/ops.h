@@ -156,6 +156,32 @@ std::vector<int32_t> argmax_rows(const Tensor& logits);
 // The same indices into ids [rows] (I32 on the logits' device), left there: nothing waits.
 void argmax_rows_into(const Tensor& logits, Tensor& ids);
 
+// How one row of logits is sampled: the host sampler's rule after its penalties
+// (runtime/sampler.h). The candidates, in rank order (decreasing logit, ties to the lower id),
+// are the top_k best (all when top_k <= 0) weighing exp((l - max) / temperature) in double;
+// top_p keeps the shortest prefix whose weight reaches top_p of theirs, then min_p drops the
+// ranks weighing less than min_p (the best weighs 1). The token is the first rank whose
+// cumulative weight exceeds u times the kept weight, u = uniform_draw(seed, step). Greedy
+// rows (temperature <= 0 or top_k 1) take the argmax.
+struct RowSampling {
+  float temperature = 1.0f;
+  int32_t top_k = -1;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t step = 0;  // index of the token being chosen
+  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+};
+// Uniform in [0, 1) from (seed, step): splitmix64 of the pair (the GPU draws the same bits).
+double uniform_draw(uint64_t seed, uint64_t step);
+// The rule on one host row of F32 logits (what the CPU op does on each row).
+int32_t sample_row(std::span<const float> logits, const RowSampling& p);
+// Probabilities after temperature, top_k, top_p and min_p (zeros for excluded tokens).
+std::vector<double> sampling_distribution(std::span<const float> logits, const RowSampling& p);
+// ids[i] (I32 [rows] on the logits' device) = the token row i of logits [rows, vocab] draws
+// under rows[i]; on the GPU nothing waits and only the ids are written.
+void sample_rows_into(const Tensor& logits, std::span<const RowSampling> rows, Tensor& ids);
+
 // A copy of a device I32 array to the host that the host collects later, so that it can prepare
 // the next step while the device still computes this one (a step's sampled ids). One copy in
 // flight per object; on the CPU the copy is done at start.

@@ -213,20 +213,33 @@ bool Engine::step(bool forward_when_idle) {
   return true;
 }
 
-// With overlap, rows the device can pick (argmax_only) stay there: the next step reads them as
-// placeholders and the host collects them later. Otherwise the step is sampled now.
+// With overlap, rows the device can pick (device_sampleable: greedy or drawn, no penalty nor
+// logprobs) stay there: the next step reads them as placeholders and the host collects them later.
+// Otherwise the step is sampled now.
 Engine::Launched Engine::launch(ScheduleBatch batch) {
   Launched step{std::move(batch)};
   const Tensor logits = runner_.forward(step.batch, scheduler_.kv().table());
   std::vector<const Request*> sampled;
-  bool on_device = overlap_;
+  bool on_device = overlap_, argmax = true;
   for (const ScheduledSeq& s : step.batch.seqs) {
     sampled.push_back(s.sample ? s.req : nullptr);
-    if (s.sample) on_device = on_device && s.req->sampling.argmax_only();
+    if (!s.sample) continue;
+    on_device = on_device && s.req->sampling.device_sampleable();
+    argmax = argmax && s.req->sampling.argmax_only();
   }
   if (on_device) {
     Tensor ids = runner_.sampled_ids(logits.size(0));
-    ops::argmax_rows_into(logits, ids);
+    if (argmax) {
+      ops::argmax_rows_into(logits, ids);
+    } else {
+      // The token a row chooses has index output_ids + pending_ids: the previous step's tokens
+      // are still in flight (sample_next, one step at a time, counts output_ids alone).
+      std::vector<ops::RowSampling> rows(sampled.size(), ops::RowSampling{.temperature = 0.0f});
+      for (size_t i = 0; i < sampled.size(); ++i)
+        if (const Request* r = sampled[i])
+          rows[i] = row_sampling(r->sampling, r->rng_seed, r->output_ids.size() + r->pending_ids.size());
+      ops::sample_rows_into(logits, rows, ids);
+    }
     step.readback = readbacks_[next_readback_++ % 2].get();
     step.readback->start(ids);
   } else {

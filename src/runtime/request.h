@@ -43,6 +43,12 @@ struct SamplingParams {
     return greedy() && repetition_penalty == 1.0f && frequency_penalty == 0.0f && presence_penalty == 0.0f &&
            !return_logprob && top_logprobs_num <= 0;
   }
+  // Nothing that needs the host (no penalty, no logprobs): ops::sample_rows_into picks the
+  // token on the logits' device, greedy or not, as the host sampler would.
+  bool device_sampleable() const {
+    return repetition_penalty == 1.0f && frequency_penalty == 0.0f && presence_penalty == 0.0f && !return_logprob &&
+           top_logprobs_num <= 0;
+  }
   // Throws naming the field when a value is outside its range.
   void validate(int vocab_size) const;
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/ops.h"
 #include "runtime/request.h"
 
 namespace ms {
@@ -27,9 +28,10 @@ SampleResult sample_token(const SampleInput& in);
 SampleResult sample_next(std::span<const float> logits, const Request& r);
 
 // The next tokens of a batch: row i of `logits` [rows, vocab] (on any device) for reqs[i] (null:
-// row i is not sampled; its result stays empty). Rows whose request is argmax_only are picked on
-// the logits' device and only their ids cross to the host; the other rows are copied to the host
-// and go through sample_next. The result is what sample_next on every row would give.
+// row i is not sampled; its result stays empty). On a GPU, rows whose request is
+// device_sampleable are picked there (argmax_rows, or sample_rows_into) and only their ids cross
+// to the host; the other rows are copied to the host and go through sample_next. The result is
+// what sample_next on every row would give.
 std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Request* const> reqs);
 
 // Rows `rows` of a 2-D tensor on its device (the tensor itself when that is every row in order).
@@ -41,8 +43,12 @@ std::vector<float> penalized_logits(const SampleInput& in);
 // (speculative verification chooses tokens itself): the token and, when asked, its logprobs.
 SampleResult chosen_token(const std::vector<float>& penalized, const SamplingParams& p, int32_t token);
 
-// Uniform in [0, 1) from (seed, step): splitmix64 of the pair.
+// Uniform in [0, 1) from (seed, step): splitmix64 of the pair (ops::uniform_draw).
 double uniform_draw(uint64_t seed, uint64_t step);
+
+// The part of a request's sampling that ops::sample_rows_into applies (all of it when
+// p.device_sampleable()), for the token of index `step`.
+ops::RowSampling row_sampling(const SamplingParams& p, uint64_t seed, uint64_t step);
 
 // Probabilities after temperature, top_k, top_p and min_p (zeros for excluded tokens), from
 // already penalised logits; exposed for tests of the distribution.

@@ -35,6 +35,7 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 std::vector<int32_t> argmax_rows(const Tensor& logits);
 void argmax_rows_into(const Tensor& logits, Tensor& ids);
+void sample_rows_into(const Tensor& logits, std::span<const ops::RowSampling> rows, Tensor& ids);
 std::unique_ptr<ops::HostReadback> make_host_readback(int64_t capacity);
 
 // Rotary embedding on x [T, H, D] for dims [offset, offset + rot_dim) of every head, in place

@@ -1,8 +1,9 @@
 // Overlap scheduling: the engine issues step N+1 before it reads step N's tokens (placeholders
 // in N+1's inputs name them on the device). Whatever the mix of requests — early stops that
-// leave a token computed for nothing, stop strings, host-sampled and logprob requests that
-// force synchronous steps, retraction, aborts while a step is in flight — the outputs must be
-// those of the engine that runs one step at a time, and no KV slot may leak.
+// leave a token computed for nothing, stop strings, sampled requests (drawn on the device like
+// greedy ones), penalised and logprob requests that force synchronous steps, retraction, aborts
+// while a step is in flight — the outputs must be those of the engine that runs one step at a
+// time, and no KV slot may leak.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -69,7 +70,8 @@ class OverlapTest : public ::testing::Test {
 CausalLM* OverlapTest::model_ = nullptr;
 
 // Early stops (a stop token, EOS, a stop string) end a request while its next step is already
-// in flight; host-sampled and logprob requests make some steps synchronous.
+// in flight; a sampled request overlaps too, penalised and logprob requests make some steps
+// synchronous.
 TEST_F(OverlapTest, MixedRequestsMatchTheSynchronousEngine) {
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < 4; ++i) reqs.push_back(request(5 + 9 * i, 12 + i, 3 + 40 * i));
@@ -88,6 +90,10 @@ TEST_F(OverlapTest, MixedRequestsMatchTheSynchronousEngine) {
   reqs.push_back(logprobs);
   GenerateRequest none = request(4, 0, 800);
   reqs.push_back(none);
+  GenerateRequest penalised = request(5, 6, 600);
+  penalised.sampling.temperature = 0.9f;
+  penalised.sampling.frequency_penalty = 0.5f;
+  reqs.push_back(penalised);
 
   Engine sync(*model_, options(false), detok);
   Engine overlap(*model_, options(true), detok);
@@ -112,6 +118,39 @@ TEST_F(OverlapTest, MixedRequestsMatchTheSynchronousEngine) {
   EXPECT_EQ(again.stats().overlapped_steps - before.overlapped_steps, int64_t(want[1].output_ids.size()) + 1);
   expect_same(again.generate(greedy), std::vector<GenerateResult>(want.begin(), want.begin() + 4));
   expect_no_leak(again);
+}
+
+// Sampled requests (temperature, top_k, top_p, min_p; no penalty nor logprobs) are drawn on the
+// device and overlap like greedy ones: a step draws token output_ids + pending_ids of each
+// request (the tokens in flight count), so the draws, a function of (seed, token index), are
+// those of the engine that samples every step on the host.
+TEST_F(OverlapTest, SampledRequestsOverlapAndMatch) {
+  std::vector<GenerateRequest> reqs;
+  const float temps[] = {1.0f, 0.7f, 1.3f, 1.0f, 0.5f};
+  for (int i = 0; i < 5; ++i) {
+    GenerateRequest g = request(6 + 5 * i, 9 + i, 31 * i + 2);
+    g.sampling.temperature = temps[i];
+    g.sampling.seed = 100 + i;
+    if (i == 1) g.sampling.top_k = 20;
+    if (i == 2) g.sampling.top_p = 0.9f;
+    if (i == 3) g.sampling.min_p = 0.1f;
+    if (i == 4) g.sampling.temperature = 0.0f;  // a greedy row among drawn ones
+    ASSERT_TRUE(g.sampling.device_sampleable());
+    reqs.push_back(g);
+  }
+  Engine sync(*model_, options(false), detok);
+  const std::vector<GenerateResult> want = sync.generate(reqs);
+  Engine overlap(*model_, options(true), detok);
+  expect_same(overlap.generate(reqs), want);
+  expect_no_leak(overlap);
+  // One request alone: every step (its prefill and each decode) overlaps.
+  Engine single(*model_, options(true), detok);
+  expect_same(single.generate({reqs[0]}), {want[0]});
+  EXPECT_EQ(single.stats().overlapped_steps, int64_t(want[0].output_ids.size()));
+  // Draws differ by seed: the tokens are not the greedy ones.
+  GenerateRequest greedy = reqs[0];
+  greedy.sampling.temperature = 0.0f;
+  EXPECT_NE(sync.generate({greedy})[0].output_ids, want[0].output_ids);
 }
 
 // The pool holds the prompts but not all the outputs: decode steps retract, which first needs
