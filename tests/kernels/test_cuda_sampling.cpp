@@ -13,6 +13,7 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_common.h"
+#include "runtime/engine.h"
 
 namespace ms {
 namespace {
@@ -117,6 +118,38 @@ TEST(CudaSampling, EdgeRows) {
     for (int64_t r = 0; r < rows; ++r)
       EXPECT_EQ(got.data<int32_t>()[r], want.data<int32_t>()[r]) << "V " << V << " row " << r;
   }
+}
+
+// The engine on the GPU: sampled requests drawn on the device with overlap (the token of index
+// output_ids + pending_ids) are the ones the engine without overlap draws (sample_rows, also on
+// the device). One request at a time, so both run the same batches and see the same logits.
+TEST(CudaSampling, EngineOverlapDrawsTheSynchronousTokens) {
+  MS_REQUIRE_CUDA();
+  LoadOptions lo;
+  lo.device = Device::CUDA;
+  lo.act_dtype = DType::BF16;
+  const std::unique_ptr<CausalLM> model = load_model(fixture_dir("qwen3-moe-tiny"), lo);
+  EngineOptions o;
+  o.max_total_tokens = 2048;
+  o.scheduler.max_running_requests = 8;
+  o.cuda_graph.max_bs = 8;
+  EngineOptions sync_o = o;
+  sync_o.disable_overlap_schedule = true;
+  Engine overlap(*model, o), sync(*model, sync_o);
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest g;
+    for (int t = 0; t < 6 + 3 * i; ++t) g.input_ids.push_back(int32_t((t * 37 + i * 11) % 900 + 5));
+    g.sampling.max_new_tokens = 16;
+    g.sampling.ignore_eos = true;
+    g.sampling.temperature = i == 1 ? 0.7f : 1.0f;
+    g.sampling.seed = uint64_t(1000 + i);
+    if (i == 2) g.sampling.top_k = 20, g.sampling.top_p = 0.9f;
+    if (i == 3) g.sampling.min_p = 0.05f;
+    const std::vector<int32_t> want = sync.generate({g})[0].output_ids;
+    EXPECT_EQ(overlap.generate({g})[0].output_ids, want) << "request " << i;
+  }
+  EXPECT_GT(overlap.stats().overlapped_steps, 0);
+  EXPECT_EQ(sync.stats().overlapped_steps, 0);
 }
 
 // Opt-in timing: µs a call for 1 and 64 rows of 151936 logits (bf16, a model's spread), the
