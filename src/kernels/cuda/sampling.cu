@@ -107,10 +107,11 @@ std::vector<int32_t> argmax_rows(const Tensor& logits) {
 // Drawing a token for temperature > 0 (sample_rows_into), one block a row, with the host
 // sampler's numbers (kernels/cpu/sampling.cpp): weights exp((l - max) * (1 / T)) in double, the
 // same splitmix64 draw, ranks by decreasing logit with ties to the lower id. No sort: the rank
-// where a bound is crossed (the top_k-th token, the top_p prefix, the draw) is found by
-// narrowing a range of logit keys (the float's bits made monotone, as offsets below the
-// largest) with a 2048-bin histogram of counts and weights a level, at most four levels, then
-// the position inside the last key's ties. Weights are summed in 2^-63 fixed point in 128 bits:
+// where a bound is crossed (the top_k-th token, the top_p prefix, the draw) is found with a
+// 2048-bin histogram of counts and weights a level: the weights' first level is linear in the
+// logit (the host's buckets), the next ones narrow a range of logit keys (the float's bits
+// made monotone, as offsets below the largest) to a single key, then the position inside that
+// key's ties (in id order) is found. Weights are summed in 2^-63 fixed point in 128 bits:
 // integer adds are exact and order-free, so the sums are the exact sums of the weights (the host
 // adds doubles: they differ from these by rounding only, a token differs when u lands within
 // ~1e-14 of a boundary) and the result does not depend on how the atomics interleave.
@@ -129,10 +130,13 @@ struct Hist {
 constexpr size_t kSampleSmem = 2 * sizeof(Hist);
 
 // A range of key offsets [a, b] (offset = largest key - key: 0 is the best) cut into bins of
-// 2^s offsets; the last bin also takes every offset past the others.
+// 2^s offsets; the last bin also takes every offset past the others. s < 0: the weights' first
+// level, binned linearly in the logit (RowCtx::bucket). bucket >= 0: only the tokens of that
+// first-level bin.
 struct Level {
   uint32_t a, b;
   int s;
+  int bucket = -1;
 };
 // Where a search stopped: a single key, the candidates above it and the weight they carry.
 struct Found {
@@ -231,6 +235,14 @@ struct RowCtx {
   int ik;
   double top, inv_t;
   float min_p;
+  double scale;  // first-level bins a logit unit
+  // The first-level bin: the host sampler's bucketing, linear in (top - x). Float keys are
+  // logarithmic near 0, so bins of keys put most of a model's logits in a dozen bins (and their
+  // atomics on a dozen words); linear bins spread them.
+  __device__ int bucket(float x) const {
+    const double d = (top - double(x)) * scale;
+    return d < double(kBins - 1) ? int(d) : kBins - 1;  // also -inf and NaN
+  }
 };
 
 // Counts (and with `mass`, weighs) the candidates of level L's range into h. With `totals`, also
@@ -240,25 +252,64 @@ __device__ void hist_pass(const RowCtx<T>& c, const Level& L, bool mass, bool to
   __syncthreads();  // the previous user of h is done
   for (int b = int(threadIdx.x); b < kBins; b += kSampleThreads) h.lo[b] = 0, h.hi[b] = 0, h.cnt[b] = 0, h.first[b] = INT_MAX;
   __syncthreads();
-  const bool track_first = L.s == 0;
+  const bool track_first = L.s == 0, linear = L.s < 0;
   uint32_t minp_cnt = 0;
   u128 total = 0, minp_mass = 0;
-  for (int i = int(threadIdx.x); i < c.V; i += kSampleThreads) {
-    const float x = load_f(c.row + i);
-    const uint32_t o = c.kmax - key_of(x);
-    if (o < L.a || o > L.b || o > c.ok || (o == c.ok && i > c.ik)) continue;
-    const int bin = int(min((o - L.a) >> L.s, uint32_t(kBins - 1)));
-    atomicAdd(&h.cnt[bin], 1u);
-    if (track_first) atomicMin(&h.first[bin], i);
-    if (!mass) continue;
-    const double w = weight(x, c.top, c.inv_t);
-    const unsigned long long f = fixed(w);
-    if (f == 0) continue;
-    const unsigned long long old = atomicAdd(&h.lo[bin], f);
-    if (old + f < old) atomicAdd(&h.hi[bin], 1u);
-    if (totals) {
-      total += f;
-      if (w >= double(c.min_p)) ++minp_cnt, minp_mass += f;
+  const int lane = int(threadIdx.x) % 32;
+  // Whole warps run every round (the bound is the block's), so the warp collectives below see
+  // all 32 lanes; a lane with nothing to add has bin -1.
+  for (int base = 0; base < c.V; base += kSampleThreads) {
+    const int i = base + int(threadIdx.x);
+    int bin = -1;
+    unsigned long long f = 0;
+    if (i < c.V) {
+      const float x = load_f(c.row + i);
+      const uint32_t o = c.kmax - key_of(x);
+      if (o >= L.a && o <= L.b && (o < c.ok || (o == c.ok && i <= c.ik)) &&
+          (L.bucket < 0 || c.bucket(x) == L.bucket)) {
+        bin = linear ? c.bucket(x) : int(min((o - L.a) >> L.s, uint32_t(kBins - 1)));
+        if (mass) {
+          const double w = weight(x, c.top, c.inv_t);
+          f = fixed(w);
+          if (totals) {
+            total += f;
+            if (w >= double(c.min_p) && f > 0) ++minp_cnt, minp_mass += f;
+          }
+        }
+      }
+    }
+    // Lanes that share a bin add once: a flat bf16 row has 150k tokens on a few logit values,
+    // and -inf-masked tokens all share the last bin; one word taking 32 atomics at a time is the
+    // pass's slowest part. Two rounds, each for the bin of the lowest lane still pending, when
+    // at least 4 lanes share it; the others add their own.
+    unsigned pending = __ballot_sync(0xffffffffu, bin >= 0);
+    for (int round = 0; round < 2 && pending; ++round) {
+      const int lead = __ffs(pending) - 1;
+      const int lb = __shfl_sync(0xffffffffu, bin, lead);
+      const unsigned same = __ballot_sync(0xffffffffu, bin == lb);
+      if (__popc(same) < 4) break;
+      u128 m = bin == lb ? u128(f) : u128(0);
+      if (mass)
+        for (int o = 16; o > 0; o >>= 1) m += shfl_xor_u128(m, o);
+      if (lane == lead) {  // the lowest lane: the group's lowest id
+        atomicAdd(&h.cnt[lb], unsigned(__popc(same)));
+        if (track_first) atomicMin(&h.first[lb], i);
+        const unsigned long long lo = (unsigned long long)m;
+        const uint32_t hi = uint32_t(m >> 64);
+        const unsigned long long old = lo ? atomicAdd(&h.lo[lb], lo) : 0;
+        const uint32_t carry = hi + (old + lo < old ? 1u : 0u);
+        if (carry) atomicAdd(&h.hi[lb], carry);
+      }
+      if (bin == lb) bin = -1;
+      pending &= ~same;
+    }
+    if (bin >= 0) {
+      atomicAdd(&h.cnt[bin], 1u);
+      if (track_first) atomicMin(&h.first[bin], i);
+      if (f) {
+        const unsigned long long old = atomicAdd(&h.lo[bin], f);
+        if (old + f < old) atomicAdd(&h.hi[bin], 1u);
+      }
     }
   }
   if (totals) {
@@ -333,6 +384,18 @@ __device__ void find_bin(const Hist& h, const Crit& c, Shared& sh) {
   __syncthreads();
 }
 
+// The key offsets linear bin b of level L can hold, two floats wider on each side than its
+// logit bounds (top - (b + 1) / scale, top - b / scale] (the bin index is rounded in double).
+template <class T>
+__device__ uint2 bucket_keys(const RowCtx<T>& c, const Level& L, int b) {
+  if (c.scale == 0.0) return make_uint2(L.a, L.b);
+  const float hi = nextafterf(nextafterf(float(c.top - double(b) / c.scale), INFINITY), INFINITY);
+  const uint32_t a = b == 0 ? L.a : max(L.a, c.kmax - min(c.kmax, key_of(hi)));
+  if (b == kBins - 1) return make_uint2(a, L.b);
+  const float lo = nextafterf(nextafterf(float(c.top - double(b + 1) / c.scale), -INFINITY), -INFINITY);
+  return make_uint2(a, max(a, min(L.b, c.kmax - min(c.kmax, key_of(lo)))));
+}
+
 // Narrows level L (its histogram in h) down to the key where the criterion is met. `work` holds
 // the deeper levels (it may be h: h is read before it is reused).
 template <class T>
@@ -344,11 +407,18 @@ __device__ Found descend(const RowCtx<T>& c, Level L, const Crit& crit, bool mas
     find_bin(*h, crit, sh);
     const int bin = sh.bin;
     if (bin < 0) return Found{false, 0, 0, -1, sh.base_cnt, sh.base_mass};
+    if (L.s < 0) {  // into a linear bin: the keys its logits can have, by the keys after
+      const uint2 r = bucket_keys(c, L, bin);
+      L = Level{r.x, r.y, shift_for(r.y - r.x), bin};
+      hist_pass(c, L, mass, false, *work, sh);
+      h = work;
+      continue;
+    }
     const uint64_t a = uint64_t(L.a) + (uint64_t(bin) << L.s);
     const uint64_t b = bin == kBins - 1 ? uint64_t(L.b) : min(uint64_t(L.b), a + (uint64_t(1) << L.s) - 1);
-    if (a == b || level == 6)
+    if (a == b || level == 7)
       return Found{true, c.kmax - uint32_t(a), h->cnt[bin], L.s == 0 ? h->first[bin] : -1, sh.base_cnt, sh.base_mass};
-    L = Level{uint32_t(a), uint32_t(b), shift_for(uint32_t(b - a))};
+    L = Level{uint32_t(a), uint32_t(b), shift_for(uint32_t(b - a)), L.bucket};
     hist_pass(c, L, mass, false, *work, sh);
     h = work;
   }
@@ -438,7 +508,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(const T* lo
     if (threadIdx.x == 0) ids[blockIdx.x] = sh.argmax;
     return;
   }
-  RowCtx<T> c{row, V, sh.kmax, 0xffffffffu, INT_MAX, double(value_of(sh.kmax)), 1.0 / double(p.temperature), p.min_p};
+  RowCtx<T> c{row, V, sh.kmax, 0xffffffffu, INT_MAX, double(value_of(sh.kmax)), 1.0 / double(p.temperature), p.min_p,
+              0.0};
   const uint32_t omax = sh.kmax - sh.kmin;
 
   // top_k: the k-th ranked token bounds the candidates (its ties by id).
@@ -453,11 +524,11 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(const T* lo
     ncand = unsigned(p.top_k);
   }
 
-  // Level 0 of the weights: bins span the keys down to 45 temperatures below the best (lower
-  // ones weigh nothing and share the last bin), so a flat row spreads over the bins.
-  const float floor_v = float(c.top - 45.0 * double(p.temperature));
-  const uint32_t ocut = floor_v > value_of(sh.kmin) ? c.kmax - key_of(floor_v) : omax;
-  const Level L0{0, omax, shift_for(min(ocut, omax))};
+  // Level 0 of the weights: linear bins from the best logit down to the lowest, or to 45
+  // temperatures below the best (lower ones weigh nothing and share the last bin).
+  const double low = fmax(double(value_of(sh.kmin)), c.top - 45.0 * double(p.temperature));
+  c.scale = c.top > low ? double(kBins - 1) / (c.top - low) : 0.0;
+  const Level L0{0, omax, -1};
   hist_pass(c, L0, true, true, h[0], sh);
   const double total = to_double(sh.total);
   unsigned long long count = ncand;
