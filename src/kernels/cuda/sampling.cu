@@ -512,23 +512,23 @@ __global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(const T* lo
               0.0};
   const uint32_t omax = sh.kmax - sh.kmin;
 
+  // The first level: linear bins from the best logit down to the lowest, or to 45 temperatures
+  // below the best (lower ones weigh nothing and share the last bin).
+  const double low = fmax(double(value_of(sh.kmin)), c.top - 45.0 * double(p.temperature));
+  c.scale = c.top > low ? double(kBins - 1) / (c.top - low) : 0.0;
+  const Level L0{0, omax, -1};
+
   // top_k: the k-th ranked token bounds the candidates (its ties by id).
   unsigned long long ncand = unsigned(V);
   if (p.top_k > 0 && p.top_k < V) {
-    const Level L{0, omax, shift_for(omax)};
-    hist_pass(c, L, false, false, h[1], sh);
-    const Found f = descend(c, L, Crit{0, (unsigned long long)(p.top_k - 1), 0}, false, &h[1], &h[1], sh);
+    hist_pass(c, L0, false, false, h[1], sh);
+    const Found f = descend(c, L0, Crit{0, (unsigned long long)(p.top_k - 1), 0}, false, &h[1], &h[1], sh);
     const uint32_t j = uint32_t((unsigned long long)(p.top_k - 1) - f.above_cnt);
     const int last = j + 1 < f.cnt ? pick(c, f, j, sh) : INT_MAX;
     c.ok = c.kmax - f.key, c.ik = last;
     ncand = unsigned(p.top_k);
   }
 
-  // Level 0 of the weights: linear bins from the best logit down to the lowest, or to 45
-  // temperatures below the best (lower ones weigh nothing and share the last bin).
-  const double low = fmax(double(value_of(sh.kmin)), c.top - 45.0 * double(p.temperature));
-  c.scale = c.top > low ? double(kBins - 1) / (c.top - low) : 0.0;
-  const Level L0{0, omax, -1};
   hist_pass(c, L0, true, true, h[0], sh);
   const double total = to_double(sh.total);
   unsigned long long count = ncand;
