@@ -109,8 +109,7 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Requ
   for (size_t i = 0; i < reqs.size(); ++i) {
     if (!reqs[i]) continue;
     const SamplingParams& p = reqs[i]->sampling;
-    (p.argmax_only() ? argmax : p.device_sampleable() && logits.device() != Device::CPU ? device : full)
-        .push_back(int32_t(i));
+    (p.argmax_only() ? argmax : p.device_sampleable() ? device : full).push_back(int32_t(i));
   }
   std::vector<SampleResult> out(reqs.size());
   if (!argmax.empty()) {
@@ -118,10 +117,13 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Requ
     for (size_t j = 0; j < argmax.size(); ++j) out[size_t(argmax[j])].token = ids[j];
   }
   if (!device.empty()) {  // drawn where the logits are: only the ids cross
+    // The token chosen has index output_ids + pending_ids, should a step sampled here follow
+    // one whose tokens are still in flight (today a row needing the host keeps its whole
+    // batch synchronous, so none are).
     std::vector<ops::RowSampling> rows;
     for (int32_t i : device) {
       const Request& r = *reqs[size_t(i)];
-      rows.push_back(row_sampling(r.sampling, r.rng_seed, r.output_ids.size()));
+      rows.push_back(row_sampling(r.sampling, r.rng_seed, r.output_ids.size() + r.pending_ids.size()));
     }
     Tensor ids = Tensor::empty(DType::I32, {int64_t(device.size())}, logits.device());
     ops::sample_rows_into(take_rows(logits, device), rows, ids);

@@ -28,10 +28,11 @@ SampleResult sample_token(const SampleInput& in);
 SampleResult sample_next(std::span<const float> logits, const Request& r);
 
 // The next tokens of a batch: row i of `logits` [rows, vocab] (on any device) for reqs[i] (null:
-// row i is not sampled; its result stays empty). On a GPU, rows whose request is
-// device_sampleable are picked there (argmax_rows, or sample_rows_into) and only their ids cross
-// to the host; the other rows are copied to the host and go through sample_next. The result is
-// what sample_next on every row would give.
+// row i is not sampled; its result stays empty). Rows whose request is device_sampleable are
+// picked on the logits' device (argmax_rows, or sample_rows_into for the token of index
+// output_ids + pending_ids) and only their ids cross to the host; the other rows (which never
+// have tokens in flight) are copied to the host and go through sample_next. The result is what
+// sample_next on every row would give once the tokens in flight are output_ids.
 std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Request* const> reqs);
 
 // Rows `rows` of a 2-D tensor on its device (the tensor itself when that is every row in order).
