@@ -384,15 +384,19 @@ __device__ void find_bin(const Hist& h, const Crit& c, Shared& sh) {
   __syncthreads();
 }
 
-// The key offsets linear bin b of level L can hold, two floats wider on each side than its
-// logit bounds (top - (b + 1) / scale, top - b / scale] (the bin index is rounded in double).
+// The key offsets linear bin b of level L can hold: its logit bounds (top - (b + 1) / scale,
+// top - b / scale], widened by far more than the double rounding of the bin index (also where a
+// bound is near 0 and float steps are tiny) and then by two floats. Keys of other bins that this
+// takes in are left out by the passes' bin test.
 template <class T>
 __device__ uint2 bucket_keys(const RowCtx<T>& c, const Level& L, int b) {
   if (c.scale == 0.0) return make_uint2(L.a, L.b);
-  const float hi = nextafterf(nextafterf(float(c.top - double(b) / c.scale), INFINITY), INFINITY);
+  const double slack = (fabs(c.top) + double(b + 1) / c.scale) * 1e-12;
+  const float hi = nextafterf(nextafterf(float(c.top - double(b) / c.scale + slack), INFINITY), INFINITY);
   const uint32_t a = b == 0 ? L.a : max(L.a, c.kmax - min(c.kmax, key_of(hi)));
   if (b == kBins - 1) return make_uint2(a, L.b);
-  const float lo = nextafterf(nextafterf(float(c.top - double(b + 1) / c.scale), -INFINITY), -INFINITY);
+  const float lo =
+      nextafterf(nextafterf(float(c.top - double(b + 1) / c.scale - slack), -INFINITY), -INFINITY);
   return make_uint2(a, max(a, min(L.b, c.kmax - min(c.kmax, key_of(lo)))));
 }
 
