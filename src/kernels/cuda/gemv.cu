@@ -95,9 +95,11 @@ __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, f
 template <bool FP8, class TO, bool SWIGLU, int NT, int U>
 __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
-  // Inputs of a round loaded with its weights when the registers allow (few rows): loaded after
-  // the weights arrive, each input load was one more L2 round trip per chunk, in series.
-  constexpr bool kPrefetchX = NT * U <= 4;
+  // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
+  // weights arrive, each input load was one more L2 round trip per chunk, in series. Measured on
+  // the H200: batch 1 gains; with two tiles (the experts at batch 64) the extra registers cost
+  // more occupancy than the round trips did.
+  constexpr bool kPrefetchX = NT == 1;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
   // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
   // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
