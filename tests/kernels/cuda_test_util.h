@@ -5,7 +5,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <utility>
+#include <vector>
 #include <random>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -76,6 +80,23 @@ inline Fp8Weight random_fp8(int64_t n, int64_t k, float scale = 0.002f) {
   out.cpu.w = w, out.cpu.scale_inv = s;
   out.gpu.w = w.to(Device::CUDA), out.gpu.scale_inv = s.to(Device::CUDA);
   return out;
+}
+
+// Sequences of (queries, keys); every key gets a distinct random slot of a pool of `pool`
+// (or, unshuffled, the slots in order: each sequence's keys contiguous).
+inline ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& seqs, int pool, bool shuffle = true) {
+  ops::AttentionLayout l;
+  l.q_start = {0}, l.kv_start = {0};
+  std::vector<int32_t> slots(static_cast<size_t>(pool));
+  std::iota(slots.begin(), slots.end(), 0);
+  if (shuffle) std::shuffle(slots.begin(), slots.end(), rng());
+  size_t next = 0;
+  for (auto [nq, nk] : seqs) {
+    for (int i = 0; i < nk; ++i) l.kv_slots.push_back(slots.at(next++));
+    l.q_start.push_back(l.q_start.back() + nq);
+    l.kv_start.push_back(l.kv_start.back() + nk);
+  }
+  return l;
 }
 
 }  // namespace ms::test

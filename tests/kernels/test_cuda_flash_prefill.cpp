@@ -30,22 +30,6 @@ using namespace test;
 
 constexpr double kBf16Tol = 1e-2, kRowTol = 3e-2;
 
-// Sequences of (queries, keys); every key gets a distinct random slot of a pool of `pool`.
-ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& seqs, int pool) {
-  ops::AttentionLayout l;
-  l.q_start = {0}, l.kv_start = {0};
-  std::vector<int32_t> slots(static_cast<size_t>(pool));
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng());
-  size_t next = 0;
-  for (auto [nq, nk] : seqs) {
-    for (int i = 0; i < nk; ++i) l.kv_slots.push_back(slots.at(next++));
-    l.q_start.push_back(l.q_start.back() + nq);
-    l.kv_start.push_back(l.kv_start.back() + nk);
-  }
-  return l;
-}
-
 // The worst relative error of one output row (a query head's Dv values): a single wrong row of
 // thousands hardly moves the whole tensor's error. NaN (an unwritten row) propagates.
 double worst_row_error(const Tensor& out, const Tensor& ref) {

@@ -80,6 +80,36 @@ __device__ __forceinline__ float load_f(const float* p) { return *p; }
 __device__ __forceinline__ float load_f(const bf16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_f(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+// Eight consecutive values as f32 through 16-byte accesses (one for bf16, two for f32): the
+// vectorised element-wise kernels' loads and stores. `p` must be 16-byte aligned.
+__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+    f[2 * j] = p.x, f[2 * j + 1] = p.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {  // rounded to bf16
+  uint32_t res[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+    res[j] = *reinterpret_cast<const uint32_t*>(&r);
+  }
+  return make_uint4(res[0], res[1], res[2], res[3]);
+}
+__device__ __forceinline__ void load8(const bf16* p, float v[8]) { unpack8(*reinterpret_cast<const uint4*>(p), v); }
+__device__ __forceinline__ void load8(const float* p, float v[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(bf16* p, const float v[8]) { *reinterpret_cast<uint4*>(p) = pack8(v); }
+__device__ __forceinline__ void store8(float* p, const float v[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
 // pdl_wait: blocks until the kernels this one depends on have finished and their writes are
 // visible (returns at once when it was not launched early). pdl_trigger: lets the next kernel,
 // if launched by launch_pdl, start as soon as every block of this one has triggered or exited.

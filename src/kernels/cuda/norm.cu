@@ -59,31 +59,6 @@ __global__ void rms_norm_kernel(T* x, int64_t xs, const TY* y, int64_t ys, const
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) store_f(orow + i, load_f(xr + i) * inv * load_f(w + i));
 }
 
-// 8 bf16 values from 16 bytes, and 8 weights (bf16 or f32) from 16-byte aligned memory.
-__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
-  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
-    f[2 * j] = p.x, f[2 * j + 1] = p.y;
-  }
-}
-__device__ __forceinline__ void load8(const bf16* w, float f[8]) { unpack8(*reinterpret_cast<const uint4*>(w), f); }
-__device__ __forceinline__ void load8(const float* w, float f[8]) {
-  const float4 a = reinterpret_cast<const float4*>(w)[0], b = reinterpret_cast<const float4*>(w)[1];
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-// 8 f32 values rounded to bf16, as 16 bytes.
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-  uint32_t res[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const __nv_bfloat162 r = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-    res[j] = *reinterpret_cast<const uint32_t*>(&r);
-  }
-  return make_uint4(res[0], res[1], res[2], res[3]);
-}
-
 constexpr int kNormPieces = 2;          // 16-byte pieces a thread, at most
 constexpr int kNormMaxGroup = 1024;     // threads a row, at most: widths up to 16384
 constexpr int kNormMinBlock = 128;
