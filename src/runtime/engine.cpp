@@ -232,12 +232,10 @@ Engine::Launched Engine::launch(ScheduleBatch batch) {
     if (argmax) {
       ops::argmax_rows_into(logits, ids);
     } else {
-      // The token a row chooses has index output_ids + pending_ids: the previous step's tokens
-      // are still in flight (sample_next, one step at a time, counts output_ids alone).
+      // A row draws its request's next token; the previous step's are still in flight.
       std::vector<ops::RowSampling> rows(sampled.size(), ops::RowSampling{.temperature = 0.0f});
       for (size_t i = 0; i < sampled.size(); ++i)
-        if (const Request* r = sampled[i])
-          rows[i] = row_sampling(r->sampling, r->rng_seed, r->output_ids.size() + r->pending_ids.size());
+        if (const Request* r = sampled[i]) rows[i] = next_row_sampling(*r);
       ops::sample_rows_into(logits, rows, ids);
     }
     step.readback = readbacks_[next_readback_++ % 2].get();

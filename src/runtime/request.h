@@ -100,7 +100,9 @@ struct Request {
   // when the request finished at an earlier one.
   std::vector<int32_t> pending_ids;
 
-  int fill_len() const { return int(input_ids.size() + output_ids.size() + pending_ids.size()); }
+  // Tokens produced so far, those in flight included: the index of the next one.
+  int produced() const { return int(output_ids.size() + pending_ids.size()); }
+  int fill_len() const { return int(input_ids.size()) + produced(); }
   std::vector<int32_t> fill_ids() const;  // prompt then output: what the KV must cover (nothing pending)
   int32_t fill_at(int i) const {
     const size_t in = input_ids.size(), out = output_ids.size();

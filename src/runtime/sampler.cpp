@@ -59,6 +59,10 @@ ops::RowSampling row_sampling(const SamplingParams& p, uint64_t seed, uint64_t s
   return {p.temperature, p.top_k, p.top_p, p.min_p, seed, step};
 }
 
+ops::RowSampling next_row_sampling(const Request& r) {
+  return row_sampling(r.sampling, r.rng_seed, uint64_t(r.produced()));
+}
+
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& p) {
   return ops::sampling_distribution(logits, row_sampling(p, 0, 0));
 }
@@ -90,7 +94,7 @@ SampleResult chosen_token(const std::vector<float>& penalized, const SamplingPar
 }
 
 SampleResult sample_next(std::span<const float> logits, const Request& r) {
-  return sample_token({logits, &r.sampling, r.input_ids, r.output_ids, r.rng_seed, r.output_ids.size()});
+  return sample_token({logits, &r.sampling, r.input_ids, r.output_ids, r.rng_seed, uint64_t(r.produced())});
 }
 
 Tensor take_rows(const Tensor& logits, std::span<const int32_t> rows) {
@@ -117,14 +121,8 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Requ
     for (size_t j = 0; j < argmax.size(); ++j) out[size_t(argmax[j])].token = ids[j];
   }
   if (!device.empty()) {  // drawn where the logits are: only the ids cross
-    // The token chosen has index output_ids + pending_ids, should a step sampled here follow
-    // one whose tokens are still in flight (today a row needing the host keeps its whole
-    // batch synchronous, so none are).
     std::vector<ops::RowSampling> rows;
-    for (int32_t i : device) {
-      const Request& r = *reqs[size_t(i)];
-      rows.push_back(row_sampling(r.sampling, r.rng_seed, r.output_ids.size() + r.pending_ids.size()));
-    }
+    for (int32_t i : device) rows.push_back(next_row_sampling(*reqs[size_t(i)]));
     Tensor ids = Tensor::empty(DType::I32, {int64_t(device.size())}, logits.device());
     ops::sample_rows_into(take_rows(logits, device), rows, ids);
     const Tensor host = ids.to(Device::CPU);

@@ -50,6 +50,8 @@ double uniform_draw(uint64_t seed, uint64_t step);
 // The part of a request's sampling that ops::sample_rows_into applies (all of it when
 // p.device_sampleable()), for the token of index `step`.
 ops::RowSampling row_sampling(const SamplingParams& p, uint64_t seed, uint64_t step);
+// The same for a request's next token (index r.produced(): tokens still in flight count).
+ops::RowSampling next_row_sampling(const Request& r);
 
 // Probabilities after temperature, top_k, top_p and min_p (zeros for excluded tokens), from
 // already penalised logits; exposed for tests of the distribution.

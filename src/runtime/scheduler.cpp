@@ -53,8 +53,7 @@ std::unique_ptr<Request> Scheduler::abort(RequestId id) {
 }
 
 int64_t Scheduler::reserve_of(const Request& r) const {
-  const int produced = int(r.output_ids.size() + r.pending_ids.size());
-  const int remaining = std::max(0, r.sampling.max_new_tokens - produced);
+  const int remaining = std::max(0, r.sampling.max_new_tokens - r.produced());
   return int64_t(std::ceil(remaining * new_token_ratio_));
 }
 
@@ -152,7 +151,7 @@ bool Scheduler::try_add_to_extend(Request& r, ScheduleBatch& b, int& rem_input, 
 
 // A request whose last token is in flight decodes on it, unless it is known to end there.
 static bool decodes(const Request& r) {
-  return !r.finished() && int(r.output_ids.size() + r.pending_ids.size()) < r.sampling.max_new_tokens;
+  return !r.finished() && r.produced() < r.sampling.max_new_tokens;
 }
 
 ScheduleBatch Scheduler::decode_batch() {
