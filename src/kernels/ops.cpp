@@ -93,6 +93,10 @@ void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Ten
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights) {
   MS_DISPATCH(logits, moe_topk(logits, bias, p, ids, weights));
 }
+void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
+               Tensor& ids, Tensor& weights) {
+  MS_DISPATCH(x, moe_route(x, gate, gate_bias, bias, p, ids, weights));
+}
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
   MS_DISPATCH(x, moe_experts(x, ids, weights, experts, out));
 }

@@ -137,6 +137,11 @@ struct RouterParams {
   int columns() const { return top_k + (fused_shared_replicas > 0 ? 1 : 0); }
 };
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
+// The whole routing of x [T, hidden]: F32 logits = linear(x, gate, gate_bias), then moe_topk with
+// the correction `bias`; ids and weights exactly as that composition gives them. (On the GPU a
+// decode batch runs the top-k inside the router product's kernel.)
+void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
+               Tensor& ids, Tensor& weights);
 
 // Routed experts: out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x)) * up_e(x)), e = ids[t, j].
 // Under expert parallelism a rank holds experts [first_expert, first_expert + num_experts()) of

@@ -33,10 +33,11 @@ SparseMoe::SparseMoe(MoeWeights w, ops::RouterParams router) : w_(std::move(w)),
 
 void SparseMoe::route(const Tensor& x, Tensor& ids, Tensor& weights) const {
   // F32 router logits on every device, as the reference computes them (on the GPU the
-  // activations are BF16, and bf16 logits would flip near-tied expert choices).
-  Tensor logits = Tensor::empty(DType::F32, {x.size(0), w_.gate.out_features()}, x.device());
-  w_.gate.forward(x, logits);
-  ops::moe_topk(logits, w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, ids, weights);
+  // activations are BF16, and bf16 logits would flip near-tied expert choices); the op keeps
+  // them internal, so a GPU decode step runs product and top-k as one kernel.
+  const Tensor& gate_bias = w_.gate.bias();
+  ops::moe_route(x, w_.gate.weight(), gate_bias.defined() ? &gate_bias : nullptr,
+                 w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, ids, weights);
 }
 
 void SparseMoe::add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& out) const {

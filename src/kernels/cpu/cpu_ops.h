@@ -32,6 +32,8 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
 void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
+void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
+               Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 std::vector<int32_t> argmax_rows(const Tensor& logits);
 void argmax_rows_into(const Tensor& logits, Tensor& ids);

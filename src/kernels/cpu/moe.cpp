@@ -66,6 +66,13 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
   }
 }
 
+void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
+               Tensor& ids, Tensor& weights) {
+  Tensor logits = Tensor::empty(DType::F32, {x.size(0), gate.out_features()});
+  cpu::linear(x, gate, gate_bias, logits);
+  cpu::moe_topk(logits, bias, p, ids, weights);
+}
+
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
   const int E = experts.num_experts(), first = experts.first_expert;

@@ -27,7 +27,12 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
+  RouteTail route;  // read by the kernels with NV > 0 only
 };
+
+// Blocks of the running routed product (NV > 0) that have finished; its last block resets it.
+// One stream a GPU runs these products one after another, so one counter a GPU serves them all.
+__device__ unsigned g_route_blocks_done = 0;
 
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
 template <bool FP8>
@@ -91,8 +96,9 @@ __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, f
 }
 
 // NT tiles of 8 rows per pass; U chunks loaded before the first mma (loads in flight per lane:
-// U x MATS x 2 rows x 32 bytes).
-template <bool FP8, class TO, bool SWIGLU, int NT, int U>
+// U x MATS x 2 rows x 32 bytes). NV > 0: the router's product, whose last block to finish runs
+// the top-k (NV experts a lane) over the complete logits.
+template <bool FP8, class TO, bool SWIGLU, int NT, int U, int NV = 0>
 __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
@@ -198,6 +204,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       __syncthreads();  // red is rewritten by the next slab
     }
   }
+  if constexpr (NV > 0) route_in_last_block<NV>(p.route, static_cast<const float*>(p.out), &g_route_blocks_done, red);
 }
 
 template <bool FP8, class TO, bool SWIGLU, int NT>
@@ -212,6 +219,20 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
   if (nt == 1) launch<FP8, TO, SWIGLU, 1>(p, grid, warps);
   else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps);
   else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
+}
+
+// The router's product (F32 logits, one tile of rows) with its top-k: shared memory for whichever
+// needs more, the product's partial sums or the top-k's group scores.
+template <bool FP8>
+void launch_routed(const GemvParams& p, dim3 grid, int warps) {
+  const size_t smem = size_t(warps) * std::max<size_t>(kSlab * 8 * sizeof(float), topk_warp_smem(p.route.tp));
+  switch (p.route.nv) {
+    case 1: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 1>, grid, dim3(warps * 32), smem, p); break;
+    case 2: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 2>, grid, dim3(warps * 32), smem, p); break;
+    case 4: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 4>, grid, dim3(warps * 32), smem, p); break;
+    case 8: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 8>, grid, dim3(warps * 32), smem, p); break;
+    default: fail("gemv: a routed product of ", p.route.nv, " experts a lane");
+  }
 }
 
 template <bool FP8, bool SWIGLU>
@@ -230,12 +251,12 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 }
 
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-          const GemvOutput& out, bool swiglu) {
+          const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab)};
+               int((N + kSlab - 1) / kSlab), route ? *route : RouteTail{}};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
@@ -246,6 +267,14 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   const int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
+  if (route) {
+    MS_CHECK(!swiglu && !rows.offsets && rows.rows <= 8 && out.dtype == DType::F32 && route->tp.T == rows.rows &&
+                 route->tp.E == N && route->tp.ls == out.out_ld,
+             "gemv: a routed product takes a dense F32 output of at most 8 rows");
+    if (w.fp8) launch_routed<true>(p, grid, warps);
+    else launch_routed<false>(p, grid, warps);
+    return;
+  }
   if (w.fp8) {
     if (swiglu) dispatch_out<true, true>(p, out.dtype, nt, grid, warps);
     else dispatch_out<true, false>(p, out.dtype, nt, grid, warps);

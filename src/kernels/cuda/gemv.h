@@ -4,6 +4,7 @@
 // layer), each with its own weights; a group that no row chose costs nothing.
 #pragma once
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/moe_topk.cuh"
 
 namespace ms::cuda {
 
@@ -54,7 +55,9 @@ struct GemvOutput {
 // Whether the kernel takes this shape: K a multiple of the 16-byte chunk, rows 16-byte aligned.
 bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_ld);
 
+// With `route` (a dense product into F32, at most 8 rows, route->nv <= kRouteMaxLanes), the
+// block that finishes last then runs the router's top-k over the whole output (moe_topk.cuh).
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-          const GemvOutput& out, bool swiglu);
+          const GemvOutput& out, bool swiglu, const RouteTail* route = nullptr);
 
 }  // namespace ms::cuda

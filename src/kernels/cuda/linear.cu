@@ -7,6 +7,7 @@
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/moe_topk.cuh"
 
 namespace ms::cuda {
 namespace {
@@ -47,7 +48,7 @@ void linear_fp8(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& o
 // traffic a weight against the passes' 1 each (a 32-row verify ran 1.8x faster this way).
 constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 64;
 
-bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out) {
+bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
   const Tensor& wt = w.w;
   if (T > (w.is_fp8() ? kGemvMaxRowsFp8 : kGemvMaxRowsBf16) || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
@@ -65,20 +66,20 @@ bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out
   rows.rows = int(T);
   GemvInput in{xb.data<bf16>(), xb.strides()[0]};
   GemvOutput o{out.raw(), out.dtype(), out.strides()[0], bias ? bias->data<float>() : nullptr};
-  gemv(N, K, gw, rows, in, o, false);
+  gemv(N, K, gw, rows, in, o, false, route);
   return true;
 }
 
-}  // namespace
-
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
+// linear(), and with `route` only its streaming product (returning false, with nothing
+// launched, where linear takes another path).
+bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
   const int64_t T = x.size(0), K = x.size(1), N = w.out_features();
   MS_CHECK(w.in_features() == K, "linear: input has ", K, " features, weight ", w.w.describe());
   MS_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == N, "linear: output ", out.describe(), " for ", T, "x",
            N);
   check_device_tensor(out, {DType::BF16, DType::F32}, "linear", "output");
   MS_CHECK(out.strides()[1] == 1, "linear: output rows must be contiguous");
-  if (T == 0) return;
+  if (T == 0) return route == nullptr;
   Tensor xb = rows_bf16(x);
   if (bias) {
     check_device_tensor(*bias, {DType::F32}, "linear", "bias");
@@ -86,17 +87,33 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
   }
   const Fp8Mode mode = fp8_mode();
   const bool fp8_gemm = mode != Fp8Mode::Dequant && fp8_gemm_supported(w);
-  if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out)) return;
-  if (fp8_gemm) return linear_fp8(xb, w, bias, out);
+  if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out, route)) return true;
+  if (route) return false;
+  if (fp8_gemm) {
+    linear_fp8(xb, w, bias, out);
+    return true;
+  }
   Tensor wb = weight_bf16(w);
   if (!bias) {
     gemm_xwT(xb, wb, out.raw(), out.dtype(), out.strides()[0]);
-    return;
+    return true;
   }
   // The bias is added in f32 before the one rounding, as a fused epilogue would.
   Tensor tmp = scratch(DType::F32, {T, N});
   gemm_xwT(xb, wb, tmp.raw(), DType::F32, N);
   finish_rows(tmp, bias, T, N, out);
+  return true;
+}
+
+}  // namespace
+
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { linear_rows(x, w, bias, out, nullptr); }
+
+bool linear_then_topk(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& logits, const RouteTail& tail) {
+  MS_CHECK(logits.dtype() == DType::F32 && logits.is_contiguous() && tail.tp.T == x.size(0) &&
+               tail.tp.E == w.out_features() && tail.tp.ls == w.out_features(),
+           "linear_then_topk: logits ", logits.describe(), " for a top-k of ", tail.tp.T, " x ", tail.tp.E);
+  return linear_rows(x, w, bias, logits, &tail);
 }
 
 // Per head h, a strided batched product: q_latent[:, h] = q_nope[:, h] . W_uk[h], where W_uk[h]

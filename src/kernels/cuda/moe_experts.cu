@@ -2,12 +2,14 @@
 // capture) stay on the device: one block sorts the (token, slot) pairs by expert (count, prefix
 // sum, scatter) and lists the experts that have rows; one grouped product streams each listed
 // expert's gate and up rows once and writes silu(gate) * up, a second its down rows; no host
-// sync. More tokens (prefill) sort the pairs on the host and run each selected expert's
-// projections on the tensor cores over its contiguous rows: cuBLASLt in BF16 (FP8 blocks
-// dequantised first), or, when fp8_mode() asks for it, the FP8 block-scaled product
-// (fp8_gemm.h) with each expert's rows quantised as one segment. Both end
-// in the same kernel that sums each token's k outputs with their router weights in a fixed slot
-// order.
+// sync. More tokens (prefill) with BF16 weights sort the pairs on the device too and run each
+// projection as one grouped tensor-core GEMM over all experts (grouped_gemm.h), gate and up
+// ending in SiLU-and-mul. Otherwise (FP8 blocks, shapes that kernel does not take,
+// MOESERVE_GROUPED_GEMM=0) the pairs are sorted on the host and each selected expert's
+// projections run over its contiguous rows: cuBLASLt in BF16 (FP8 blocks dequantised first),
+// or, when fp8_mode() asks for it, the FP8 block-scaled product (fp8_gemm.h) with each expert's
+// rows quantised as one segment. All end in the same kernel that sums each token's k outputs
+// with their router weights in a fixed slot order.
 //
 // Prefill moves far more bytes than it multiplies (4096 tokens x 8 slots x 2048 hidden is 134 MB
 // of gathered BF16 rows per layer): every intermediate there is BF16 (gathered tokens, the
@@ -22,6 +24,7 @@
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe_grouped.h"
 
 namespace ms::cuda {
@@ -165,6 +168,32 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   combine_expert_rows(ye, perm.row_of, weights, out);
 }
 
+// Prefill with BF16 weights, all on the device in five launches: the sort by expert
+// (permute_on_device), [gate | up] and SiLU-and-mul as one grouped GEMM reading each token
+// through token_of_row (no gathered copy: 4096 tokens x 8 slots x 2048 hidden is 134 MB written
+// and read again saved), the down projection as a second, and the combine. No host sync, one
+// launch per product instead of two per selected expert.
+void grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table, int first,
+                     Tensor& out) {
+  const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
+  const int E = table.experts;
+  Permuted perm = permute_on_device(ids, first, E);
+  // Rows past offsets[E] (pairs of other ranks' experts) are never written nor read.
+  Tensor act = scratch(DType::BF16, {pairs, I}), ye = scratch(DType::BF16, {pairs, H});
+  GroupedGemmArgs gu;
+  gu.N = I, gu.K = H, gu.a = x.raw(), gu.a_ld = x.strides()[0], gu.a_rows = perm.token_of_row.data<int32_t>();
+  gu.w = table.gate_up.w, gu.w2 = table.gate_up.w2, gu.w_ld = table.gate_up.ld;
+  gu.offsets = perm.offsets.data<int32_t>(), gu.experts = E, gu.max_rows = pairs;
+  gu.c = act.raw(), gu.c_ld = I;
+  grouped_gemm(gu, true);
+  GroupedGemmArgs dn = gu;
+  dn.N = H, dn.K = I, dn.a = act.raw(), dn.a_ld = I, dn.a_rows = nullptr;
+  dn.w = table.down.w, dn.w2 = nullptr, dn.w_ld = table.down.ld;
+  dn.c = ye.raw(), dn.c_ld = H;
+  grouped_gemm(dn, false);
+  combine_expert_rows(ye, perm.row_of, weights, out);
+}
+
 void check_expert(const ExpertWeights& experts, int e, int64_t H, int64_t I) {
   MS_CHECK(experts.gate[e].out_features() == I && experts.up[e].out_features() == I &&
                experts.down[e].in_features() == I && experts.down[e].out_features() == H &&
@@ -250,6 +279,11 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
     return grouped_experts(x, ids, weights, *table, first, out);
+  if (table && !table->fp8 && grouped_gemm_enabled() && table->hidden == H &&
+      grouped_gemm_supported(H, table->gate_up.ld, x.raw(), x.strides()[0]) &&
+      grouped_gemm_supported(table->intermediate, table->down.ld, nullptr, table->intermediate) &&
+      grouped_gemm_fits(T * K, table->experts))
+    return grouped_prefill(x, ids, weights, *table, first, out);
   MS_CHECK(!capturing(), "moe_experts: these expert weights need the host-sorted path, which cannot be captured");
   std::vector<int32_t> host_ids(size_t(T * K));
   download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));

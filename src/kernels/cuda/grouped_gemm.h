@@ -1,0 +1,49 @@
+// One-launch grouped GEMM for the MoE experts at prefill: every expert's rows times its own
+// BF16 weights on the tensor cores (mma.sync m16n8k16, f32 sums, BF16 out), the experts' row
+// ranges read from device offsets, so the host never learns the row counts. The host-sorted
+// path it replaces issued two cuBLASLt calls per selected expert (~380 a Qwen3-30B layer), and
+// at 4096 tokens the host's issue time, not the GPU, set its pace.
+//
+// Plain pointer types only (no bf16): tests compiled by the host compiler include this header.
+#pragma once
+#include <cstdint>
+
+namespace ms::cuda {
+
+// For each expert e < experts with rows [offsets[e], offsets[e + 1]):
+//   C[r, n] = A_r . W_e[n]                                  (swiglu false)
+//   C[r, n] = silu(A_r . W_e[n]) * (A_r . W2_e[n])           (swiglu true: gate w, up w2)
+// for n < N. A_r is row a_rows[r] of `a` when a_rows is given (the token of a permuted row:
+// no gathered copy), else row r; rows have a_ld elements (BF16). W_e = w[e] (device array of
+// device pointers), [N, K] BF16 with row stride w_ld; w2 likewise. C is BF16, row stride c_ld.
+// max_rows bounds offsets[experts] (sizes the grid). Rows of no expert are left untouched.
+struct GroupedGemmArgs {
+  int64_t N = 0, K = 0;
+  const void* a = nullptr;
+  int64_t a_ld = 0;
+  const int32_t* a_rows = nullptr;
+  const void* const* w = nullptr;
+  const void* const* w2 = nullptr;
+  int64_t w_ld = 0;
+  const int32_t* offsets = nullptr;
+  int experts = 0;
+  int64_t max_rows = 0;
+  void* c = nullptr;
+  int64_t c_ld = 0;
+};
+
+// Whether the kernel takes these operands: K, the row strides of A and W multiples of 8
+// elements and A 16-byte aligned (its tiles come in 16-byte copies). The weights' own alignment
+// is the caller's (ExpertTable checks it). a null: alignment not checked (a scratch tensor).
+bool grouped_gemm_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld);
+
+// Whether the grid over max_rows rows of `experts` groups fits a launch (65535 row tiles).
+bool grouped_gemm_fits(int64_t max_rows, int experts);
+
+// MOESERVE_GROUPED_GEMM=0 sends moe_experts' BF16 prefill back to the per-expert cuBLASLt calls
+// (read at every call, so a test or bench can compare both).
+bool grouped_gemm_enabled();
+
+void grouped_gemm(const GroupedGemmArgs& args, bool swiglu);
+
+}  // namespace ms::cuda

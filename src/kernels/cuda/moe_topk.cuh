@@ -1,0 +1,196 @@
+// The router's top-k of one token on the GPU, shared by moe_topk's kernel (moe.cu) and the
+// router product that runs it in its last block (gemv.cu, for decode batches): one copy of the
+// routing rules. One warp a token runs the CPU op's algorithm step for step, in registers (same
+// scores, same group ranking with ties to the lower index, non-selected groups masked to 0,
+// top-k ties to the lower expert id, weights summed in pick order).
+#pragma once
+#include <type_traits>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace ms::cuda {
+
+struct TopkParams {
+  int64_t T, E, ls;
+  int K, C, fused, scoring, group_rank, n_group, topk_group, renormalize;  // C: columns (K + fused slot)
+  float scale;
+  const float* bias;
+};
+
+// What the router product's last block does with its finished logits [T, E] (row stride
+// tp.ls): the top-k of every row into ids / weights [T, C]. nv: experts a lane (32 * nv >= E).
+struct RouteTail {
+  TopkParams tp;
+  int32_t* ids;
+  float* weights;
+  int nv;
+};
+
+// Experts a lane up to which the router product takes the top-k (256 experts: the kernels it
+// instantiates).
+constexpr int kRouteMaxLanes = 8;
+
+// Experts a lane: the smallest power of two with 32 * nv >= E.
+inline int topk_lanes(int64_t E) {
+  int nv = 1;
+  while (32 * nv < E) nv *= 2;
+  return nv;
+}
+// Shared memory a warp needs (group scores of a grouped selection), in bytes.
+inline size_t topk_warp_smem(const TopkParams& p) {
+  const bool grouped = p.group_rank != int(GroupRank::None) && p.n_group > 1;
+  return grouped ? size_t(p.E) * sizeof(float) : 0;
+}
+
+// linear() of x by the router's weight into F32 logits whose streaming product (the path linear
+// takes for this shape) also runs `tail` in the block that finishes last: true when it did so,
+// false (nothing launched) when linear would take another path. Defined in linear.cu.
+bool linear_then_topk(const Tensor& x, const ops::Weight& w, const Tensor* bias, Tensor& logits,
+                      const RouteTail& tail);
+
+#ifdef __CUDACC__
+
+// Index of the largest value among lanes (ties: lower index); idx < 0 marks "no candidate".
+__device__ __forceinline__ void warp_argmax(float& v, int& idx) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (oi >= 0 && (idx < 0 || ov > v || (ov == v && oi < idx))) v = ov, idx = oi;
+  }
+}
+
+// An unsigned key that orders as the float does (-0 taken as +0 so equal floats give equal keys;
+// router scores are never NaN): a warp's largest choice is then one redux instruction, and key 0,
+// below every float, marks an expert already taken (or a padding slot past E).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// F32 logits are read past L1 (__ldcg): in the fused path other blocks wrote them during this
+// kernel, and L1 is not coherent with their writes.
+template <class TL>
+__device__ __forceinline__ float load_logit(const TL* p) {
+  if constexpr (std::is_same_v<TL, float>) return __ldcg(p);
+  else return load_f(p);
+}
+
+// Token t's top-k by the calling warp (all 32 lanes), row = its logits. Expert e = i * 32 + lane
+// in register i of a lane (32 * NV >= E). The selection keeps everything in registers: each of
+// the K rounds is a lane's scan of its NV keys and two warp reductions (largest key, then the
+// lowest expert holding it: the CPU op's tie rule). Lane j keeps the j-th pick, so ids and
+// weights are written once, together, at the end. cs: this warp's E floats of shared memory
+// (used by a grouped selection only).
+template <class TL, int NV>
+__device__ __forceinline__ void topk_row(const TL* row, const TopkParams& p, int64_t t, float* cs, int32_t* ids,
+                                         float* weights) {
+  constexpr uint32_t kAll = 0xffffffffu;
+  const int lane = threadIdx.x % 32;
+  float x[NV], s[NV], choice[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int e = i * 32 + lane;
+    x[i] = e < p.E ? load_logit(row + e) : -INFINITY;
+    choice[i] = p.bias && e < p.E ? p.bias[e] : 0.f;
+  }
+  float mx = -INFINITY, sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) mx = fmaxf(mx, x[i]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, o));
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    s[i] = p.scoring == int(Scoring::Sigmoid) ? 1.0f / (1.0f + expf(-x[i])) : expf(x[i] - mx);
+    if (i * 32 + lane >= p.E) s[i] = 0.f;
+    sum += s[i];
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kAll, sum, o);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    if (p.scoring == int(Scoring::Softmax)) s[i] /= sum;
+    choice[i] += s[i];
+  }
+  if (p.group_rank != int(GroupRank::None) && p.n_group > 1) {
+    // Group scores through shared memory: lane g < n_group ranks group g from its `per` choices.
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (i * 32 + lane < p.E) cs[i * 32 + lane] = choice[i];
+    __syncwarp();
+    const int per = int(p.E / p.n_group);
+    float gscore = -INFINITY;
+    if (lane < p.n_group) {  // top-1 (Max) or top-1 + top-2 (SumTop2) of the group's choices
+      float m1 = -INFINITY, m2 = -INFINITY;
+      for (int e = lane * per; e < (lane + 1) * per; ++e) {
+        float c = cs[e];
+        if (c > m1) m2 = m1, m1 = c;
+        else if (c > m2) m2 = c;
+      }
+      gscore = p.group_rank == int(GroupRank::Max) ? m1 : m1 + (per > 1 ? m2 : 0.f);
+    }
+    __syncwarp();  // cs is rewritten by this warp's next token
+    bool kept = false;
+    for (int r = 0; r < p.topk_group; ++r) {  // best groups first, ties to the lower group (stable sort)
+      float v = (lane < p.n_group && !kept) ? gscore : -INFINITY;
+      int idx = (lane < p.n_group && !kept) ? lane : -1;
+      warp_argmax(v, idx);
+      if (lane == idx) kept = true;
+    }
+    const uint32_t kept_groups = __ballot_sync(kAll, kept);
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = i * 32 + lane;
+      if (e < p.E && !((kept_groups >> (e / per)) & 1u)) choice[i] = 0.f;  // the reference masks with 0
+    }
+  }
+  uint32_t key[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) key[i] = i * 32 + lane < p.E ? order_key(choice[i]) : 0u;
+  float wsum = 0.f, my_s = 0.f;
+  int my_id = 0;
+  for (int j = 0; j < p.K; ++j) {
+    uint32_t best = 0u;  // the lane's largest key, its lowest slot on ties (strict >)
+    int slot = 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (key[i] > best) best = key[i], slot = i;
+    const uint32_t top = __reduce_max_sync(kAll, best);
+    const int e = int(__reduce_min_sync(kAll, best == top ? uint32_t(slot * 32 + lane) : kAll));
+    float se = 0.f;  // the owner lane takes e out of the running and hands over its score
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+      if (i * 32 + lane == e) key[i] = 0u, se = s[i];
+    se = __shfl_sync(kAll, se, e % 32);
+    wsum += se;  // in pick order, as the CPU op sums
+    if (lane == j) my_id = e, my_s = se;
+  }
+  const float norm = p.renormalize ? 1.0f / (wsum + 1e-20f) : 1.0f;
+  int32_t* id_out = ids + t * p.C;
+  float* w_out = weights + t * p.C;
+  if (lane < p.K) id_out[lane] = my_id, w_out[lane] = my_s * (norm * p.scale);
+  if (lane == 0 && p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
+}
+
+// Called by every thread of every block of a kernel once its part of `logits` is written (and
+// no block-wide barrier of the kernel follows): the block that finishes last runs the top-k of
+// every row, a warp a row, with smem (warps * topk_warp_smem bytes) free for it. `done` counts
+// finished blocks; the last one sets it back to 0, so the next launch (or graph replay) starts
+// from 0 with no memset.
+template <int NV>
+__device__ __forceinline__ void route_in_last_block(const RouteTail& r, const float* logits, unsigned* done,
+                                                    float* smem) {
+  __shared__ bool last;
+  __threadfence();  // this thread's logits visible device-wide before the block counts as done
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's logits, counted before, are seen after this
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int64_t t = warp; t < r.tp.T; t += warps)
+    topk_row<float, NV>(logits + t * r.tp.ls, r.tp, t, smem + warp * r.tp.E, r.ids, r.weights);
+  if (threadIdx.x == 0) *done = 0u;
+}
+
+#endif  // __CUDACC__
+
+}  // namespace ms::cuda

@@ -1,0 +1,368 @@
+// The one-launch grouped GEMM (grouped_gemm.h) against a host reference on ragged groups (empty
+// experts, 1-row experts, a 1000-row group, N and K off the tile sizes, odd N, rows read through
+// a token index, strided weights and outputs), checking that rows and columns outside the groups
+// stay untouched; and moe_experts' BF16 prefill path built on it, at 512 and 4096 tokens on the
+// Qwen3-30B-A3B and DeepSeek-V2-Lite shapes, against the CPU op and against the per-expert
+// cuBLASLt path (MOESERVE_GROUPED_GEMM=0). GroupedGemmBench prints [bench] lines (TFLOP/s of
+// each product and of the whole op at 4096 tokens) when MOESERVE_BENCH_GROUPED=1.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/grouped_gemm.h"
+
+namespace ms {
+namespace {
+using namespace test;
+
+Tensor gpu_i32(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty(DType::I32, {int64_t(v.size())});
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t.to(Device::CUDA);
+}
+
+// A device array of the device tensors' addresses (what ExpertTable holds).
+Tensor pointer_array(const std::vector<Tensor>& ts) {
+  Tensor h = Tensor::empty(DType::I64, {int64_t(ts.size())});
+  for (size_t i = 0; i < ts.size(); ++i) h.data<int64_t>()[i] = int64_t(reinterpret_cast<uintptr_t>(ts[i].raw()));
+  return h.to(Device::CUDA);
+}
+
+struct Case {
+  std::string name;
+  std::vector<int> sizes;  // rows of each expert
+  int64_t N, K;
+  int64_t w_pad = 0, c_pad = 0;  // weight / output row strides past K / N
+  int64_t tokens = 0;            // > 0: rows read through a random token index into [tokens, K]
+  int64_t guard = 0;             // max_rows past the rows the groups hold
+};
+
+void run_case(const Case& c, bool swiglu) {
+  const std::string what = c.name + (swiglu ? " swiglu" : "");
+  const int E = int(c.sizes.size());
+  std::vector<int32_t> off(size_t(E) + 1, 0);
+  for (int e = 0; e < E; ++e) off[size_t(e) + 1] = off[size_t(e)] + c.sizes[size_t(e)];
+  const int64_t rows = off.back(), max_rows = rows + c.guard, w_ld = c.K + c.w_pad, c_ld = c.N + c.c_pad;
+  // A: the rows themselves, or `tokens` rows that a random index picks from.
+  const int64_t a_count = c.tokens > 0 ? c.tokens : std::max<int64_t>(rows, 1);
+  Tensor a = randn({a_count, c.K});
+  std::vector<int32_t> a_rows(static_cast<size_t>(rows));
+  std::uniform_int_distribution<int32_t> td(0, int32_t(a_count - 1));
+  for (int64_t r = 0; r < rows; ++r) a_rows[size_t(r)] = c.tokens > 0 ? td(rng()) : int32_t(r);
+  std::vector<Tensor> w_host, w2_host, w_dev, w2_dev;
+  for (int e = 0; e < E; ++e) {
+    w_host.push_back(randn({c.N, w_ld}, 0.05f));
+    w_dev.push_back(gpu(w_host.back()));
+    if (swiglu) {
+      w2_host.push_back(randn({c.N, w_ld}, 0.05f));
+      w2_dev.push_back(gpu(w2_host.back()));
+    }
+  }
+  Tensor wp = pointer_array(w_dev), w2p = swiglu ? pointer_array(w2_dev) : Tensor();
+  Tensor a_dev = gpu(a), rows_dev = gpu_i32(a_rows.empty() ? std::vector<int32_t>{0} : a_rows), off_dev = gpu_i32(off);
+  Tensor out = poisoned(DType::BF16, {std::max<int64_t>(max_rows, 1), c_ld});
+
+  cuda::GroupedGemmArgs args;
+  args.N = c.N, args.K = c.K, args.a = a_dev.raw(), args.a_ld = c.K;
+  args.a_rows = c.tokens > 0 ? rows_dev.data<int32_t>() : nullptr;
+  args.w = static_cast<const void* const*>(wp.raw()), args.w2 = swiglu ? static_cast<const void* const*>(w2p.raw()) : nullptr;
+  args.w_ld = w_ld, args.offsets = off_dev.data<int32_t>(), args.experts = E, args.max_rows = max_rows;
+  args.c = out.raw(), args.c_ld = c_ld;
+  ASSERT_TRUE(cuda::grouped_gemm_supported(c.K, w_ld, a_dev.raw(), c.K)) << what;
+  cuda::grouped_gemm(args, swiglu);
+
+  // Raw output bits: rows past the groups and columns past N must still be the poison.
+  Tensor got_bits = out.to(Device::CPU);
+  const uint16_t* bits = got_bits.data<uint16_t>();
+  int64_t touched = 0, bad = 0;
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < std::max<int64_t>(max_rows, 1); ++r)
+    for (int64_t n = 0; n < c_ld; ++n)
+      if ((r >= rows || n >= c.N) && bits[r * c_ld + n] != 0xffff) ++touched;
+  for (int e = 0; e < E; ++e)
+    for (int64_t r = off[size_t(e)]; r < off[size_t(e) + 1]; ++r) {
+      const float* x = a.data<float>() + int64_t(a_rows[size_t(r)]) * c.K;
+      for (int64_t n = 0; n < c.N; ++n) {
+        auto dot = [&](const Tensor& w) {
+          const float* wr = w.data<float>() + n * w_ld;
+          double s = 0;
+          for (int64_t k = 0; k < c.K; ++k) s += double(x[k]) * wr[k];
+          return s;
+        };
+        double want = dot(w_host[size_t(e)]);
+        if (swiglu) want = want / (1.0 + std::exp(-want)) * dot(w2_host[size_t(e)]);
+        const double have = bf16_to_f32(bits[r * c_ld + n]);
+        // One BF16 rounding of the output (2^-9 relative) and f32 sums; NaN (unwritten) fails.
+        if (!(std::fabs(have - want) <= 8e-3 * std::fabs(want) + 1e-3)) ++bad;
+        num += (have - want) * (have - want), den += want * want;
+      }
+    }
+  EXPECT_EQ(touched, 0) << what << ": elements outside the groups written";
+  EXPECT_EQ(bad, 0) << what << ": elements off the reference";
+  const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
+  EXPECT_LT(rel, 4e-3) << what;
+  std::printf("%s: rel error %.2e, %lld rows\n", what.c_str(), rel, (long long)rows);
+}
+
+TEST(CudaGroupedGemm, RaggedGroupsMatchHost) {
+  MS_REQUIRE_CUDA();
+  const std::vector<Case> cases = {
+      // Empty experts first, last and between, 1-row experts, a 1000-row group (7 full tiles and
+      // a partial one), a group of exactly one tile; N and K off the tile sizes.
+      {"ragged N=200 K=136", {0, 1, 1000, 0, 37, 128, 1, 0}, 200, 136},
+      // Rows through a token index, strided weights and outputs, max_rows past the groups (as
+      // under expert parallelism): the guard rows and pad columns must stay unwritten.
+      {"indexed strided N=72 K=264", {3, 0, 129, 64, 250}, 72, 264, 24, 8, 300, 300},
+      // Odd N and an odd output stride: single-element stores.
+      {"odd N=199 K=40", {17, 200, 0, 5}, 199, 40, 0, 0, 0, 40},
+      // K smaller than one K tile, one expert.
+      {"one expert N=130 K=8", {300}, 130, 8},
+      // The models' shapes (gate/up of Qwen3-30B-A3B and DeepSeek-V2-Lite, down of Qwen3).
+      {"qwen3 gate/up N=768 K=2048", {256, 300, 0, 17, 129}, 768, 2048},
+      {"deepseek gate/up N=1408 K=2048", {200, 1, 383}, 1408, 2048},
+      {"qwen3 down N=2048 K=768", {256, 300, 0, 17, 129}, 2048, 768},
+  };
+  for (const Case& c : cases)
+    for (bool swiglu : {false, true}) run_case(c, swiglu);
+}
+
+TEST(CudaGroupedGemm, RejectsUnalignedShapes) {
+  EXPECT_FALSE(cuda::grouped_gemm_supported(100, 104, nullptr, 104));  // K % 8
+  EXPECT_FALSE(cuda::grouped_gemm_supported(128, 132, nullptr, 128));  // weight stride % 8
+  EXPECT_FALSE(cuda::grouped_gemm_supported(128, 128, nullptr, 130));  // A stride % 8
+  EXPECT_FALSE(cuda::grouped_gemm_supported(128, 128, reinterpret_cast<const void*>(uintptr_t(8)), 128));
+  EXPECT_TRUE(cuda::grouped_gemm_supported(128, 136, nullptr, 128));
+}
+
+// ---- moe_experts on the grouped GEMM ----
+
+struct MoeShape {
+  const char* name;
+  int64_t H, I, K;
+  int E;
+};
+const MoeShape kQwen3{"Qwen3-30B-A3B", 2048, 768, 8, 128};
+const MoeShape kDeepseekV2Lite{"DeepSeek-V2-Lite", 2048, 1408, 6, 64};
+
+// BF16 host tensor of uniform values with standard deviation `std` (xorshift: a billion values).
+Tensor fast_bf16(Shape shape, float std, uint64_t seed) {
+  Tensor t = Tensor::empty(DType::BF16, std::move(shape));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  const float a = std * std::sqrt(3.0f) / float(1u << 31);
+  for (auto& v : t.span<uint16_t>()) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = f32_to_bf16(float(int32_t(uint32_t(s >> 32))) * a);
+  }
+  return t;
+}
+
+struct Experts {
+  ops::ExpertWeights cpu, gpu;
+};
+Experts make_experts(const MoeShape& s) {
+  Experts ex;
+  for (int e = 0; e < s.E; ++e) {
+    const uint64_t seed = uint64_t(e) * 3 + 7;
+    ex.cpu.gate.push_back({fast_bf16({s.I, s.H}, 0.03f, seed)});
+    ex.cpu.up.push_back({fast_bf16({s.I, s.H}, 0.03f, seed + 1)});
+    ex.cpu.down.push_back({fast_bf16({s.H, s.I}, 0.04f, seed + 2)});
+  }
+  auto move = [](const std::vector<ops::Weight>& ws, std::vector<ops::Weight>& dst) {
+    for (const auto& w : ws) dst.push_back({w.w.to(Device::CUDA)});
+  };
+  move(ex.cpu.gate, ex.gpu.gate), move(ex.cpu.up, ex.gpu.up), move(ex.cpu.down, ex.gpu.down);
+  return ex;
+}
+
+ops::ExpertWeights slice(const ops::ExpertWeights& all, int first, int n) {
+  ops::ExpertWeights s;
+  s.gate.assign(all.gate.begin() + first, all.gate.begin() + first + n);
+  s.up.assign(all.up.begin() + first, all.up.begin() + first + n);
+  s.down.assign(all.down.begin() + first, all.down.begin() + first + n);
+  s.first_expert = first, s.total_experts = all.num_experts();
+  return s;
+}
+
+// K distinct experts a token, weights in (0.1, 1); skewed: low ids favoured, e % 13 == 7 never.
+void route(int64_t T, int64_t K, int E, bool skewed, Tensor& ids, Tensor& w) {
+  ids = Tensor::empty(DType::I32, {T, K}), w = Tensor::empty(DType::F32, {T, K});
+  std::uniform_real_distribution<float> u(0.f, 1.f), wd(0.1f, 1.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* row = ids.data<int32_t>() + t * K;
+    for (int64_t j = 0; j < K; ++j) {
+      int32_t e;
+      do {
+        const float v = u(rng());
+        e = std::min(E - 1, int(float(E) * (skewed ? v * v : v)));
+      } while (std::find(row, row + j, e) != row + j || (skewed && e % 13 == 7));
+      row[j] = e, w.data<float>()[t * K + j] = wd(rng());
+    }
+  }
+}
+
+// Sets MOESERVE_GROUPED_GEMM for the scope (moe_experts reads it at every call).
+struct GroupedSwitch {
+  explicit GroupedSwitch(bool on) { setenv("MOESERVE_GROUPED_GEMM", on ? "1" : "0", 1); }
+  ~GroupedSwitch() { unsetenv("MOESERVE_GROUPED_GEMM"); }
+};
+
+// The GPU op on all T tokens, on the grouped GEMM and on the cuBLASLt path, against the CPU op
+// on a sample of 192 tokens (the first and last among them).
+void expect_moe_matches(const MoeShape& s, const Experts& ex, int64_t T, bool skewed, int first, int n_local,
+                        const std::string& what) {
+  Tensor x = randn({T, s.H}), ids, w;
+  route(T, s.K, s.E, skewed, ids, w);
+  const ops::ExpertWeights gpu_ex = slice(ex.gpu, first, n_local), cpu_ex = slice(ex.cpu, first, n_local);
+  Tensor xg = gpu(x), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
+  Tensor out = poisoned(DType::BF16, {T, s.H}), out_lt = poisoned(DType::BF16, {T, s.H});
+  {
+    GroupedSwitch on(true);
+    cuda::moe_experts(xg, idsg, wg, gpu_ex, out);
+  }
+  {
+    GroupedSwitch off(false);
+    cuda::moe_experts(xg, idsg, wg, gpu_ex, out_lt);
+  }
+  std::vector<int64_t> keep(static_cast<size_t>(T));
+  std::iota(keep.begin(), keep.end(), 0);
+  std::shuffle(keep.begin() + 1, keep.end() - 1, rng());
+  keep.resize(std::min<size_t>(keep.size(), 191));
+  keep.push_back(T - 1);
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  const int64_t n = int64_t(keep.size());
+  Tensor xs = select_rows(x, keep), ids_s = Tensor::empty(DType::I32, {n, s.K}), w_s = Tensor::empty(DType::F32, {n, s.K});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < s.K; ++j) {
+      ids_s.data<int32_t>()[i * s.K + j] = ids.data<int32_t>()[keep[size_t(i)] * s.K + j];
+      w_s.data<float>()[i * s.K + j] = w.data<float>()[keep[size_t(i)] * s.K + j];
+    }
+  Tensor ref = Tensor::empty(DType::F32, {n, s.H});
+  cpu::moe_experts(xs, ids_s, w_s, cpu_ex, ref);
+  const double err = rel_error(select_rows(out.to_f32(), keep), ref);
+  const double err_lt = rel_error(select_rows(out_lt.to_f32(), keep), ref);
+  const double between = rel_error(out.to_f32(), out_lt.to_f32());
+  // BF16 activations and output each add about 2^-9 relative: the MoE tests' bound is 1e-2.
+  EXPECT_LT(err, 1e-2) << what;
+  EXPECT_LT(between, 1e-2) << what << " grouped vs cuBLASLt path";
+  std::printf("%s: rel error %.2e (cuBLASLt path %.2e, between them %.2e)\n", what.c_str(), err, err_lt, between);
+}
+
+TEST(CudaGroupedGemm, MoeExpertsMatchCpuAtPrefillSizes) {
+  MS_REQUIRE_CUDA();
+  for (const MoeShape* s : {&kQwen3, &kDeepseekV2Lite}) {
+    const Experts ex = make_experts(*s);
+    for (int64_t T : {512, 4096})
+      for (bool skewed : {false, true})
+        expect_moe_matches(*s, ex, T, skewed, 0, s->E,
+                           std::string(s->name) + " T=" + std::to_string(T) + (skewed ? " skewed" : ""));
+    // One rank's half of the experts: the other half's pairs are no rows of the products.
+    expect_moe_matches(*s, ex, 512, true, s->E / 4, s->E / 2, std::string(s->name) + " T=512 half the experts");
+  }
+}
+
+// ---- timing ----
+
+template <class F>
+double time_us(int iters, F&& call) {
+  call();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start), cudaEventCreate(&stop);
+  cudaEventRecord(start, cuda::stream());
+  for (int i = 0; i < iters; ++i) call();
+  cudaEventRecord(stop, cuda::stream());
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return 1000.0 * ms / iters;
+}
+
+// Offsets and token index of ids [T, K] sorted by expert, as the device sort builds them.
+void sorted_rows(const Tensor& ids, int E, std::vector<int32_t>& offsets, std::vector<int32_t>& token_of_row) {
+  const int64_t T = ids.size(0), K = ids.size(1);
+  offsets.assign(size_t(E) + 1, 0);
+  for (int64_t p = 0; p < T * K; ++p) ++offsets[size_t(ids.data<int32_t>()[p]) + 1];
+  std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
+  std::vector<int32_t> next(offsets.begin(), offsets.end() - 1);
+  token_of_row.assign(size_t(T * K), 0);
+  for (int64_t p = 0; p < T * K; ++p) token_of_row[size_t(next[size_t(ids.data<int32_t>()[p])]++)] = int32_t(p / K);
+}
+
+TEST(CudaGroupedGemm, GroupedGemmBench) {
+  MS_REQUIRE_CUDA();
+  const char* env = std::getenv("MOESERVE_BENCH_GROUPED");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_GROUPED=1 to time the grouped GEMM";
+  // Large groups: 16 experts of 2048 rows, N = K = 4096 (the kernel's ceiling, no ragged tiles).
+  {
+    const int E = 16;
+    const int64_t R = 2048, N = 4096, Kd = 4096;
+    std::vector<int32_t> off(E + 1);
+    for (int e = 0; e <= E; ++e) off[size_t(e)] = int32_t(e * R);
+    std::vector<Tensor> ws;
+    for (int e = 0; e < E; ++e) ws.push_back(fast_bf16({N, Kd}, 0.03f, uint64_t(e)).to(Device::CUDA));
+    Tensor wp = pointer_array(ws), offg = gpu_i32(off), a = fast_bf16({E * R, Kd}, 1.f, 99).to(Device::CUDA);
+    Tensor c = cuda::scratch(DType::BF16, {E * R, N});
+    cuda::GroupedGemmArgs g;
+    g.N = N, g.K = Kd, g.a = a.raw(), g.a_ld = Kd, g.w = static_cast<const void* const*>(wp.raw()), g.w_ld = Kd;
+    g.offsets = offg.data<int32_t>(), g.experts = E, g.max_rows = E * R, g.c = c.raw(), g.c_ld = N;
+    const double us = time_us(10, [&] { cuda::grouped_gemm(g, false); });
+    std::printf("[bench] grouped_gemm %d experts x %lld rows, N=%lld K=%lld: %.1f us, %.0f TFLOP/s\n", E,
+                (long long)R, (long long)N, (long long)Kd, us, 2.0 * E * R * N * Kd / us / 1e6);
+  }
+  constexpr int64_t T = 4096;
+  for (const MoeShape* s : {&kQwen3, &kDeepseekV2Lite}) {
+    const int64_t H = s->H, I = s->I, K = s->K, rows = T * K;
+    Tensor ids, w;
+    route(T, K, s->E, false, ids, w);
+    std::vector<int32_t> off, tor;
+    sorted_rows(ids, s->E, off, tor);
+    const Experts ex = make_experts(*s);
+    std::vector<Tensor> gate, up, down;
+    for (int e = 0; e < s->E; ++e)
+      gate.push_back(ex.gpu.gate[size_t(e)].w), up.push_back(ex.gpu.up[size_t(e)].w), down.push_back(ex.gpu.down[size_t(e)].w);
+    Tensor gp = pointer_array(gate), upp = pointer_array(up), dp = pointer_array(down);
+    Tensor offg = gpu_i32(off), torg = gpu_i32(tor), x = gpu(randn({T, H}));
+    Tensor act = cuda::scratch(DType::BF16, {rows, I}), ye = cuda::scratch(DType::BF16, {rows, H});
+    cuda::GroupedGemmArgs gu;
+    gu.N = I, gu.K = H, gu.a = x.raw(), gu.a_ld = H, gu.a_rows = torg.data<int32_t>();
+    gu.w = static_cast<const void* const*>(gp.raw()), gu.w2 = static_cast<const void* const*>(upp.raw()), gu.w_ld = H;
+    gu.offsets = offg.data<int32_t>(), gu.experts = s->E, gu.max_rows = rows, gu.c = act.raw(), gu.c_ld = I;
+    cuda::GroupedGemmArgs dn = gu;
+    dn.N = H, dn.K = I, dn.a = act.raw(), dn.a_ld = I, dn.a_rows = nullptr;
+    dn.w = static_cast<const void* const*>(dp.raw()), dn.w2 = nullptr, dn.w_ld = I, dn.c = ye.raw(), dn.c_ld = H;
+    const double t_gu = time_us(10, [&] { cuda::grouped_gemm(gu, true); });
+    const double t_dn = time_us(10, [&] { cuda::grouped_gemm(dn, false); });
+    const double f_gu = 2.0 * rows * 2 * I * H, f_dn = 2.0 * rows * H * I;
+    std::printf("[bench] %s T=%lld grouped gate|up+silu %.1f us (%.0f TFLOP/s), down %.1f us (%.0f TFLOP/s)\n",
+                s->name, (long long)T, t_gu, f_gu / t_gu / 1e6, t_dn, f_dn / t_dn / 1e6);
+
+    Tensor idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA), out = cuda::scratch(DType::BF16, {T, H});
+    for (bool grouped : {true, false}) {
+      GroupedSwitch sw(grouped);
+      const double whole = time_us(5, [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); });
+      cudaStreamSynchronize(cuda::stream());
+      const auto t0 = std::chrono::steady_clock::now();
+      cuda::moe_experts(x, idsg, wg, ex.gpu, out);
+      const auto t1 = std::chrono::steady_clock::now();
+      cudaStreamSynchronize(cuda::stream());
+      const auto t2 = std::chrono::steady_clock::now();
+      std::printf("[bench] %s T=%lld whole moe_experts (%s): %.1f us (%.0f TFLOP/s on the products); from an idle "
+                  "stream issued in %.1f us, done at %.1f us\n",
+                  s->name, (long long)T, grouped ? "grouped GEMM" : "cuBLASLt per expert", whole,
+                  (f_gu + f_dn) / whole / 1e6, std::chrono::duration<double, std::micro>(t1 - t0).count(),
+                  std::chrono::duration<double, std::micro>(t2 - t0).count());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ms
