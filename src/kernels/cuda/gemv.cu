@@ -12,12 +12,17 @@
 #include "kernels/cuda/mma.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 namespace ms::cuda {
 namespace {
 
 constexpr int kChunk = 64;   // k per warp step: 16 per lane of a quad
 constexpr int kSlab = 16;    // output features per mma tile
+
+// Chunks a warp loads before its first mma (U of gemv_kernel): a SwiGLU pair loads two weights.
+constexpr int unroll(bool swiglu) { return swiglu ? 2 : 4; }
 
 struct GemvParams {
   GemvWeights w;
@@ -209,7 +214,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
-  constexpr int U = SWIGLU ? 2 : 4;
+  constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
   launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
 }
@@ -242,7 +247,29 @@ void dispatch_out(const GemvParams& p, DType dtype, int nt, dim3 grid, int warps
   else fail("gemv: unsupported output dtype ", dtype_name(dtype));
 }
 
+GemvTuning checked(const GemvTuning& t) {
+  MS_CHECK(t.warps >= 0 && t.warps <= 8 && t.blocks_y >= 0 && (t.nt == 0 || t.nt == 1 || t.nt == 2 || t.nt == 4) &&
+               (t.rule == 0 || t.rule == 1),
+           "gemv tuning: warps ", t.warps, " (0..8), blocks_y ", t.blocks_y, " (>= 0), nt ", t.nt, " (0, 1, 2, 4), rule ",
+           t.rule, " (0, 1)");
+  return t;
+}
+
+GemvTuning& tuning() {
+  static GemvTuning t = [] {
+    GemvTuning t;
+    if (const char* env = std::getenv("MOESERVE_GEMV_TUNE"))
+      MS_CHECK(std::sscanf(env, "%d,%d,%d,%d", &t.warps, &t.blocks_y, &t.nt, &t.rule) >= 3, "MOESERVE_GEMV_TUNE=",
+               env, ": expected warps,blocks_y,nt[,rule]");
+    return checked(t);
+  }();
+  return t;
+}
+
 }  // namespace
+
+GemvTuning gemv_tuning() { return tuning(); }
+void set_gemv_tuning(const GemvTuning& t) { tuning() = checked(t); }
 
 bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_ld) {
   const int64_t E = fp8 ? 16 : 8;
@@ -260,11 +287,11 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
-  const int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
+  int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                               : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
   // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
   // over slabs for several waves, each block walking the rest in turn.
-  const int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {
@@ -275,6 +302,22 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
     else launch_routed<false>(p, grid, warps);
     return;
   }
+  const GemvTuning& tune = tuning();
+  if (tune.rule == 1) {
+    // The same number of slabs for every block: 88 slabs over 66 blocks left 22 blocks walking a
+    // second slab after the other 44 had finished; 44 blocks of two end together.
+    const int per_block = (p.slabs + int(grid.y) - 1) / int(grid.y);
+    grid.y = unsigned((p.slabs + per_block - 1) / per_block);
+    // Eight warps where four need one more serial round of loads a slab (K = 1408: 22 chunks are
+    // a round of 16 and one of 6 over four warps of U = 4, a single round of at most 3 a warp
+    // over eight), when the grid is deep enough (four blocks an SM) that halving the blocks an
+    // SM holds leaves none idle.
+    const int U = unroll(swiglu), rounds4 = (p.chunks + 4 * U - 1) / (4 * U), rounds8 = (p.chunks + 8 * U - 1) / (8 * U);
+    if (rounds8 < rounds4 && int64_t(rows.expected_groups) * grid.y >= 4 * sm_count()) warps = 8;
+  }
+  if (tune.warps) warps = tune.warps;
+  if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));
+  if (tune.nt) nt = tune.nt;
   if (w.fp8) {
     if (swiglu) dispatch_out<true, true>(p, out.dtype, nt, grid, warps);
     else dispatch_out<true, false>(p, out.dtype, nt, grid, warps);

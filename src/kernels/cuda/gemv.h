@@ -36,9 +36,10 @@ struct GemvRows {
   int expected_groups = 1;  // groups likely active: sizes the grid over output tiles
 };
 
-// Input rows: row r of the product reads x[x_rows ? x_rows[r] : r] (row stride x_ld, BF16).
+// Input rows: row r of the product reads x[x_rows ? x_rows[r] : r] (row stride x_ld, BF16;
+// spelled __nv_bfloat16 so host-compiled tests can include this header).
 struct GemvInput {
-  const bf16* x;
+  const __nv_bfloat16* x;
   int64_t x_ld;
   const int32_t* x_rows = nullptr;
 };
@@ -54,6 +55,21 @@ struct GemvOutput {
 
 // Whether the kernel takes this shape: K a multiple of the 16-byte chunk, rows 16-byte aligned.
 bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_ld);
+
+// The launch shape, overridable so that one test or bench binary can time variants (0 keeps the
+// automatic choice): warps a block (1..8, each takes every warps-th 64-wide chunk of K), blocks_y
+// blocks over a group's 16-feature slabs (grid.y, at most the slab count; each walks every
+// blocks_y-th slab), nt tiles of 8 rows a pass over the weights (1, 2 or 4). rule 1 replaces the
+// automatic choice by the candidate in gemv.cu (balanced slabs a block, eight warps where that
+// saves a round of loads); explicit fields still win. The router's product (`route`) keeps its
+// own shape. Starts as MOESERVE_GEMV_TUNE="warps,blocks_y,nt[,rule]" (read once) says;
+// set_gemv_tuning replaces it for later launches (a captured graph keeps the shape it was
+// captured with). Not for concurrent use: set it while no other thread launches products.
+struct GemvTuning {
+  int warps = 0, blocks_y = 0, nt = 0, rule = 0;
+};
+GemvTuning gemv_tuning();
+void set_gemv_tuning(const GemvTuning& t);
 
 // With `route` (a dense product into F32, at most 8 rows, route->nv <= kRouteMaxLanes), the
 // block that finishes last then runs the router's top-k over the whole output (moe_topk.cuh).
