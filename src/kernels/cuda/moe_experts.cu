@@ -28,6 +28,9 @@
 #include "kernels/cuda/moe_grouped.h"
 
 namespace ms::cuda {
+
+// Mean rows an expert up to which prefill takes the grouped GEMM (see moe_experts).
+constexpr int64_t kGroupedGemmMaxMeanRows = 384;
 namespace {
 
 // Expert parallelism (ExpertWeights::first_expert / total()) is being added to ops.h alongside
@@ -279,7 +282,13 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
     return grouped_experts(x, ids, weights, *table, first, out);
-  if (table && !table->fp8 && grouped_gemm_enabled() && table->hidden == H &&
+  // The grouped GEMM (mma.sync, ~200 TFLOP/s) beats per-expert cuBLASLt while experts get few rows
+  // each, where the per-expert calls are small and paced by the host; with many rows cuBLASLt's
+  // own kernels are faster. Measured on the H200 (BENCHMARKS, session 6): a Qwen3 prefill of 4096
+  // tokens (256 rows an expert) 34.4 -> 31.0 ms with it, of 8192 (512) 66.2 -> 70.6 ms; V2-Lite
+  // 8192 (768) 100.2 -> 108.4 ms.
+  const bool few_rows_per_expert = table && T * K <= kGroupedGemmMaxMeanRows * table->experts;
+  if (table && !table->fp8 && grouped_gemm_enabled() && few_rows_per_expert && table->hidden == H &&
       grouped_gemm_supported(H, table->gate_up.ld, x.raw(), x.strides()[0]) &&
       grouped_gemm_supported(table->intermediate, table->down.ld, nullptr, table->intermediate) &&
       grouped_gemm_fits(T * K, table->experts))
