@@ -6,13 +6,17 @@
 #   the two new kernels' tests; their opt-in timings; bench-one-batch before / after / after with
 #   MOESERVE_GROUPED_GEMM=0 (Qwen3-30B-A3B 12 layers, DeepSeek-V2-Lite 9 layers: decode B = 1 at 4k
 #   and B = 64 at 256, prefill of 8k).
+# PHASE=2: the session's helpers' kernels ($SRC) against $BEFORE_SRC: every GPU test, MTP against
+#   plain, the opt-in timings (gemv launch shapes, routing, decode attention with its merge fused
+#   and split), bench-one-batch before/after, compute-sanitizer on $NEW_TESTS.
 # PHASE=3: DeepSeek-V3 FP8, the EP8 shard (32 experts), 2 and 5 layers, bench-one-batch of $SRC's
-#   build only (per MoE layer = step difference / 3), at B = 1, 64, 256 and prefill 4k.
+#   build only (per MoE layer = step difference / 3), at B = 1, 64, 256 and prefill 4k; Nsight
+#   Compute per-kernel times of the 2-layer model's B = 1 and B = 64 steps.
 #   PHASE=1 SRC=.devsrc-s6 BEFORE_SRC=.devsrc-s6b bash bench/session6_run.sh
 # Carry [".deps", "$SRC", "$BEFORE_SRC"].
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-SRC=${SRC:-.devsrc-s6} BEFORE_SRC=${BEFORE_SRC:-.devsrc-s6b} PHASE=${PHASE:-1} L=/tmp/logs-$(date +%s)
+SRC=${SRC:-.devsrc-s6} BEFORE_SRC=${BEFORE_SRC:-.devsrc-s6b} PHASE=${PHASE:-1} NEW_TESTS=${NEW_TESTS:-} L=/tmp/logs-$(date +%s)
 mkdir -p $L .b4/models .b4/after .b4/before
 ln -sfn $ROOT/.b4/after /tmp/b && ln -sfn $ROOT/.b4/before /tmp/before
 B=/tmp/b/moeserve
@@ -63,7 +67,21 @@ if [ $PHASE = 1 ]; then
   SIDES="before after nogrouped"; for name in qwen3 v2lite; do bench_sides $name "1 8192 2"; done
   sanitize test_cuda_grouped_gemm '*MatchHost*:*Prefill*'
   sanitize test_cuda_moe_route '*Fused*'
+elif [ $PHASE = 2 ]; then
+  # The helpers' kernels ($SRC) against the first call's tree ($BEFORE_SRC = faa5070).
+  build_trees $SRC $BEFORE_SRC
+  run_gpu_tests /tmp/b $TESTS
+  spec_vs_plain $B
+  timeout 60 /tmp/b/ms_cuda_ceilings > $OUT/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $OUT/ceilings.json)"
+  opt_in_bench /tmp/b test_cuda_gemv MOESERVE_BENCH_GEMV '*Bench*'
+  opt_in_bench /tmp/b test_cuda_moe_route MOESERVE_BENCH_ROUTE '*Bench*'
+  opt_in_bench /tmp/b test_cuda_attention_moe MOESERVE_BENCH_ATTENTION '*Bench*'
+  MOESERVE_DECODE_MERGE=split opt_in_bench /tmp/b test_cuda_attention_moe MOESERVE_BENCH_ATTENTION '*Bench*'
+  model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
+  SIDES="before after"; for name in qwen3 v2lite; do bench_sides $name "1 4096 16" "64 256 16" "1 4096 2" "1 8192 2"; done
+  for t in $NEW_TESTS; do sanitize $t '*'; done
 elif [ $PHASE = 3 ]; then
+  [ -x $B ] || build_trees $SRC
   for layers in 2 5; do
     M=.b4/models/v3ep8-$layers
     [ -e $M/config.json ] || timeout 200 $B make-random-model --shape deepseek-v3 --fp8 --layers $layers \
@@ -75,6 +93,13 @@ elif [ $PHASE = 3 ]; then
         --output-len 16 --result-file "$OUT/v3-$layers.jsonl" > $L/v3-$layers-$b.log 2>&1
       log "v3 ep8 L=$layers B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/v3-$layers-$b.log | tr '\n' ' ')"
     done
+  done
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for bi in "1 4096" "64 512"; do
+    read -r b i <<< "$bi"
+    timeout 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --log-file $OUT/ncu-v3ep8-b$b.csv \
+      $B bench-one-batch --model-path .b4/models/v3ep8-2 --device cuda --batch-size $b --input-len $i --output-len 4 \
+      --disable-cuda-graph > /dev/null 2>&1; log "ncu v3 ep8 B=$b rc=$?"
   done
 fi
 tar czf "$OUT/logs-$PHASE.tgz" -C $L . 2>/dev/null
