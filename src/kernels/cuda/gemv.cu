@@ -227,10 +227,11 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
 }
 
 // The router's product (F32 logits, one tile of rows) with its top-k: shared memory for whichever
-// needs more, the product's partial sums or the top-k's group scores.
+// needs most, the product's partial sums, the top-k's group scores or the sort of the pairs.
 template <bool FP8>
 void launch_routed(const GemvParams& p, dim3 grid, int warps) {
-  const size_t smem = size_t(warps) * std::max<size_t>(kSlab * 8 * sizeof(float), topk_warp_smem(p.route.tp));
+  const size_t smem = std::max(size_t(warps) * std::max<size_t>(kSlab * 8 * sizeof(float), topk_warp_smem(p.route.tp)),
+                               p.route.sort.offsets ? sort_pairs_smem(p.route.sort.experts) : size_t(0));
   switch (p.route.nv) {
     case 1: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 1>, grid, dim3(warps * 32), smem, p); break;
     case 2: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 2>, grid, dim3(warps * 32), smem, p); break;
