@@ -50,6 +50,8 @@ const std::vector<GemvShape> kShapes = {
     {"fp8 experts down B=16", 2048, 768, false, 128, 16, 8, true, false},
 };
 
+constexpr int kBenchLaunches = 50;  // launches a graph of the bench
+
 int sm_count() {
   int dev = 0, n = 0;
   cudaGetDevice(&dev);
@@ -97,16 +99,17 @@ std::string describe(const GemvTuning& t) {
 }
 
 // Pairs of `tokens` x `top_k` distinct experts, drawn with a skewed popularity as routers make
-// (log-normal weights), sorted by expert as moe_grouped.cu's align_kernel sorts them: offsets
-// [E + 1], the experts with rows in order (active, n_active), the token of each row.
+// (log-normal weights; none from `excluded`), sorted by expert as moe_grouped.cu's align_kernel
+// sorts them: offsets [E + 1], the experts with rows in order (active, n_active), the token of
+// each row.
 struct Routing {
   std::vector<int32_t> offsets, active, token_of_row;
   int n_active = 0;
 };
-Routing make_routing(int tokens, int top_k, int E) {
+Routing make_routing(int tokens, int top_k, int E, const std::vector<bool>& excluded = {}) {
   std::lognormal_distribution<double> pop(0.0, 0.8);
   std::vector<double> weight(static_cast<size_t>(E));
-  for (auto& p : weight) p = pop(rng());
+  for (int e = 0; e < E; ++e) weight[size_t(e)] = excluded.empty() || !excluded[size_t(e)] ? pop(rng()) : 0.0;
   std::discrete_distribution<int> pick(weight.begin(), weight.end());
   std::vector<std::vector<int32_t>> rows_of_expert(static_cast<size_t>(E));
   for (int t = 0; t < tokens; ++t) {
@@ -346,11 +349,11 @@ TEST(CudaGemv, TuningRejectsOutOfRangeValues) {
   EXPECT_THROW(cuda::set_gemv_tuning({0, 0, 0, 0, 2}), Error);
 }
 
-// Microseconds a launch takes: launch(i) for i < 50 captured in one graph, replayed; the median
-// of 7 timings of 4 replays each.
+// Microseconds a launch takes: launch(i) for i < kBenchLaunches captured in one graph, replayed;
+// the median of 7 timings of 4 replays each.
 template <class F>
 double graphed_us(F launch) {
-  constexpr int kPerGraph = 50, kReplays = 4, kTimings = 7;
+  constexpr int kPerGraph = kBenchLaunches, kReplays = 4, kTimings = 7;
   cudaStream_t s = cuda::stream();
   for (int i = 0; i < kPerGraph; ++i) launch(i);
   MS_CUDA(cudaStreamSynchronize(s));
@@ -385,8 +388,9 @@ double graphed_us(F launch) {
 // A shape as the bench streams it: weights well past L2 (50 MB on the H200) so that no launch
 // finds the last one's weights there. Dense: enough copies of the weight for 150 MB, launch i
 // reading copy i. Grouped: every expert its own weights (filled by memset: the values do not
-// change the time), and at batch 1 a fresh routing for each launch of the graph, so consecutive
-// launches mostly read other experts.
+// change the time), and at batch 1 a fresh routing for each launch of the graph, none sharing an
+// expert with the 5 launches before it (replays wrap around): as in a decode step, where the
+// next layer's experts are other weights.
 struct BenchCase {
   GemvShape s;
   int64_t rows;
@@ -410,8 +414,16 @@ struct BenchCase {
         for (int e = 0; e < s.experts; ++e)
           ptrs.push_back(static_cast<const char*>(weights[size_t(m)].raw()) + e * matrix);
       tables.push_back(device_pointers(ptrs));
-      for (int i = 0; i < (s.tokens == 1 ? 50 : 1); ++i) {
-        routings.push_back(make_routing(s.tokens, s.top_k, s.experts));
+      const int n = s.tokens == 1 ? kBenchLaunches : 1;
+      for (int i = 0; i < n; ++i) {
+        // The routings made so far among the 5 launches either side (the graph replays in a ring).
+        std::vector<bool> excluded(size_t(s.experts), false);
+        for (int d = 1; d <= 5 && n > 1; ++d)
+          for (const int k : {(i - d + n) % n, (i + d) % n})
+            if (k < int(routings.size()))
+              for (int a = 0; a < routings[size_t(k)].n_active; ++a)
+                excluded[size_t(routings[size_t(k)].active[size_t(a)])] = true;
+        routings.push_back(make_routing(s.tokens, s.top_k, s.experts, excluded));
         dev_routings.push_back(upload(routings.back()));
       }
     }
