@@ -274,27 +274,30 @@ struct Case {
     cuda::gemv(s.N, s.K, w, grows, in, cuda::GemvOutput{out.raw(), out_dtype, s.N}, s.swiglu);
   }
 
-  // out [rows, N] in F32 on the host.
+  // out [rows, N] in F32 on the host. product(r0, r1, src, e): rows [r0, r1) of expert e, row r
+  // reading x[src(r)], each weight row read once for all of them (it stays in cache).
   std::vector<float> reference() const {
     std::vector<float> ref(size_t(rows * s.N));
-    auto product = [&](int64_t r, int64_t src, int e) {
-      const float* xr = x_host.data<float>() + src * s.K;
+    auto product = [&](int32_t r0, int32_t r1, auto src, int e) {
       const size_t m = size_t(e) % mats.size();
-      const float* wg = mats[m].host.data<float>();
-      const float* wu = s.swiglu ? twins[m].host.data<float>() : nullptr;
       for (int64_t n = 0; n < s.N; ++n) {
-        float v = dot(xr, wg + n * s.K, s.K);
-        if (s.swiglu) v = v / (1.0f + std::exp(-v)) * dot(xr, wu + n * s.K, s.K);
-        ref[size_t(r * s.N + n)] = v;
+        const float* wg = mats[m].host.data<float>() + n * s.K;
+        const float* wu = s.swiglu ? twins[m].host.data<float>() + n * s.K : nullptr;
+        for (int32_t r = r0; r < r1; ++r) {
+          const float* xr = x_host.data<float>() + int64_t(src(r)) * s.K;
+          float v = dot(xr, wg, s.K);
+          if (s.swiglu) v = v / (1.0f + std::exp(-v)) * dot(xr, wu, s.K);
+          ref[size_t(r * s.N + n)] = v;
+        }
       }
     };
     if (!s.experts) {
-      for (int64_t r = 0; r < rows; ++r) product(r, r, 0);
+      product(0, int32_t(rows), [](int32_t r) { return r; }, 0);
       return ref;
     }
     for (int e = 0; e < s.experts; ++e)
-      for (int32_t r = routing.offsets[size_t(e)]; r < routing.offsets[size_t(e) + 1]; ++r)
-        product(r, s.swiglu ? routing.token_of_row[size_t(r)] : r, e);
+      product(routing.offsets[size_t(e)], routing.offsets[size_t(e) + 1],
+              [&](int32_t r) { return s.swiglu ? routing.token_of_row[size_t(r)] : r; }, e);
     return ref;
   }
 };
