@@ -1,9 +1,14 @@
 // The fused routing of a decode batch (cuda::moe_route: the router product whose last block runs
-// the top-k) against the unfused path it replaces (cuda::linear into F32 logits, then
-// cuda::moe_topk): ids and weights must be bit-identical in every routing variant, at T = 1, 3
-// and 8 (and past the fused sizes, where moe_route is that path), over repeated launches (the
-// block counter resets itself) and replayed from a captured step with new inputs each time.
-// MoeRouteBench prints fused vs unfused microseconds (graphed) when MOESERVE_BENCH_ROUTE=1.
+// the top-k, then sorts the chosen pairs by expert) against the unfused path it replaces
+// (cuda::linear into F32 logits, cuda::moe_topk, then moe_experts' own sort, align_kernel):
+// ids and weights must be bit-identical in every routing variant, at T = 1, 3 and 8 (and past
+// the fused sizes, where moe_route is that path), over repeated launches (the block counter
+// resets itself) and replayed from a captured step with new inputs each time; the sort must be
+// the one align_kernel makes (row order within an expert aside), and a whole MoE layer's output
+// bit-identical, eager and replayed, with one kernel for route, top-k and sort. MoeRouteBench
+// prints fused vs unfused microseconds (graphed), routing alone and the whole layer, when
+// MOESERVE_BENCH_ROUTE=1.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +17,7 @@
 
 #include "cuda_test_util.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/moe_grouped.h"
 
 namespace ms {
 namespace {
@@ -101,9 +107,10 @@ void poison(Tensor& t) { MS_CUDA(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), cuda
 // Number of elements whose bits differ.
 int64_t bit_mismatches(const Tensor& a, const Tensor& b) {
   Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  const size_t es = dtype_size(a.dtype());
   int64_t n = 0;
   for (int64_t i = 0; i < ha.numel(); ++i)
-    n += std::memcmp(static_cast<const char*>(ha.raw()) + 4 * i, static_cast<const char*>(hb.raw()) + 4 * i, 4) != 0;
+    n += std::memcmp(static_cast<const char*>(ha.raw()) + es * i, static_cast<const char*>(hb.raw()) + es * i, es) != 0;
   return n;
 }
 
@@ -169,6 +176,225 @@ TEST(CudaMoeRoute, ReplayedFromCapturedStep) {
     }
 }
 
+// Checks a sort of ids [T, C] over experts [0, E) on the host: offsets, the active list and its
+// count exactly as counted from ids; every pair at a row of its own expert's range, no row taken
+// twice, the row's token the pair's. (Rows of one expert may come in any order.)
+void expect_sort_of(const Tensor& ids, int E, const cuda::Permuted& p, const std::string& at) {
+  const Tensor hi = ids.to(Device::CPU);
+  const int64_t pairs = hi.numel(), C = hi.size(1);
+  std::vector<int32_t> count(size_t(E), 0), active;
+  for (int32_t e : hi.span<int32_t>()) {
+    ASSERT_TRUE(e >= 0 && e < E) << at << ": expert " << e;
+    ++count[size_t(e)];
+  }
+  const Tensor off = p.offsets.to(Device::CPU), act = p.active.to(Device::CPU), na = p.n_active.to(Device::CPU);
+  const Tensor tor = p.token_of_row.to(Device::CPU), ro = p.row_of.to(Device::CPU);
+  const int32_t* o = off.data<int32_t>();
+  int32_t base = 0;
+  for (int e = 0; e < E; ++e) {
+    ASSERT_EQ(o[e], base) << at << ": offsets[" << e << "]";
+    base += count[size_t(e)];
+    if (count[size_t(e)] > 0) active.push_back(e);
+  }
+  ASSERT_EQ(o[E], base) << at << ": offsets[E]";
+  ASSERT_EQ(na.data<int32_t>()[0], int32_t(active.size())) << at << ": n_active";
+  for (size_t i = 0; i < active.size(); ++i) ASSERT_EQ(act.data<int32_t>()[i], active[i]) << at << ": active " << i;
+  std::vector<bool> taken(size_t(pairs), false);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int32_t e = hi.data<int32_t>()[i], r = ro.data<int32_t>()[i];
+    ASSERT_TRUE(r >= o[e] && r < o[e + 1]) << at << ": pair " << i << " (expert " << e << ") at row " << r;
+    ASSERT_FALSE(taken[size_t(r)]) << at << ": row " << r << " taken twice";
+    taken[size_t(r)] = true;
+    ASSERT_EQ(tor.data<int32_t>()[r], int32_t(i / C)) << at << ": token of row " << r;
+  }
+}
+
+// Every expert id a router names: the routed ones and the shared expert's replicas.
+int all_experts(const RouteCase& c) { return int(c.E) + c.p.fused_shared_replicas; }
+
+void poison(cuda::Permuted& p) {
+  for (Tensor* t : {&p.offsets, &p.active, &p.n_active, &p.token_of_row, &p.row_of}) poison(*t);
+}
+
+// The sort moe_route made in its kernel (taken by the first permute_on_device of its ids) is the
+// one align_kernel makes of the same ids (the second, the first having taken it). Both are
+// poisoned once checked, so the next case's sort cannot pass on stale memory.
+TEST(CudaMoeRoute, FusedSortMatchesAlignKernel) {
+  MS_REQUIRE_CUDA();
+  for (const auto& c : kCases) {
+    const Router r = make_router(c);
+    const int E = all_experts(c);
+    for (const int64_t T : {1, 2, 8, 9}) {
+      const Tensor x = make_inputs(c, T);
+      Tensor ids = poisoned(DType::I32, {T, c.p.columns()}), w = poisoned(DType::F32, {T, c.p.columns()});
+      cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+      cuda::Permuted routed = cuda::permute_on_device(ids, 0, E);
+      cuda::Permuted align = cuda::permute_on_device(ids, 0, E);
+      const std::string at = std::string(c.name) + " T=" + std::to_string(T);
+      expect_sort_of(ids, E, routed, at + " (routing's sort)");
+      expect_sort_of(ids, E, align, at + " (align_kernel)");
+      poison(routed), poison(align);
+    }
+  }
+}
+
+// Kernel nodes of what `body` launches, captured (not run).
+template <class F>
+int kernel_nodes(F body) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  body();
+  EXPECT_EQ(cudaStreamEndCapture(cuda::stream(), &graph), cudaSuccess);
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  int kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  cudaGraphDestroy(graph);
+  return kernels;
+}
+
+// A MoE layer's routed experts for a routing case: gate / up [I, H], down [H, I] in BF16 for
+// experts [first, first + count) of all_experts(c) (count 0: all of them).
+struct LayerCase {
+  RouteCase route;
+  int64_t I;
+  int first = 0, count = 0;
+};
+
+ops::ExpertWeights make_experts(const LayerCase& lc) {
+  const int total = all_experts(lc.route), n = lc.count > 0 ? lc.count : total;
+  const int64_t H = lc.route.H, I = lc.I;
+  ops::ExpertWeights ex;
+  for (int e = 0; e < n; ++e) {
+    ex.gate.push_back({gpu(randn({I, H}, 0.05f))}), ex.up.push_back({gpu(randn({I, H}, 0.05f))});
+    ex.down.push_back({gpu(randn({H, I}, 0.08f))});
+  }
+  ex.first_expert = lc.first, ex.total_experts = total;
+  return ex;
+}
+
+const std::vector<LayerCase> kLayers = {
+    {{"qwen3 128 experts top-8", 128, 512, router(8, S::Softmax, G::None, 1, 1, true, 1.0f)}, 128},
+    {{"v2-lite 64 experts top-6", 64, 512, router(6, S::Softmax, G::None, 1, 1, false, 1.0f)}, 128},
+    {{"v2 group_limited_greedy", 160, 512, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f)}, 128},
+    {{"v3 noaux_tc fused shared x2", 256, 512, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f, 2), true}, 64},
+    // Expert parallelism: this rank's experts are not all the router names, so moe_experts
+    // sorts for itself.
+    {{"v2-lite, experts 16..47 of 64", 64, 512, router(6, S::Softmax, G::None, 1, 1, false, 1.0f)}, 128, 16, 32},
+};
+
+// The layer's routed output, unfused: routing in two kernels, moe_experts' own sort.
+Tensor unfused_layer(const Tensor& x, const Router& r, const LayerCase& lc, const ops::ExpertWeights& ex) {
+  const int64_t T = x.size(0), C = lc.route.p.columns();
+  Tensor ids = poisoned(DType::I32, {T, C}), w = poisoned(DType::F32, {T, C});
+  unfused(x, r, lc.route.p, ids, w);
+  Tensor out = poisoned(DType::BF16, {T, lc.route.H});
+  cuda::moe_experts(x, ids, w, ex, out);
+  return out;
+}
+
+TEST(CudaMoeRoute, FusedLayerMatchesUnfused) {
+  MS_REQUIRE_CUDA();
+  for (const auto& lc : kLayers) {
+    const Router r = make_router(lc.route);
+    const ops::ExpertWeights ex = make_experts(lc);
+    const int64_t C = lc.route.p.columns();
+    for (const int64_t T : {1, 2, 8}) {
+      const std::string at = std::string(lc.route.name) + " T=" + std::to_string(T);
+      const Tensor x = make_inputs(lc.route, T);
+      const Tensor ref = unfused_layer(x, r, lc, ex);
+      for (int via_ops = 0; via_ops < 2; ++via_ops) {
+        Tensor ids = poisoned(DType::I32, {T, C}), w = poisoned(DType::F32, {T, C});
+        Tensor out = poisoned(DType::BF16, {T, lc.route.H});
+        if (via_ops) {
+          ops::moe_route(x, r.gate, r.gb(), r.cb(), lc.route.p, ids, w);
+          ops::moe_experts(x, ids, w, ex, out);
+        } else {
+          cuda::moe_route(x, r.gate, r.gb(), r.cb(), lc.route.p, ids, w);
+          cuda::moe_experts(x, ids, w, ex, out);
+        }
+        EXPECT_EQ(bit_mismatches(out, ref), 0) << at << (via_ops ? " through ops::" : "");
+      }
+    }
+    // Route, top-k and sort are one kernel where the experts are all the router names.
+    const int64_t T = 8;
+    const Tensor x = make_inputs(lc.route, T);
+    Tensor ids = poisoned(DType::I32, {T, C}), w = poisoned(DType::F32, {T, C});
+    Tensor out = poisoned(DType::BF16, {T, lc.route.H});
+    auto fused = [&] {
+      cuda::moe_route(x, r.gate, r.gb(), r.cb(), lc.route.p, ids, w);
+      cuda::moe_experts(x, ids, w, ex, out);
+    };
+    auto split = [&] {
+      unfused(x, r, lc.route.p, ids, w);
+      cuda::moe_experts(x, ids, w, ex, out);
+    };
+    fused(), split();  // the expert table is built outside capture
+    const int saved = lc.count > 0 ? 1 : 2;  // the top-k's kernel, and the sort's unless EP
+    EXPECT_EQ(kernel_nodes(fused), kernel_nodes(split) - saved) << lc.route.name;
+    if (lc.count == 0) {
+      EXPECT_EQ(kernel_nodes([&] {
+                  cuda::moe_route(x, r.gate, r.gb(), r.cb(), lc.route.p, ids, w);
+                  cuda::permute_on_device(ids, 0, all_experts(lc.route));
+                }),
+                1)
+          << lc.route.name;
+    }
+  }
+}
+
+// The layer captured once and replayed with new inputs: the routing's sort lives in the graph.
+// Then a capture of moe_experts alone after an eager routing of the same ids: that routing's
+// sort must not stand in for the one the graph has to make at each replay.
+TEST(CudaMoeRoute, FusedLayerReplayedFromCapturedStep) {
+  MS_REQUIRE_CUDA();
+  for (const auto& lc : {kLayers[0], kLayers[3]})
+    for (const int64_t T : {1, 2, 8}) {
+      const std::string at = std::string(lc.route.name) + " T=" + std::to_string(T);
+      const Router r = make_router(lc.route);
+      const ops::ExpertWeights ex = make_experts(lc);
+      const int64_t C = lc.route.p.columns();
+      Tensor x = make_inputs(lc.route, T);
+      Tensor ids = Tensor::empty(DType::I32, {T, C}, Device::CUDA), w = Tensor::empty(DType::F32, {T, C}, Device::CUDA);
+      Tensor out = Tensor::empty(DType::BF16, {T, lc.route.H}, Device::CUDA);
+      auto layer = [&] {
+        cuda::moe_route(x, r.gate, r.gb(), r.cb(), lc.route.p, ids, w);
+        cuda::moe_experts(x, ids, w, ex, out);
+      };
+      layer();
+      const StepShape step(T);
+      auto pool = ops::make_graph_pool(Device::CUDA);
+      auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, layer);
+      for (int rep = 0; rep < 3; ++rep) {
+        x.copy_from(make_inputs(lc.route, T));
+        const Tensor ref = unfused_layer(x, r, lc, ex);
+        poison(out);
+        graph->replay(step.arrays());
+        EXPECT_EQ(bit_mismatches(out, ref), 0) << at << " replay " << rep;
+      }
+
+      cuda::moe_route(x, r.gate, r.gb(), r.cb(), lc.route.p, ids, w);  // eager: leaves its sort
+      auto experts_only = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool,
+                                            [&] { cuda::moe_experts(x, ids, w, ex, out); });
+      for (int rep = 0; rep < 3; ++rep) {
+        x.copy_from(make_inputs(lc.route, T));
+        Tensor ids_new = poisoned(DType::I32, {T, C}), w_new = poisoned(DType::F32, {T, C});
+        unfused(x, r, lc.route.p, ids_new, w_new);
+        ids.copy_from(ids_new), w.copy_from(w_new);
+        const Tensor ref = unfused_layer(x, r, lc, ex);
+        poison(out);
+        experts_only->replay(step.arrays());
+        EXPECT_EQ(bit_mismatches(out, ref), 0) << at << " experts-only replay " << rep;
+      }
+    }
+}
+
 // Microseconds a call takes, replayed from graphs of 20 calls (as a decode step replays one per
 // layer).
 template <class F>
@@ -208,13 +434,65 @@ TEST(CudaMoeRoute, MoeRouteBench) {
     for (const int64_t T : {1, 8}) {
       const Router r = make_router(c);
       const Tensor x = make_inputs(c, T);
+      const int E = all_experts(c);
       Tensor ids = Tensor::empty(DType::I32, {T, c.p.columns()}, Device::CUDA);
       Tensor w = Tensor::empty(DType::F32, {T, c.p.columns()}, Device::CUDA);
       const double fused = graphed_us(T, [&] { cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w); });
       const double split = graphed_us(T, [&] { unfused(x, r, c.p, ids, w); });
       std::printf("[bench] route %s T=%lld: fused %.2f us, unfused (product + topk_kernel) %.2f us (graphed)\n",
                   c.name, (long long)T, fused, split);
+      // With the sort by expert moe_experts needs: in the routing's kernel (one kernel), after it
+      // (align_kernel: two), or after the unfused routing (three).
+      const double sorted = graphed_us(T, [&] {
+        cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+        cuda::permute_on_device(ids, 0, E);
+      });
+      const double then_align = graphed_us(T, [&] {
+        cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+        cuda::drop_routed_pairs();
+        cuda::permute_on_device(ids, 0, E);
+      });
+      const double split_align = graphed_us(T, [&] {
+        unfused(x, r, c.p, ids, w);
+        cuda::permute_on_device(ids, 0, E);
+      });
+      std::printf("[bench] route+align %s T=%lld: one kernel %.2f us, fused route then align_kernel %.2f us, "
+                  "unfused (product + topk_kernel + align_kernel) %.2f us (graphed)\n",
+                  c.name, (long long)T, sorted, then_align, split_align);
     }
+  // Whole routed layers (expert weights zero: streaming time does not depend on the values).
+  const std::vector<std::pair<RouteCase, int64_t>> layers = {{shapes[0], 768}, {shapes[1], 1408}};
+  for (const auto& [c, I] : layers) {
+    const Router r = make_router(c);
+    ops::ExpertWeights ex;
+    for (int e = 0; e < all_experts(c); ++e) {
+      ex.gate.push_back({Tensor::empty(DType::BF16, {I, c.H}, Device::CUDA)});
+      ex.up.push_back({Tensor::empty(DType::BF16, {I, c.H}, Device::CUDA)});
+      ex.down.push_back({Tensor::empty(DType::BF16, {c.H, I}, Device::CUDA)});
+    }
+    for (const int64_t T : {1, 8}) {
+      const Tensor x = make_inputs(c, T);
+      Tensor ids = Tensor::empty(DType::I32, {T, c.p.columns()}, Device::CUDA);
+      Tensor w = Tensor::empty(DType::F32, {T, c.p.columns()}, Device::CUDA);
+      Tensor out = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
+      const double fused = graphed_us(T, [&] {
+        cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+        cuda::moe_experts(x, ids, w, ex, out);
+      });
+      const double then_align = graphed_us(T, [&] {
+        cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+        cuda::drop_routed_pairs();
+        cuda::moe_experts(x, ids, w, ex, out);
+      });
+      const double split = graphed_us(T, [&] {
+        unfused(x, r, c.p, ids, w);
+        cuda::moe_experts(x, ids, w, ex, out);
+      });
+      std::printf("[bench] moe layer %s intermediate %lld T=%lld: sort in the routing's kernel %.2f us, "
+                  "fused route then align_kernel %.2f us, unfused routing %.2f us (graphed)\n",
+                  c.name, (long long)I, (long long)T, fused, then_align, split);
+    }
+  }
 }
 
 }  // namespace

@@ -1,14 +1,14 @@
 // Mixture-of-experts on the GPU. Routing: one warp per token runs the CPU op's algorithm step
 // for step (moe_topk.cuh), in its own kernel after the router product, or, for a decode batch,
-// in the router product's last block (moe_route). Experts: the token-expert pairs are sorted by
-// expert on the host, the tokens gathered into one BF16 block, each selected expert's
-// gate/up/down run as cuBLASLt GEMMs over its rows, and one kernel sums every token's k expert
-// outputs with their weights in f32.
+// in the router product's last block (moe_route), which then also sorts the chosen pairs by
+// expert for moe_experts (moe_grouped.h): one kernel where there were three. Experts:
+// moe_experts.cu.
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_grouped.h"
 #include "kernels/cuda/moe_topk.cuh"
 
 namespace ms::cuda {
@@ -83,6 +83,7 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
   MS_CHECK(logits.dim() == 2 && logits.strides()[1] == 1, "moe_topk: logits rows must be contiguous");
   const int64_t T = logits.size(0), E = logits.size(1);
   const TopkParams tp = topk_params(T, E, logits.strides()[0], bias, p, ids, weights);
+  drop_routed_pairs();  // ids are rewritten: a sort of them made with an earlier routing is stale
   if (T == 0) return;
   const size_t smem = size_t(kWarpsPerBlock) * topk_warp_smem(tp);
   MS_FLOAT_DISPATCH(logits.dtype(), TL,
@@ -96,10 +97,19 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
   const int64_t T = x.size(0), E = gate.out_features();
   // F32 logits, as the reference computes them (bf16 logits would flip near-tied expert choices).
   Tensor logits = scratch(DType::F32, {T, E});
+  drop_routed_pairs();
   if (T > 0 && T <= kFusedRouteMaxTokens && topk_lanes(E) <= kRouteMaxLanes) {
-    const RouteTail tail{topk_params(T, E, E, bias, p, ids, weights), ids.data<int32_t>(), weights.data<float>(),
-                         topk_lanes(E)};
-    if (linear_then_topk(x, gate, gate_bias, logits, tail)) return;
+    const TopkParams tp = topk_params(T, E, E, bias, p, ids, weights);
+    // The sort of the pairs by expert, over every expert id the router names (the shared
+    // expert's replicas too), in the same kernel: moe_experts takes it when it holds all of them
+    // (no expert parallelism) instead of launching its own (align_kernel).
+    const int experts = int(E) + tp.fused;
+    Permuted perm = permuted_scratch(T * tp.C, experts);
+    const RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts)};
+    if (linear_then_topk(x, gate, gate_bias, logits, tail)) {
+      keep_routed_pairs(ids, experts, std::move(perm));
+      return;
+    }
   }
   cuda::linear(x, gate, gate_bias, logits);
   cuda::moe_topk(logits, bias, p, ids, weights);

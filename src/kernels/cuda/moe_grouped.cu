@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace ms::cuda {
@@ -9,49 +10,10 @@ namespace {
 
 constexpr int kAlignThreads = 1024;
 
-// One block: count the pairs of each local expert, scan the counts (warp 0, 32 experts a step)
-// into row offsets and the list of experts with rows, then place every pair at its expert's next
-// row. Rows of one expert come in any order; each row is computed on its own and the combine
-// reads them through row_of, so the result does not depend on that order.
-__global__ void align_kernel(const int32_t* ids, int pairs, int K, int first, int E, int32_t* offsets, int32_t* active,
-                             int32_t* n_active, int32_t* token_of_row, int32_t* row_of) {
-  extern __shared__ int32_t counts[];  // [E] counts, then [E] cursors
-  int32_t* cursor = counts + E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int e = ids[i] - first;
-    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int base = 0, abase = 0;
-    for (int c = 0; c < E; c += 32) {
-      const int e = c + lane, cnt = e < E ? counts[e] : 0;
-      int incl = cnt;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      const unsigned has = __ballot_sync(0xffffffffu, cnt > 0);
-      if (e < E) offsets[e] = cursor[e] = base + incl - cnt;
-      if (cnt > 0) active[abase + __popc(has & ((1u << lane) - 1))] = e;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-      abase += __popc(has);
-    }
-    if (lane == 0) offsets[E] = base, *n_active = abase;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int e = ids[i] - first;
-    int32_t r = -1;
-    if (e >= 0 && e < E) {
-      r = atomicAdd(&cursor[e], 1);
-      token_of_row[r] = i / K;
-    }
-    row_of[i] = r;
-  }
+// One block sorts all pairs (moe_topk.cuh).
+__global__ void align_kernel(const int32_t* ids, int pairs, int K, int first, SortedPairs out) {
+  extern __shared__ int32_t counts[];
+  sort_pairs_by_expert(ids, pairs, K, first, out, counts);
 }
 
 // The pointer arrays of one matrix kind, or false when an expert does not fit the kernels.
@@ -147,18 +109,60 @@ const ExpertTable* expert_table(const ops::ExpertWeights& experts) {
   return slots.back().get();
 }
 
-Permuted permute_on_device(const Tensor& ids, int first, int E) {
-  const int64_t pairs = ids.numel();
+namespace {
+
+// The sort a fused routing made along with its ids (keep_routed_pairs), until taken. It holds the
+// ids' buffer, so no other tensor can come to the same address meanwhile; `capture` (0 outside
+// one) keeps a sort made eagerly from standing in for one inside a graph and the reverse.
+struct RoutedPairs {
+  Tensor ids;
+  int experts = 0;
+  unsigned long long capture = 0;
+  Permuted perm;
+};
+thread_local std::optional<RoutedPairs> t_routed;
+
+unsigned long long capture_id() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  MS_CUDA(cudaStreamGetCaptureInfo(stream(), &status, &id));
+  return status == cudaStreamCaptureStatusNone ? 0 : id;
+}
+
+}  // namespace
+
+Permuted permuted_scratch(int64_t pairs, int E) {
   Permuted p;
   p.offsets = scratch(DType::I32, {E + 1}), p.active = scratch(DType::I32, {E});
   p.n_active = scratch(DType::I32, {1});
   p.token_of_row = scratch(DType::I32, {pairs}), p.row_of = scratch(DType::I32, {pairs});
-  const size_t smem = size_t(2) * E * sizeof(int32_t);
+  return p;
+}
+
+SortedPairs sorted_pairs(const Permuted& p, int E) {
+  return SortedPairs{p.offsets.data<int32_t>(), p.active.data<int32_t>(), p.n_active.data<int32_t>(),
+                     p.token_of_row.data<int32_t>(), p.row_of.data<int32_t>(), E};
+}
+
+void keep_routed_pairs(const Tensor& ids, int experts, Permuted perm) {
+  t_routed = RoutedPairs{ids, experts, capture_id(), std::move(perm)};
+}
+
+void drop_routed_pairs() { t_routed.reset(); }
+
+Permuted permute_on_device(const Tensor& ids, int first, int E) {
+  if (t_routed && first == 0 && t_routed->experts == E && t_routed->ids.raw() == ids.raw() &&
+      t_routed->ids.shape() == ids.shape() && t_routed->capture == capture_id()) {
+    Permuted p = std::move(t_routed->perm);
+    t_routed.reset();
+    return p;
+  }
+  const int64_t pairs = ids.numel();
+  Permuted p = permuted_scratch(pairs, E);
+  const size_t smem = sort_pairs_smem(E);
   MS_CHECK(smem <= 48 * 1024, "moe: ", E, " local experts exceed the sort kernel's shared memory");
-  align_kernel<<<1, kAlignThreads, smem, stream()>>>(ids.data<int32_t>(), int(pairs), int(ids.size(1)), first, E,
-                                                     p.offsets.data<int32_t>(), p.active.data<int32_t>(),
-                                                     p.n_active.data<int32_t>(), p.token_of_row.data<int32_t>(),
-                                                     p.row_of.data<int32_t>());
+  align_kernel<<<1, kAlignThreads, smem, stream()>>>(ids.data<int32_t>(), int(pairs), int(ids.size(1)), first,
+                                                     sorted_pairs(p, E));
   MS_CUDA_LAUNCHED("align_kernel");
   return p;
 }

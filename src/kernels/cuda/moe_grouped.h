@@ -27,11 +27,22 @@ const ExpertTable* expert_table(const ops::ExpertWeights& experts);
 
 // Pairs of ids [T, K] whose expert lies in [first, first + E), ordered by expert: offsets [E + 1]
 // (rows of each local expert), active [E] with n_active [1] (the experts that have rows, in
-// order), token_of_row [T * K] and row_of [T * K] (-1 for another rank's expert).
+// order), token_of_row [T * K] and row_of [T * K] (-1 for another rank's expert). The sort that
+// the fused routing of a decode batch made in its own kernel for these very ids over [0, E)
+// (keep_routed_pairs; taken once), else one block's kernel (align_kernel).
 struct Permuted {
   Tensor offsets, active, n_active, token_of_row, row_of;
 };
 Permuted permute_on_device(const Tensor& ids, int first, int E);
+
+// Uninitialised outputs of a sort of `pairs` pairs over E experts, and their device pointers.
+Permuted permuted_scratch(int64_t pairs, int E);
+SortedPairs sorted_pairs(const Permuted& p, int E);
+// moe_route's hand-over: `perm`, launched by the kernel that wrote ids, is their sort over
+// [0, experts), for the next permute_on_device of ids on this thread (in the same graph capture,
+// or outside one). Whoever rewrites ids in between must drop it: moe_topk and moe_route do.
+void keep_routed_pairs(const Tensor& ids, int experts, Permuted perm);
+void drop_routed_pairs();
 
 // xe [rows, H] (BF16, contiguous): row r = x[token_of_row[r]] (x BF16 with contiguous rows), zeros
 // where token_of_row[r] is -1 (a pad row). 16-byte copies, a warp a row, where rows are aligned.

@@ -2,7 +2,8 @@
 // router product that runs it in its last block (gemv.cu, for decode batches): one copy of the
 // routing rules. One warp a token runs the CPU op's algorithm step for step, in registers (same
 // scores, same group ranking with ties to the lower index, non-selected groups masked to 0,
-// top-k ties to the lower expert id, weights summed in pick order).
+// top-k ties to the lower expert id, weights summed in pick order). Also the sort of the chosen
+// (token, slot) pairs by expert, shared by align_kernel (moe_grouped.cu) and that last block.
 #pragma once
 #include <type_traits>
 
@@ -18,13 +19,23 @@ struct TopkParams {
   const float* bias;
 };
 
+// Pairs of ids [T, K] sorted by expert, for experts [first, first + experts): offsets
+// [experts + 1] (rows of each expert), active [experts] with n_active [1] (the experts that have
+// rows, in order), token_of_row [T * K] and row_of [T * K] (-1 for an expert outside the range).
+struct SortedPairs {
+  int32_t *offsets = nullptr, *active = nullptr, *n_active = nullptr, *token_of_row = nullptr, *row_of = nullptr;
+  int experts = 0;
+};
+
 // What the router product's last block does with its finished logits [T, E] (row stride
-// tp.ls): the top-k of every row into ids / weights [T, C]. nv: experts a lane (32 * nv >= E).
+// tp.ls): the top-k of every row into ids / weights [T, C], then, when sort.offsets is set, the
+// sort of those T * C pairs over experts [0, sort.experts). nv: experts a lane (32 * nv >= E).
 struct RouteTail {
   TopkParams tp;
   int32_t* ids;
   float* weights;
   int nv;
+  SortedPairs sort;
 };
 
 // Experts a lane up to which the router product takes the top-k (256 experts: the kernels it
@@ -42,6 +53,8 @@ inline size_t topk_warp_smem(const TopkParams& p) {
   const bool grouped = p.group_rank != int(GroupRank::None) && p.n_group > 1;
   return grouped ? size_t(p.E) * sizeof(float) : 0;
 }
+// Shared memory the sort of pairs over E experts needs (counts and cursors), in bytes.
+inline size_t sort_pairs_smem(int E) { return size_t(2) * E * sizeof(int32_t); }
 
 // linear() of x by the router's weight into F32 logits whose streaming product (the path linear
 // takes for this shape) also runs `tail` in the block that finishes last: true when it did so,
@@ -170,11 +183,59 @@ __device__ __forceinline__ void topk_row(const TL* row, const TopkParams& p, int
   if (lane == 0 && p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
 }
 
+// Called by every thread of one block (it has block-wide barriers): the pairs ids [pairs / K, K]
+// sorted by expert into `out` for experts [first, first + out.experts). Counts of each expert,
+// their scan by warp 0 (32 experts a step) into row offsets and the list of experts with rows,
+// then every pair placed at its expert's next row. Rows of one expert come in any order; each
+// row is computed on its own and the combine reads them through row_of, so the result does not
+// depend on that order. counts: sort_pairs_smem(out.experts) bytes of shared memory.
+__device__ __forceinline__ void sort_pairs_by_expert(const int32_t* ids, int pairs, int K, int first,
+                                                     const SortedPairs& out, int32_t* counts) {
+  const int E = out.experts;
+  int32_t* cursor = counts + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = ids[i] - first;
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int base = 0, abase = 0;
+    for (int c = 0; c < E; c += 32) {
+      const int e = c + lane, cnt = e < E ? counts[e] : 0;
+      int incl = cnt;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const unsigned has = __ballot_sync(0xffffffffu, cnt > 0);
+      if (e < E) out.offsets[e] = cursor[e] = base + incl - cnt;
+      if (cnt > 0) out.active[abase + __popc(has & ((1u << lane) - 1))] = e;
+      base += __shfl_sync(0xffffffffu, incl, 31);
+      abase += __popc(has);
+    }
+    if (lane == 0) out.offsets[E] = base, *out.n_active = abase;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = ids[i] - first;
+    int32_t r = -1;
+    if (e >= 0 && e < E) {
+      r = atomicAdd(&cursor[e], 1);
+      out.token_of_row[r] = i / K;
+    }
+    out.row_of[i] = r;
+  }
+}
+
 // Called by every thread of every block of a kernel once its part of `logits` is written (and
 // no block-wide barrier of the kernel follows): the block that finishes last runs the top-k of
-// every row, a warp a row, with smem (warps * topk_warp_smem bytes) free for it. `done` counts
-// finished blocks; the last one sets it back to 0, so the next launch (or graph replay) starts
-// from 0 with no memset.
+// every row, a warp a row, then (r.sort) the sort of the chosen pairs by expert, with smem
+// (warps * topk_warp_smem bytes, and sort_pairs_smem) free for them. `done` counts finished
+// blocks; the last one sets it back to 0, so the next launch (or graph replay) starts from 0
+// with no memset.
 template <int NV>
 __device__ __forceinline__ void route_in_last_block(const RouteTail& r, const float* logits, unsigned* done,
                                                     float* smem) {
@@ -183,11 +244,15 @@ __device__ __forceinline__ void route_in_last_block(const RouteTail& r, const fl
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
   __syncthreads();
-  if (!last) return;
+  if (!last) return;  // the whole block: the barriers below see every thread
   __threadfence();  // every other block's logits, counted before, are seen after this
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int64_t t = warp; t < r.tp.T; t += warps)
     topk_row<float, NV>(logits + t * r.tp.ls, r.tp, t, smem + warp * r.tp.E, r.ids, r.weights);
+  if (r.sort.offsets) {
+    __syncthreads();  // every row's ids written (a barrier makes this block's writes visible to it)
+    sort_pairs_by_expert(r.ids, int(r.tp.T) * r.tp.C, r.tp.C, 0, r.sort, reinterpret_cast<int32_t*>(smem));
+  }
   if (threadIdx.x == 0) *done = 0u;
 }
 
