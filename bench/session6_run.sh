@@ -25,14 +25,21 @@ model() {  # the random model $1 (shape $2, $3 layers) in .b4/models, linked as 
   ln -sfn $ROOT/.b4/models/$1 /tmp/$1
 }
 # bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
-# (before: /tmp/before; after: /tmp/b; nogrouped: /tmp/b with MOESERVE_GROUPED_GEMM=0).
+# (before: /tmp/before; after: /tmp/b; the others: /tmp/b with the switch named in the case below).
 bench_sides() {
   local name=$1 run b i o side bin env; shift
   for run in "$@"; do
     read -r b i o <<< "$run"
     for side in $SIDES; do
       bin=/tmp/b/moeserve env=""; [ $side = before ] && bin=/tmp/before/moeserve
-      [ $side = nogrouped ] && env="MOESERVE_GROUPED_GEMM=0"
+      case $side in
+        nogrouped) env="MOESERVE_GROUPED_GEMM=0" ;;
+        noprefetch) env="MOESERVE_L2_PREFETCH=0" ;;
+        splitmerge) env="MOESERVE_DECODE_MERGE=split" ;;
+        rule1) env="MOESERVE_GEMV_TUNE=0,0,0,1,0" ;;
+        l2ahead) env="MOESERVE_GEMV_TUNE=0,0,0,0,1" ;;
+        rule1l2) env="MOESERVE_GEMV_TUNE=0,0,0,1,1" ;;
+      esac
       echo "== $side $name B=$b I=$i O=$o" >> $L/bench.log
       env $env timeout 120 $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b --input-len $i \
         --output-len $o --result-file "$OUT/bench-$side.jsonl" >> $L/bench.log 2>&1
@@ -78,7 +85,11 @@ elif [ $PHASE = 2 ]; then
   opt_in_bench /tmp/b test_cuda_attention_moe MOESERVE_BENCH_ATTENTION '*Bench*'
   MOESERVE_DECODE_MERGE=split opt_in_bench /tmp/b test_cuda_attention_moe MOESERVE_BENCH_ATTENTION '*Bench*'
   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
-  SIDES="before after"; for name in qwen3 v2lite; do bench_sides $name "1 4096 16" "64 256 16" "1 4096 2" "1 8192 2"; done
+  for name in qwen3 v2lite; do
+    SIDES="before after noprefetch splitmerge l2ahead"; bench_sides $name "1 4096 16"
+    SIDES="before after rule1 l2ahead rule1l2"; bench_sides $name "64 256 16"
+    SIDES="before after"; bench_sides $name "1 4096 2" "1 8192 2"
+  done
   for t in $NEW_TESTS; do sanitize $t '*'; done
 elif [ $PHASE = 3 ]; then
   [ -x $B ] || build_trees $SRC
