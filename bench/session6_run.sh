@@ -90,7 +90,7 @@ elif [ $PHASE = 2 ]; then
     SIDES="before after rule1 l2ahead rule1l2"; bench_sides $name "64 256 16"
     SIDES="before after"; bench_sides $name "1 4096 2" "1 8192 2"
   done
-  for t in $NEW_TESTS; do sanitize $t '*'; done
+  for t in $NEW_TESTS; do sanitize ${t%%=*} "${t#*=}"; done  # each "program=gtest filter"
 elif [ $PHASE = 3 ]; then
   [ -x $B ] || build_trees $SRC
   for layers in 2 5; do
