@@ -2,8 +2,7 @@
 // (prefill with a cached prefix, mixed batches, and long decodes that take the split-KV path,
 // eager and replayed from a captured step), the MLA absorptions (bf16 and fp8 kv_b), router
 // top-k in every routing variant (ids must be identical), and the routed experts (bf16 and fp8
-// weights); decode's split merge both fused into the attention kernel and as its own kernel.
-// DecodeAttentionBench times decode attention when MOESERVE_BENCH_ATTENTION=1.
+// weights). DecodeAttentionBench times decode attention when MOESERVE_BENCH_ATTENTION=1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,7 +16,6 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_common.h"
-#include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "layers/rope.h"
 
@@ -146,70 +144,6 @@ TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
   }
 }
 
-// Decode's split merge forced each way, fused into the attention kernel (its last block of each
-// query and head group merges) and as the merge kernel, against the CPU op: batch 1, 2 and 8 at
-// 1, 127, 128, 4096 and 5000 keys (a batch's later decodes 61 keys shorter each), GQA 32/4 and
-// MLA 16 heads, eagerly, then replayed from a captured step twice with the same lengths (the
-// second replay needs the arrival counters back at zero) and once with a third of them (empty
-// splits). The output is poisoned before each replay so that a replay must write all of it.
-TEST(CudaOps, DecodeSplitMergeMatchesCpu) {
-  MS_REQUIRE_CUDA();
-  const int64_t D = 128, Hq = 32, Hkv = 4, H = 16, L = 512, R = 64, pool = 40000;
-  Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D}), cache = randn({pool, L + R});
-  Tensor kg = gpu(kc), vg = gpu(vc), cg = gpu(cache);
-  const cuda::DecodeMerge start = cuda::decode_merge();
-  for (cuda::DecodeMerge mode : {cuda::DecodeMerge::Fused, cuda::DecodeMerge::Split})
-  for (int B : {1, 2, 8})
-  for (int keys : {1, 127, 128, 4096, 5000}) {
-    cuda::set_decode_merge(mode);
-    std::vector<std::pair<int, int>> seqs, shorter;
-    for (int i = 0; i < B; ++i) {
-      seqs.push_back({1, std::max(1, keys - 61 * i)});
-      shorter.push_back({1, std::max(1, seqs.back().second / 3)});
-    }
-    const auto layout = make_layout(seqs, int(pool)), other = make_layout(shorter, int(pool));
-    Tensor q = randn({B, Hq, D}), ql = randn({B, H, L}, 0.3f), qr = randn({B, H, R});
-    Tensor qg = gpu(q), qlg = gpu(ql), qrg = gpu(qr);
-    Tensor out = poisoned(DType::BF16, {B, Hq, D}), mla_out = poisoned(DType::BF16, {B, H, L});
-    auto refs = [&](const ops::AttentionLayout& l) {
-      Tensor ref = Tensor::empty(DType::F32, {B, Hq, D}), mla_ref = Tensor::empty(DType::F32, {B, H, L});
-      cpu::attention(q, kc, vc, l, 0.088f, ref);
-      cpu::mla_attention(ql, qr, cache, l, 0.06f, mla_ref);
-      return std::pair{ref, mla_ref};
-    };
-    const auto [ref, mla_ref] = refs(layout);
-    const auto [other_ref, other_mla_ref] = refs(other);
-    const std::string name = std::string(mode == cuda::DecodeMerge::Fused ? "fused" : "split") + ", B=" +
-                             std::to_string(B) + ", " + std::to_string(keys) + " keys, ";
-    auto check = [&](const Tensor& r, const Tensor& mla_r, const std::string& what) {
-      EXPECT_LT(rel_error(out, r), kBf16Tol) << "GQA, " << name << what;
-      EXPECT_LT(rel_error(mla_out, mla_r), kBf16Tol) << "MLA, " << name << what;
-    };
-    auto body = [&] {
-      cuda::attention(qg, kg, vg, layout, 0.088f, out);
-      cuda::mla_attention(qlg, qrg, cg, layout, 0.06f, mla_out);
-    };
-    body();
-    check(ref, mla_ref, "eager");
-    const std::vector<int32_t> zeros(size_t(B), 0);
-    auto graph_pool = ops::make_graph_pool(Device::CUDA);
-    auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{zeros, zeros, zeros, &layout},
-                                   int64_t(layout.kv_slots.size()), keys, *graph_pool, body);
-    auto replay = [&](const ops::AttentionLayout& l) {
-      cudaMemsetAsync(out.raw(), 0xff, size_t(out.numel()) * 2, cuda::stream());  // bf16 NaN
-      cudaMemsetAsync(mla_out.raw(), 0xff, size_t(mla_out.numel()) * 2, cuda::stream());
-      graph->replay(ops::StepArrays{zeros, zeros, zeros, &l});
-    };
-    replay(layout);
-    check(ref, mla_ref, "first replay");
-    replay(layout);
-    check(ref, mla_ref, "second replay");
-    replay(other);
-    check(other_ref, other_mla_ref, "replay at a third of the keys");
-  }
-  cuda::set_decode_merge(start);
-}
-
 // A cache of `views` x `slots` rows of `row` bf16 values (small, finite), as `views` caches.
 std::vector<Tensor> bench_caches(int views, int64_t slots, Shape row) {
   Shape shape{views * slots};
@@ -270,8 +204,6 @@ std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max
 // Each call reads another copy of the cache, and the copies together exceed the 50 MB L2, so the
 // numbers are DRAM's. Slots shuffled over the pool (each key a random row), and in order (each
 // sequence's rows contiguous): the difference is DRAM's access pattern, not the kernel's work.
-// Each case with the split merge as the dispatch picks it (auto), fused into the attention
-// kernel, and as its own kernel (split).
 // Then the fused rope + KV-cache writes of the same steps: Qwen3's (32 + 4 heads with q/k norms)
 // at batch 1, V2-Lite's MLA (16 heads, latent 512 + 64) at batch 64. Opt-in (timing, not a
 // check): MOESERVE_BENCH_ATTENTION=1.
@@ -279,14 +211,8 @@ TEST(CudaOps, DecodeAttentionBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_ATTENTION");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_ATTENTION=1 to time decode attention";
-  const cuda::DecodeMerge start = cuda::decode_merge();
-  using Merge = std::pair<cuda::DecodeMerge, const char*>;
   for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 4096}, {8, 4096}, {64, 256}})
-  for (bool shuffled : {true, false})
-  for (auto [merge, merge_name] : std::vector<Merge>{{cuda::DecodeMerge::Auto, "auto"},
-                                                     {cuda::DecodeMerge::Fused, "fused"},
-                                                     {cuda::DecodeMerge::Split, "split"}}) {
-    cuda::set_decode_merge(merge);
+  for (bool shuffled : {true, false}) {
     const int64_t slots = int64_t(B) * keys;
     const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, keys}), int(slots), shuffled);
     const char* order = shuffled ? "shuffled" : "in order";
@@ -299,9 +225,9 @@ TEST(CudaOps, DecodeAttentionBench) {
       auto [graphed, eager] = time_calls(layout, keys, [&](int i) {
         cuda::attention(q, k[size_t(i % views)], v[size_t(i % views)], layout, 0.088f, out);
       });
-      std::printf("[bench] GQA 32/4 heads, B=%d, %d keys, slots %s, merge %s: %.2f us (%.0f GB/s) graphed, "
-                  "%.2f us eager, %.1f MB a call\n",
-                  B, keys, order, merge_name, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
+      std::printf("[bench] GQA 32/4 heads, B=%d, %d keys, slots %s: %.2f us (%.0f GB/s) graphed, %.2f us eager, "
+                  "%.1f MB a call\n",
+                  B, keys, order, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
     }
     {
       const int64_t H = 16, L = 512, R = 64;
@@ -312,12 +238,11 @@ TEST(CudaOps, DecodeAttentionBench) {
       auto [graphed, eager] = time_calls(layout, keys, [&](int i) {
         cuda::mla_attention(ql, qr, c[size_t(i % views)], layout, 0.06f, out);
       });
-      std::printf("[bench] MLA 16 heads, B=%d, %d keys, slots %s, merge %s: %.2f us (%.0f GB/s) graphed, "
-                  "%.2f us eager, %.1f MB a call\n",
-                  B, keys, order, merge_name, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
+      std::printf("[bench] MLA 16 heads, B=%d, %d keys, slots %s: %.2f us (%.0f GB/s) graphed, %.2f us eager, "
+                  "%.1f MB a call\n",
+                  B, keys, order, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
     }
   }
-  cuda::set_decode_merge(start);
   // Rope + KV write: positions and slots are the step's arrays (a token's cache row its own).
   for (auto [B, mla] : std::vector<std::pair<int, bool>>{{1, false}, {64, true}}) {
     const int64_t pool = 4096;

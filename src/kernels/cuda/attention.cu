@@ -5,12 +5,8 @@
 // to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
 // partial softmaxes (split-KV). GQA with 128-dim heads and MLA over the 512 + 64 latent run on
 // the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
-// flash-attention kernels, decode as split-KV partials that the kernel's last block of each
-// query and head group merges (fused) or the merge here does; this kernel takes the rest.
+// flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -30,7 +26,6 @@ struct AttnParams {
   const bf16* v; int64_t v_s0, v_s1; int dv;     // values; null: the first dv key values (MLA)
   bf16* out; int64_t o_s0, o_s1;
   float* part_acc; float* part_ml;               // split-KV partials (splits > 1)
-  bool fused;                                    // the tensor-core kernels merge them
   const int32_t* slots; const int32_t* q_kv_begin; const int32_t* q_visible;
   int T, hq, group, warps, hgroups, splits, split_len;
   float scale;
@@ -297,30 +292,6 @@ void launch(const AttnParams& p, int kv_heads, size_t smem) {
   MS_CUDA_LAUNCHED("attention_kernel");
 }
 
-DecodeMerge merge_from_env() {
-  const char* env = std::getenv("MOESERVE_DECODE_MERGE");
-  const std::string v = env ? env : "auto";
-  return v == "split" ? DecodeMerge::Split : v == "fused" ? DecodeMerge::Fused : DecodeMerge::Auto;
-}
-std::atomic<DecodeMerge> g_merge{merge_from_env()};
-
-// Whether the tensor-core kernel merges its own splits. The last block of a (query, head group)
-// merges alone, reading every split's partial for its rows from L2: 33 x 4 KB at GQA batch 1 (4
-// KV heads, 4k keys), 2 x 32 KB for MLA at batch 64 (256 keys), where that costs less than the
-// merge kernel's launch and its wait for the whole grid. MLA at batch 1 and 8 (64 and 16 splits
-// of 32 KB) would leave one multiprocessor reading 2 MB and 0.5 MB while the rest idle, so Auto
-// keeps the merge kernel past kFusedBytes. The kernels' shared memory holds the (m, l) of up to
-// kFusedSplits splits next to one split's rows (merge_splits), so past that it is never fused.
-constexpr int64_t kFusedBytes = 256 << 10;
-constexpr int kFusedSplits = 512;
-bool fused_merge(const AttnParams& p, int64_t groups) {
-  if (!p.gqa_tc && !p.mla_tc) return false;
-  const DecodeMerge m = g_merge.load();
-  if (m == DecodeMerge::Split || groups > kMergeCounters || p.splits > kFusedSplits) return false;
-  const int64_t rows = p.mla_tc ? 16 : p.group;  // a block's heads
-  return m == DecodeMerge::Fused || int64_t(p.splits) * rows * p.dv * 4 <= kFusedBytes;
-}
-
 void launch_all(AttnParams p, int kv_heads, const char* op);
 void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 
@@ -375,20 +346,18 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
     part_acc = scratch(DType::F32, {p.splits, p.T, p.hq, p.dv});
     part_ml = scratch(DType::F32, {p.splits, p.T, p.hq, 2});
     p.part_acc = part_acc.data<float>(), p.part_ml = part_ml.data<float>();
-    p.fused = fused_merge(p, int64_t(p.T) * (p.mla_tc ? p.hq / 16 : kv_heads));
   }
   if (p.mla_tc) {
     flash_mla(MlaLaunch{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
-                        p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.fused, p.T, p.hq, p.splits, p.split_len,
-                        p.scale});
+                        p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale});
   } else if (p.gqa_tc) {
     flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
-                                 p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.fused, p.T,
-                                 p.hq, kv_heads, p.splits, p.split_len, p.scale});
+                                 p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
+                                 kv_heads, p.splits, p.split_len, p.scale});
   } else {
     launch_kernel(p, kv_heads, op);
   }
-  if (p.splits > 1 && !p.fused) launch_combine(p);
+  if (p.splits > 1) launch_combine(p);
 }
 
 // The CUDA-core kernel for p's value width.
@@ -418,9 +387,6 @@ void check_pairs(const Tensor& t, const char* op, const char* what) {
 }
 
 }  // namespace
-
-void set_decode_merge(DecodeMerge m) { g_merge.store(m); }
-DecodeMerge decode_merge() { return g_merge.load(); }
 
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                float scale, Tensor& out) {

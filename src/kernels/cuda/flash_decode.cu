@@ -28,8 +28,6 @@ constexpr int kAccStride = kD + 8;                 // merge rows: float2 stores 
 constexpr size_t kSmem = size_t(kWarps) * kRing * 16;  // 96 KB: two blocks a multiprocessor
 static_assert(size_t(kWarps) * 16 * (kAccStride + 2) * 4 <= kSmem, "the merge reuses the ring");
 
-__device__ unsigned g_arrivals[kMergeCounters];  // the fused merge's, one per (query, KV head)
-
 // The cache slots of one step's keys that lane (g, q) copies (-1: past the split's end).
 struct StepSlots {
   int k[2], v[4];
@@ -154,7 +152,7 @@ __device__ void merge_warps(float* smem, const GqaDecodeLaunch& p, int t, int kv
 
 __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
   extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
-  pdl_trigger();  // the kernel after this (the merge, unless fused) may launch: it waits for this one
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
   const int kv0 = p.kv_begin[t], visible = p.visible[t];
@@ -217,10 +215,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   }
   __syncthreads();  // every warp is done with its ring: the merge reuses it
   merge_warps(reinterpret_cast<float*>(ring), p, t, kvh, o, m, l);
-  if (p.fused && p.splits > 1 && arrive_last(&g_arrivals[t * p.Hkv + kvh], p.splits))
-    merge_splits<kD, kWarps * 32>(p.part_acc, p.part_ml, p.splits, int64_t(p.T) * p.Hq, int64_t(t) * p.Hq + kvh * group,
-                                  group, p.out + int64_t(t) * p.o_s0 + int64_t(kvh * group) * p.o_s1, p.o_s1,
-                                  reinterpret_cast<float4*>(ring), int(kSmem));
 }
 
 }  // namespace

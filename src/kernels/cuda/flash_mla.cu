@@ -25,9 +25,7 @@ constexpr int kDkWarp = kDk / kWarps, kDvWarp = kL / kWarps;  // 144 scored, 128
 constexpr int kDecodeStages = 3;
 constexpr size_t kTileBytes = size_t(kKeys) * kStride * 2;
 constexpr size_t kScratchBytes = size_t(kWarps) * kHeads * kKeys * 4 + size_t(kHeads) * kPStride * 2 + 2 * kHeads * 4;
-__host__ __device__ constexpr size_t smem_bytes(int stages) { return stages * kTileBytes + kScratchBytes; }
-
-__device__ unsigned g_arrivals[kMergeCounters];  // the fused merge's, one per (query, head group)
+constexpr size_t smem_bytes(int stages) { return stages * kTileBytes + kScratchBytes; }
 
 // Issues the copies of one tile's rows 8w .. 8w + 7 (w: this warp) into `buf`; lane i < 8 holds
 // the slot of row 8w + i (-1: past the block's keys, copied as zeros).
@@ -45,7 +43,7 @@ __device__ __forceinline__ void issue_tile(bf16* buf, const bf16* kv, int64_t kv
 template <int STAGES>
 __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   extern __shared__ float4 smem4[];
-  pdl_trigger();  // the kernel after this (the merge, unless fused) may launch: it waits for this one
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   bf16* ring = reinterpret_cast<bf16*>(smem4);                        // [STAGES][kKeys][kStride]
   float* sp = reinterpret_cast<float*>(ring + STAGES * kKeys * kStride);  // [kWarps][kHeads][kKeys]
   bf16* pb = reinterpret_cast<bf16*>(sp + kWarps * kHeads * kKeys);  // [kHeads][kPStride]
@@ -192,10 +190,6 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
     if (warp == 0 && qd == 0)  // an empty split reports m = -inf, l = 0 and zeros
       p.part_ml[2 * row] = alpha_s[g + 8 * r] * float(M_LN2), p.part_ml[2 * row + 1] = l_s[g + 8 * r];
   }
-  if (p.fused && p.splits > 1 && arrive_last(&g_arrivals[t * gridDim.y + blockIdx.y], p.splits))
-    merge_splits<kL, kWarps * 32>(p.part_acc, p.part_ml, p.splits, int64_t(p.T) * p.H, int64_t(t) * p.H + h0, kHeads,
-                                  p.out + int64_t(t) * p.o_s0 + int64_t(h0) * p.o_s1, p.o_s1, smem4,
-                                  int(smem_bytes(STAGES)));
 }
 
 template <int STAGES>
@@ -241,7 +235,7 @@ void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tenso
               kv_cache.data<bf16>(), kv_cache.strides()[0],
               out.data<bf16>(), out.strides()[0], out.strides()[1],
               d_slots.data<int32_t>(), d_ranges.data<int32_t>(), d_ranges.data<int32_t>() + T,
-              nullptr, nullptr, false, T, int(q_latent.size(1)), 1, 1 << 30, scale};
+              nullptr, nullptr, T, int(q_latent.size(1)), 1, 1 << 30, scale};
   launch<1>(l);
 }
 
