@@ -62,8 +62,7 @@ int sm_count() {
 int64_t rows_of(const GemvShape& s) { return s.experts ? int64_t(s.tokens) * s.top_k : s.tokens; }
 int expected_groups(const GemvShape& s) { return s.experts ? int(std::min<int64_t>(s.experts, rows_of(s))) : 1; }
 
-// The launch shapes timed (and checked) for a shape: the automatic choice, the candidate rule,
-// each with and without the L2 prefetch a round ahead, warps 4 / 8, blocks over slabs that give
+// The launch shapes timed (and checked) for a shape: the automatic choice, warps 4 / 8, blocks over slabs that give
 // every block the same slab count, one slab each, or a grid a multiple of the SM count, and each
 // row-tile count where rows come in groups or past 8.
 std::vector<std::pair<std::string, GemvTuning>> variants(const GemvShape& s) {
@@ -71,13 +70,12 @@ std::vector<std::pair<std::string, GemvTuning>> variants(const GemvShape& s) {
   const int auto_y = std::min(slabs, std::max(1, (32 * sms + eg - 1) / eg));  // as gemv() picks it
   const int per_block = (slabs + auto_y - 1) / auto_y;
   std::vector<std::pair<std::string, GemvTuning>> v = {
-      {"auto", {}},          {"rule1", {0, 0, 0, 1}},     {"l2_ahead", {0, 0, 0, 0, 1}},
-      {"rule1 l2_ahead", {0, 0, 0, 1, 1}}, {"warps4", {4, 0, 0, 0}}, {"warps8", {8, 0, 0, 0}}};
+      {"auto", {}}, {"warps4", {4, 0, 0}}, {"warps8", {8, 0, 0}}};
   auto add_y = [&](const std::string& name, int y) {
     if (y < 1 || y > slabs || y == auto_y) return;
     for (const auto& [n, t] : v)
       if (t.blocks_y == y) return;
-    v.push_back({name + "=" + std::to_string(y), {0, y, 0, 0}});
+    v.push_back({name + "=" + std::to_string(y), {0, y, 0}});
   };
   add_y("y_balanced", (slabs + per_block - 1) / per_block);
   add_y("y_slabs", slabs);
@@ -85,17 +83,13 @@ std::vector<std::pair<std::string, GemvTuning>> variants(const GemvShape& s) {
   const int step = sms / std::gcd(sms, eg);
   for (int m = auto_y / step; m >= 1 && m > auto_y / step - 3; --m) add_y("y_sm_multiple", m * step);
   if (s.experts || s.tokens > 8) {
-    for (int nt : {1, 2, 4}) v.push_back({"nt" + std::to_string(nt), {0, 0, nt, 0}});
-    v.push_back({"rule1 nt1", {0, 0, 1, 1}});
-    v.push_back({"rule1 nt2", {0, 0, 2, 1}});
-    v.push_back({"rule1 nt1 l2_ahead", {0, 0, 1, 1, 1}});
+    for (int nt : {1, 2, 4}) v.push_back({"nt" + std::to_string(nt), {0, 0, nt}});
   }
   return v;
 }
 
 std::string describe(const GemvTuning& t) {
-  return "(" + std::to_string(t.warps) + "," + std::to_string(t.blocks_y) + "," + std::to_string(t.nt) + "," +
-         std::to_string(t.rule) + "," + std::to_string(t.l2_ahead) + ")";
+  return "(" + std::to_string(t.warps) + "," + std::to_string(t.blocks_y) + "," + std::to_string(t.nt) + ")";
 }
 
 // Pairs of `tokens` x `top_k` distinct experts, drawn with a skewed popularity as routers make
@@ -345,11 +339,9 @@ TEST(CudaGemv, EveryLaunchShapeMatchesHostReference) {
 TEST(CudaGemv, TuningRejectsOutOfRangeValues) {
   MS_REQUIRE_CUDA();
   TuningGuard guard;
-  EXPECT_THROW(cuda::set_gemv_tuning({9, 0, 0, 0}), Error);
-  EXPECT_THROW(cuda::set_gemv_tuning({0, 0, 3, 0}), Error);
-  EXPECT_THROW(cuda::set_gemv_tuning({0, -1, 0, 0}), Error);
-  EXPECT_THROW(cuda::set_gemv_tuning({0, 0, 0, 2}), Error);
-  EXPECT_THROW(cuda::set_gemv_tuning({0, 0, 0, 0, 2}), Error);
+  EXPECT_THROW(cuda::set_gemv_tuning({9, 0, 0}), Error);
+  EXPECT_THROW(cuda::set_gemv_tuning({0, 0, 3}), Error);
+  EXPECT_THROW(cuda::set_gemv_tuning({0, -1, 0}), Error);
 }
 
 // Microseconds a launch takes: launch(i) for i < kBenchLaunches captured in one graph, replayed;
@@ -471,7 +463,7 @@ TEST(CudaGemv, Bench) {
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_GEMV=1 to time the products";
   TuningGuard guard;
   std::printf("[bench] gemv: %d SMs; us a launch (graphs of 50), MB of weight a launch, TB/s; tuning "
-              "(warps,blocks_y,nt,rule,l2_ahead), 0 = automatic\n",
+              "(warps,blocks_y,nt), 0 = automatic\n",
               sm_count());
   for (const auto& shape : kShapes) {
     if (!shape.bench) continue;

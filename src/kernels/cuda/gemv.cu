@@ -95,25 +95,6 @@ __device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
   }
 }
 
-// Asks L2 for the lines of the chunks c, c + S, ... (U <= 4 of them) of rows n0 + g and n0 + g + 8:
-// a warp's round of loads, issued a round early. Lane (g, q) takes chunk c + q * S; a chunk of a
-// row is one 128-byte line (bf16) or half of one (fp8).
-template <bool FP8, int MATS, int U>
-__device__ __forceinline__ void prefetch_round(const GemvParams& p, const char* const (&W)[2], int n0, int c, int S,
-                                               int g, int q) {
-  static_assert(U <= 4, "a lane of a quad prefetches one chunk");
-  const int chunk = c + q * S;
-  if (q >= U || chunk >= p.chunks) return;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int n = n0 + g + 8 * half;
-    if (n >= p.N) return;
-    const int64_t off = (int64_t(n) * p.w.ld + int64_t(chunk) * kChunk) * (FP8 ? 1 : 2);
-#pragma unroll
-    for (int m = 0; m < MATS; ++m) asm volatile("prefetch.global.L2 [%0];" ::"l"(W[m] + off));
-  }
-}
-
 template <class TO>
 __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, float v) {
   store_f(static_cast<TO*>(p.out) + int64_t(row) * p.out_ld + n, v);
@@ -121,11 +102,9 @@ __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, f
 
 // NT tiles of 8 rows per pass; U chunks loaded before the first mma (loads in flight per lane:
 // U x MATS x 2 rows x 32 bytes). NV > 0: the router's product, whose last block to finish runs
-// the top-k (NV experts a lane) over the complete logits. L2_AHEAD: GemvTuning::l2_ahead, a
-// template argument so that the others keep their registers, and held to 128 registers (four
-// blocks of four warps an SM, as the default BF16 kernels get; a few bytes spill at NT = 4 or FP8).
-template <bool FP8, class TO, bool SWIGLU, int NT, int U, int NV = 0, bool L2_AHEAD = false>
-__global__ void __launch_bounds__(256, L2_AHEAD ? 2 : 1) gemv_kernel(GemvParams p) {
+// the top-k (NV experts a lane) over the complete logits.
+template <bool FP8, class TO, bool SWIGLU, int NT, int U, int NV = 0>
+__global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
   // weights arrive, each input load was one more L2 round trip per chunk, in series. Measured on
@@ -163,15 +142,6 @@ __global__ void __launch_bounds__(256, L2_AHEAD ? 2 : 1) gemv_kernel(GemvParams 
       const int n0 = slab * kSlab;
       float acc[MATS][NT][4] = {};
       for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
-        // With l2_ahead, this warp's next round (past the last one: its first round of the
-        // block's next slab) is on its way to L2 while this one's loads are awaited: a block has
-        // two rounds of weights in flight for the registers of one. Asked before this round's
-        // loads, while the registers that the last round's loads held are free.
-        if constexpr (L2_AHEAD) {
-          const int next_slab = slab + int(gridDim.y);
-          if (c0 + S * U < p.chunks) prefetch_round<FP8, MATS, U>(p, W, n0, c0 + S * U, S, g, q);
-          else if (next_slab < p.slabs) prefetch_round<FP8, MATS, U>(p, W, next_slab * kSlab, warp, S, g, q);
-        }
         uint32_t a[U][MATS][2][8];
         uint32_t xs[kPrefetchX ? U : 1][NT][8];
 #pragma unroll
@@ -243,18 +213,17 @@ __global__ void __launch_bounds__(256, L2_AHEAD ? 2 : 1) gemv_kernel(GemvParams 
 }
 
 template <bool FP8, class TO, bool SWIGLU, int NT>
-void launch(const GemvParams& p, dim3 grid, int warps, bool l2_ahead) {
+void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
-  if (l2_ahead) launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, 0, true>, grid, dim3(warps * 32), smem, p);
-  else launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
+  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
 }
 
 template <bool FP8, class TO, bool SWIGLU>
-void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps, bool l2_ahead) {
-  if (nt == 1) launch<FP8, TO, SWIGLU, 1>(p, grid, warps, l2_ahead);
-  else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps, l2_ahead);
-  else launch<FP8, TO, SWIGLU, 4>(p, grid, warps, l2_ahead);
+void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
+  if (nt == 1) launch<FP8, TO, SWIGLU, 1>(p, grid, warps);
+  else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps);
+  else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
 }
 
 // The router's product (F32 logits, one tile of rows) with its top-k: shared memory for whichever
@@ -273,17 +242,16 @@ void launch_routed(const GemvParams& p, dim3 grid, int warps) {
 }
 
 template <bool FP8, bool SWIGLU>
-void dispatch_out(const GemvParams& p, DType dtype, int nt, dim3 grid, int warps, bool l2_ahead) {
-  if (dtype == DType::BF16) dispatch_tiles<FP8, bf16, SWIGLU>(p, nt, grid, warps, l2_ahead);
-  else if (dtype == DType::F32) dispatch_tiles<FP8, float, SWIGLU>(p, nt, grid, warps, l2_ahead);
+void dispatch_out(const GemvParams& p, DType dtype, int nt, dim3 grid, int warps) {
+  if (dtype == DType::BF16) dispatch_tiles<FP8, bf16, SWIGLU>(p, nt, grid, warps);
+  else if (dtype == DType::F32) dispatch_tiles<FP8, float, SWIGLU>(p, nt, grid, warps);
   else fail("gemv: unsupported output dtype ", dtype_name(dtype));
 }
 
 GemvTuning checked(const GemvTuning& t) {
-  MS_CHECK(t.warps >= 0 && t.warps <= 8 && t.blocks_y >= 0 && (t.nt == 0 || t.nt == 1 || t.nt == 2 || t.nt == 4) &&
-               (t.rule == 0 || t.rule == 1) && (t.l2_ahead == 0 || t.l2_ahead == 1),
+  MS_CHECK(t.warps >= 0 && t.warps <= 8 && t.blocks_y >= 0 && (t.nt == 0 || t.nt == 1 || t.nt == 2 || t.nt == 4),
            "gemv tuning: warps ", t.warps, " (0..8), blocks_y ", t.blocks_y, " (>= 0), nt ", t.nt,
-           " (0, 1, 2, 4), rule ", t.rule, " (0, 1), l2_ahead ", t.l2_ahead, " (0, 1)");
+           " (0, 1, 2, 4)");
   return t;
 }
 
@@ -291,8 +259,8 @@ GemvTuning& tuning() {
   static GemvTuning t = [] {
     GemvTuning t;
     if (const char* env = std::getenv("MOESERVE_GEMV_TUNE"))
-      MS_CHECK(std::sscanf(env, "%d,%d,%d,%d,%d", &t.warps, &t.blocks_y, &t.nt, &t.rule, &t.l2_ahead) >= 3,
-               "MOESERVE_GEMV_TUNE=", env, ": expected warps,blocks_y,nt[,rule[,l2_ahead]]");
+      MS_CHECK(std::sscanf(env, "%d,%d,%d", &t.warps, &t.blocks_y, &t.nt) == 3,
+               "MOESERVE_GEMV_TUNE=", env, ": expected warps,blocks_y,nt");
     return checked(t);
   }();
   return t;
@@ -335,29 +303,15 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
     return;
   }
   const GemvTuning& tune = tuning();
-  if (tune.rule == 1) {
-    // The same number of slabs for every block: 88 slabs over 66 blocks left 22 blocks walking a
-    // second slab after the other 44 had finished; 44 blocks of two end together.
-    const int per_block = (p.slabs + int(grid.y) - 1) / int(grid.y);
-    grid.y = unsigned((p.slabs + per_block - 1) / per_block);
-    // Eight warps where four need one more serial round of loads a slab (K = 1408: 22 chunks are
-    // a round of 16 and one of 6 over four warps of U = 4, a single round of at most 3 a warp
-    // over eight), when the grid is deep enough (four blocks an SM) that halving the blocks an
-    // SM holds leaves none idle.
-    const int U = unroll(swiglu);
-    const int rounds4 = (p.chunks + 4 * U - 1) / (4 * U), rounds8 = (p.chunks + 8 * U - 1) / (8 * U);
-    if (rounds8 < rounds4 && int64_t(rows.expected_groups) * grid.y >= 4 * sm_count()) warps = 8;
-  }
   if (tune.warps) warps = tune.warps;
   if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));
   if (tune.nt) nt = tune.nt;
-  const bool l2 = tune.l2_ahead != 0;
   if (w.fp8) {
-    if (swiglu) dispatch_out<true, true>(p, out.dtype, nt, grid, warps, l2);
-    else dispatch_out<true, false>(p, out.dtype, nt, grid, warps, l2);
+    if (swiglu) dispatch_out<true, true>(p, out.dtype, nt, grid, warps);
+    else dispatch_out<true, false>(p, out.dtype, nt, grid, warps);
   } else {
-    if (swiglu) dispatch_out<false, true>(p, out.dtype, nt, grid, warps, l2);
-    else dispatch_out<false, false>(p, out.dtype, nt, grid, warps, l2);
+    if (swiglu) dispatch_out<false, true>(p, out.dtype, nt, grid, warps);
+    else dispatch_out<false, false>(p, out.dtype, nt, grid, warps);
   }
 }
 

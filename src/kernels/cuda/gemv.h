@@ -59,15 +59,12 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 // The launch shape, overridable so that one test or bench binary can time variants (0 keeps the
 // automatic choice): warps a block (1..8, each takes every warps-th 64-wide chunk of K), blocks_y
 // blocks over a group's 16-feature slabs (grid.y, at most the slab count; each walks every
-// blocks_y-th slab), nt tiles of 8 rows a pass over the weights (1, 2 or 4). rule 1 replaces the
-// automatic choice by the candidate in gemv.cu (balanced slabs a block, eight warps where that
-// saves a round of loads); explicit fields still win. l2_ahead 1: each warp asks L2 for its next
-// round of weights while it waits for this one (gemv.cu). The router's product (`route`) keeps
-// its own shape. Starts as MOESERVE_GEMV_TUNE="warps,blocks_y,nt[,rule[,l2_ahead]]" says (read
+// blocks_y-th slab), nt tiles of 8 rows a pass over the weights (1, 2 or 4). The router's product
+// (`route`) keeps its own shape. Starts as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" says (read
 // once); set_gemv_tuning replaces it for later launches (a captured graph keeps the shape it was
 // captured with). Not for concurrent use: set it while no other thread launches products.
 struct GemvTuning {
-  int warps = 0, blocks_y = 0, nt = 0, rule = 0, l2_ahead = 0;
+  int warps = 0, blocks_y = 0, nt = 0;
 };
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
