@@ -97,6 +97,10 @@ void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Ten
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out) {
   MS_DISPATCH(latent, mla_expand_v(latent, kv_b, nope, v, out));
 }
+void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
+                          int nope, int v, float scale, Tensor& out) {
+  MS_DISPATCH(q, mla_prefill_expanded(q, kv_cache, layout, kv_b, nope, v, scale, out));
+}
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights) {
   MS_DISPATCH(logits, moe_topk(logits, bias, p, ids, weights));
 }

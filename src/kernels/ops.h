@@ -120,6 +120,15 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
 void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
 
+// The whole MLA attention of a prefill from the roped q [T, H, nope + R] (R = the cache's roped
+// part) to out [T, H, v]: what mla_absorb_q, mla_attention and mla_expand_v compute together, in
+// whichever form the backend runs fastest. The GPU expands every key the layout names (its
+// latent row times kv_b: K_nope and V per head) and runs attention over 192-dim keys, 2H(nope +
+// R + v) flops a (query, key) pair against the absorbed form's 2H(2L + R), for 2LH(nope + v) a
+// key; the CPU composes the absorbed ops (its results are the absorbed form's to the bit).
+void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
+                          int nope, int v, float scale, Tensor& out);
+
 // Router top-k. Scores are softmax or sigmoid of logits [T, E]; `choice` = score (+ bias
 // when given). Grouped selection keeps `topk_group` of `n_group` groups, ranked by the max
 // (group_limited_greedy) or the sum of the top two (noaux_tc) of `choice`; experts outside them

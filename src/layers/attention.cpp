@@ -92,6 +92,21 @@ Tensor MlaAttention::project_q(Tensor& first, const ForwardContext& ctx) const {
   return q;
 }
 
+bool MlaAttention::expanded_pays(const ops::AttentionLayout& layout, const MlaDims& d) {
+  if (layout.num_seqs() < 1) return false;
+  const int64_t T = layout.q_start.back(), K = layout.kv_start.back();
+  if (T < kExpandedMinTokens || K * d.heads * (d.qk_nope_head_dim + d.v_head_dim) > kExpandedMaxValues) return false;
+  double pairs = 0;  // (query, visible key) pairs
+  for (int s = 0; s < layout.num_seqs(); ++s) {
+    const double nq = layout.q_start[s + 1] - layout.q_start[s], nk = layout.kv_start[s + 1] - layout.kv_start[s];
+    pairs += nq * (nk - nq) + nq * (nq + 1) / 2;
+  }
+  // Flops a head: expanding costs 2 L (nope + v) a key and the absorbed form the same a query;
+  // a pair costs 2 (2L + R) absorbed and 2 (nope + R + v) expanded.
+  const double L = d.kv_lora_rank, per_row = L * (d.qk_nope_head_dim + d.v_head_dim);
+  return double(K - T) * per_row < pairs * (2 * L - d.qk_nope_head_dim - d.v_head_dim);
+}
+
 Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
   const auto& b = ctx.batch;
   const int64_t T = x.size(0), H = d_.heads, L = d_.kv_lora_rank, R = d_.qk_rope_head_dim;
@@ -102,13 +117,18 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   ops::mla_rope_store(q, kv, w_.kv_a_norm.weight(), w_.kv_a_norm.eps(), rope_->at(b.positions), b.out_cache_loc,
                       ctx.bf16_activations, ctx.kv.buffer(layer, 0));
 
-  Tensor q_latent = ctx.empty({T, H, L});
-  ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent);
-  Tensor o_latent = ctx.empty({T, H, L});
-  ops::mla_attention(q_latent, q.slice(2, nope, nope + R), ctx.kv.buffer(layer, 0), b.attn, d_.softmax_scale,
-                     o_latent);
   Tensor o = ctx.empty({T, H, vdim});
-  ops::mla_expand_v(o_latent, w_.kv_b_proj.weight(), nope, vdim, o);
+  if (expanded_pays(b.attn, d_)) {
+    ops::mla_prefill_expanded(q, ctx.kv.buffer(layer, 0), b.attn, w_.kv_b_proj.weight(), nope, vdim, d_.softmax_scale,
+                              o);
+  } else {
+    Tensor q_latent = ctx.empty({T, H, L});
+    ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent);
+    Tensor o_latent = ctx.empty({T, H, L});
+    ops::mla_attention(q_latent, q.slice(2, nope, nope + R), ctx.kv.buffer(layer, 0), b.attn, d_.softmax_scale,
+                       o_latent);
+    ops::mla_expand_v(o_latent, w_.kv_b_proj.weight(), nope, vdim, o);
+  }
   ctx.round(o);
   Tensor out = w_.o_proj(o.view({T, H * vdim}));
   ctx.round(out);

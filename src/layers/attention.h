@@ -1,5 +1,6 @@
 // Attention layers over the slot KV cache: GQA (Qwen: optional qkv bias and per-head q/k
-// RMSNorm, NeoX rope) and MLA (DeepSeek: low-rank q and kv, latent cache, absorbed form).
+// RMSNorm, NeoX rope) and MLA (DeepSeek: low-rank q and kv, latent cache; absorbed form, prefills
+// expanded).
 #pragma once
 #include <utility>
 
@@ -53,6 +54,15 @@ class MlaAttention {
   Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
   static std::vector<Shape> kv_shapes(const MlaDims& d) { return {{d.kv_lora_rank + d.qk_rope_head_dim}}; }
   bool fused_projection() const { return w_.q_a_kv_a_proj.defined(); }
+  // Whether a step runs MLA in the expanded form (ops::mla_prefill_expanded): when it brings at
+  // least kExpandedMinTokens queries and expanding its keys (its cached prefix included) costs
+  // fewer flops than the absorbed form's wider (query, key) pairs save. Decode and verify steps,
+  // few queries over long prefixes, stay absorbed. The fixtures' 33- and 300-token prompts take it.
+  // The expanded keys are scratch of K x H x (nope + v) values: at most kExpandedMaxValues (1 GiB
+  // of bf16, 16k keys of V3's 128 heads); longer contexts stay absorbed.
+  static constexpr int kExpandedMinTokens = 32;
+  static constexpr int64_t kExpandedMaxValues = int64_t(1) << 29;
+  static bool expanded_pays(const ops::AttentionLayout& layout, const MlaDims& d);
 
  private:
   // x's two projections, rounded: q_a's (or q_proj's without q_lora) and kv_a's.

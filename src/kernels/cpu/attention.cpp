@@ -93,4 +93,15 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   });
 }
 
+// The composition of the absorbed ops, so that a CPU step's results do not depend on which form
+// the layer asked for (the tests' references, and CPU serving, stay where they were).
+void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
+                          int nope, int v, float scale, Tensor& out) {
+  const int64_t T = q.size(0), H = q.size(1), R = q.size(2) - nope, L = kv_cache.size(1) - R;
+  Tensor q_latent = Tensor::empty(DType::F32, {T, H, L}), o_latent = Tensor::empty(DType::F32, {T, H, L});
+  cpu::mla_absorb_q(q.slice(2, 0, nope), kv_b, nope, v, q_latent);
+  cpu::mla_attention(q_latent, q.slice(2, nope, nope + R), kv_cache, layout, scale, o_latent);
+  cpu::mla_expand_v(o_latent, kv_b, nope, v, out);
+}
+
 }  // namespace ms::cpu

@@ -41,6 +41,8 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
                    float scale, Tensor& out);
 void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
+void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
+                          int nope, int v, float scale, Tensor& out);
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
 void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
                Tensor& ids, Tensor& weights);

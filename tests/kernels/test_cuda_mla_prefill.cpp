@@ -1,0 +1,227 @@
+// MLA prefill in the expanded form (flash_mla_expanded.cu) against the CPU op, which composes
+// the absorbed ops: DeepSeek-V2-Lite's shape (16 heads, 512 + 64 latent, nope 128, v 128) and a
+// V3-like 128 heads, BF16 and FP8-block kv_b, single prompts and batches of ragged sequences
+// with cached prefixes (later chunks of a prompt), so both block heights run; the tiny test
+// models' shape takes the general kernel over explicitly built keys. Also which steps the layer
+// sends there. MlaPrefillBench times absorbed against expanded when MOESERVE_BENCH_MLA_PREFILL=1.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_common.h"
+#include "layers/attention.h"
+
+namespace ms {
+namespace {
+using namespace test;
+
+using Seqs = std::vector<std::pair<int, int>>;  // (queries, keys) per sequence
+
+std::string describe(const Seqs& seqs) {
+  std::string s;
+  for (auto [nq, nk] : seqs) s += " " + std::to_string(nq) + "/" + std::to_string(nk);
+  return s;
+}
+
+// The worst relative error of one output row (a query head's values): one wrong row of thousands
+// hardly moves the whole tensor's error. NaN (an unwritten row) propagates.
+double worst_row_error(const Tensor& out, const Tensor& ref) {
+  const auto x = out.to_vector(), y = ref.to_vector();
+  const int64_t dv = ref.size(ref.dim() - 1);
+  double worst = 0;
+  for (size_t r = 0; r * dv < y.size(); ++r) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < dv; ++i) {
+      const double a = x[r * dv + i], b = y[r * dv + i];
+      num += (a - b) * (a - b), den += b * b;
+    }
+    const double e = std::sqrt(num / std::max(den, 1e-30));
+    if (!(e <= worst)) worst = e;
+  }
+  return worst;
+}
+
+struct Shape3 {
+  int64_t H, L, R;
+  int nope, v;
+};
+
+// kv_b [H (nope + v), L] on both devices: BF16-exact values, or FP8 blocks.
+struct KvB {
+  ops::Weight cpu, gpu;
+};
+KvB make_kv_b(const Shape3& s, bool fp8) {
+  const int64_t n = s.H * (s.nope + s.v);
+  if (fp8) {
+    auto w = random_fp8(n, s.L, 0.0004f);  // rms ~0.05, as the BF16 case
+    return {w.cpu, w.gpu};
+  }
+  KvB w;
+  w.cpu.w = randn({n, s.L}, 0.05f);
+  w.gpu.w = gpu(w.cpu.w);
+  return w;
+}
+
+void check(const Shape3& s, bool fp8, const std::vector<Seqs>& prompts) {
+  const int64_t pool = 2048;
+  Tensor cache = randn({pool, s.L + s.R}), cg = gpu(cache);
+  const KvB kv_b = make_kv_b(s, fp8);
+  for (const auto& seqs : prompts) {
+    const auto layout = make_layout(seqs, int(pool));
+    const int64_t T = layout.q_start.back();
+    // q as the layer passes it: the view of q_b_proj's [T, H * (nope + R)] rows.
+    Tensor q = randn({T, s.H, s.nope + s.R});
+    Tensor ref = Tensor::empty(DType::F32, {T, s.H, s.v});
+    cpu::mla_prefill_expanded(q, cache, layout, kv_b.cpu, s.nope, s.v, 0.06f, ref);
+    Tensor out = poisoned(DType::BF16, {T, s.H, s.v});
+    cuda::mla_prefill_expanded(gpu(q), cg, layout, kv_b.gpu, s.nope, s.v, 0.06f, out);
+    const std::string what = std::to_string(s.H) + " heads, nope " + std::to_string(s.nope) +
+                             (fp8 ? ", fp8 kv_b" : ", bf16 kv_b") + ", q/k per sequence" + describe(seqs);
+    EXPECT_LT(rel_error(out, ref), 1e-2) << what;
+    EXPECT_LT(worst_row_error(out, ref), 3e-2) << what;
+  }
+}
+
+// One prompt (128-row blocks), a batch with cached prefixes and one-query sequences (64-row
+// blocks), and a batch long enough for 128-row blocks with a second chunk in it.
+const std::vector<Seqs> kV2Prompts = {
+    {{300, 300}},
+    {{100, 300}, {64, 64}, {257, 1000}, {16, 16}, {130, 130}, {1, 40}},
+    {{512, 512}, {200, 700}},
+};
+
+TEST(CudaMlaPrefill, V2LiteMatchesAbsorbedCpu) {
+  MS_REQUIRE_CUDA();
+  for (bool fp8 : {false, true}) check({16, 512, 64, 128, 128}, fp8, kV2Prompts);
+}
+
+TEST(CudaMlaPrefill, V3HeadsMatchAbsorbedCpu) {
+  MS_REQUIRE_CUDA();
+  for (bool fp8 : {false, true}) check({128, 512, 64, 128, 128}, fp8, {{{130, 200}, {70, 70}}, {{256, 256}}});
+}
+
+// The tiny fixtures' shape (kv_lora 64, rope 16, nope 32, v 32): the general kernel.
+TEST(CudaMlaPrefill, OtherShapesMatchAbsorbedCpu) {
+  MS_REQUIRE_CUDA();
+  check({4, 64, 16, 32, 32}, false, {{{33, 33}}, {{300, 300}}, {{40, 90}, {50, 50}}});
+}
+
+// Prefills take the expanded form, from the fixtures' 33-token prompt up; decode and verify
+// steps (few queries over long prefixes) and tiny prompts stay absorbed.
+TEST(CudaMlaPrefill, LayerChoosesExpandedForPrefills) {
+  const MlaDims v2{16, 512, 128, 64, 128, 0.1f}, tiny{4, 64, 32, 16, 32, 0.1f};
+  auto layout = [](const Seqs& seqs) { return make_layout(seqs, 100000, false); };
+  EXPECT_TRUE(MlaAttention::expanded_pays(layout({{300, 300}}), v2));
+  EXPECT_TRUE(MlaAttention::expanded_pays(layout({{33, 33}}), tiny));
+  EXPECT_TRUE(MlaAttention::expanded_pays(layout({{300, 300}}), tiny));
+  EXPECT_TRUE(MlaAttention::expanded_pays(layout({{2048, 6144}}), v2));  // a later chunk of a long prompt
+  EXPECT_FALSE(MlaAttention::expanded_pays(layout({{MlaAttention::kExpandedMinTokens - 1, 31}}), v2));
+  EXPECT_FALSE(MlaAttention::expanded_pays(layout(Seqs(64, {1, 500})), v2));   // decode of 64 sequences
+  EXPECT_FALSE(MlaAttention::expanded_pays(layout(Seqs(16, {4, 2000})), v2));  // verify
+  EXPECT_FALSE(MlaAttention::expanded_pays(layout({{64, 30000}}), v2));       // a short chunk over a long prefix
+  const MlaDims v3{128, 512, 128, 64, 128, 0.1f};
+  EXPECT_TRUE(MlaAttention::expanded_pays(layout({{4096, 4096}}), v3));
+  EXPECT_FALSE(MlaAttention::expanded_pays(layout({{8192, 24576}}), v3));  // more keys than the scratch cap
+}
+
+// Through MlaAttention at V2-Lite's attention shape (16 heads, no q_lora, hidden 256): a 200-token
+// prompt, then a 150-token second chunk over it, both on the CPU (f32, bf16 rounding) and on the
+// GPU, which takes the tensor-core expanded path for both steps.
+TEST(CudaMlaPrefill, LayerOnGpuMatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const int H = 16, L = 512, R = 64, nope = 128, v = 128, hidden = 256, slots = 512;
+  const MlaDims dims{H, L, nope, R, v, 0.06f};
+  const Tensor q_w = randn({H * (nope + R), hidden}, 0.06f), kv_a_w = randn({L + R, hidden}, 0.06f),
+               kv_b_w = randn({H * (nope + v), L}, 0.05f), o_w = randn({hidden, H * v}, 0.03f);
+  Tensor norm_w = randn({L}, 0.2f);
+  for (auto& x : norm_w.span<float>()) x = round_bf16(1.0f + x);
+  auto weights = [&](Device dev) {
+    auto lin = [&](const Tensor& w) {
+      ops::Weight wt;
+      wt.w = dev == Device::CPU ? w.clone() : gpu(w);
+      return Linear(wt);
+    };
+    MlaWeights w;
+    w.q_proj = lin(q_w), w.kv_a_proj = lin(kv_a_w), w.kv_b_proj = lin(kv_b_w), w.o_proj = lin(o_w);
+    w.kv_a_norm = RmsNorm(dev == Device::CPU ? norm_w.clone() : norm_w.to(Device::CUDA), 1e-6f);
+    return w;
+  };
+  const RopeTable rope_cpu = RopeTable::build(R, 10000.0, 1024, true), rope_gpu = rope_cpu.to(Device::CUDA);
+  MlaAttention cpu_layer(weights(Device::CPU), dims, &rope_cpu), gpu_layer(weights(Device::CUDA), dims, &rope_gpu);
+  KvCache cpu_kv(1, MlaAttention::kv_shapes(dims), slots, DType::F32, Device::CPU);
+  KvCache gpu_kv(1, MlaAttention::kv_shapes(dims), slots, DType::BF16, Device::CUDA);
+  for (auto [start, n] : {std::pair{0, 200}, std::pair{200, 150}}) {
+    ForwardBatch b;
+    b.attn.q_start = {0, n}, b.attn.kv_start = {0, start + n};
+    for (int i = 0; i < start + n; ++i) b.attn.kv_slots.push_back(slots - 1 - 3 * i % slots);  // scattered, distinct
+    for (int i = start; i < start + n; ++i) {
+      b.input_ids.push_back(0), b.positions.push_back(i);
+      b.out_cache_loc.push_back(b.attn.kv_slots[size_t(i)]);
+    }
+    ASSERT_TRUE(MlaAttention::expanded_pays(b.attn, dims));
+    const Tensor x = randn({n, hidden});
+    const ForwardContext cpu_ctx{b, cpu_kv, true, nullptr, Device::CPU, DType::F32};
+    const ForwardContext gpu_ctx{b, gpu_kv, false, nullptr, Device::CUDA, DType::BF16};
+    const Tensor ref = cpu_layer.forward(x, 0, cpu_ctx), out = gpu_layer.forward(gpu(x), 0, gpu_ctx);
+    EXPECT_LT(rel_error(out, ref), 2e-2) << "chunk at " << start;
+    EXPECT_LT(worst_row_error(out, ref), 5e-2) << "chunk at " << start;
+  }
+}
+
+template <class F>
+double time_ms(F call, int reps) {
+  call();
+  call();  // shared-memory limits, allocator pools
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start), cudaEventCreate(&stop);
+  cudaEventRecord(start, cuda::stream());
+  for (int i = 0; i < reps; ++i) call();
+  cudaEventRecord(stop, cuda::stream());
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return ms / reps;
+}
+
+// The whole attention of an MLA layer's prefill (from roped q to the heads' values) in both
+// forms, eager as prefill runs: absorbed = mla_absorb_q + mla_attention (flash_mla.cu) +
+// mla_expand_v; expanded = gather + kv_b GEMM + the 192/128 flash kernel. TFLOP/s counts each
+// form's own mma work (causal pairs, plus the absorptions or the key expansion), so the speedup
+// is the time ratio. Opt-in: MOESERVE_BENCH_MLA_PREFILL=1.
+TEST(CudaMlaPrefill, MlaPrefillBench) {
+  MS_REQUIRE_CUDA();
+  const char* env = std::getenv("MOESERVE_BENCH_MLA_PREFILL");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_MLA_PREFILL=1 to time MLA prefill";
+  struct Case { int64_t H; int new_tokens, prefix; const char* name; };
+  for (const Case& c : {Case{16, 4096, 0, "V2-Lite"}, Case{16, 8192, 0, "V2-Lite"}, Case{16, 4096, 4096, "V2-Lite"},
+                        Case{128, 4096, 0, "V3"}}) {
+    const int64_t H = c.H, L = 512, R = 64, nope = 128, v = 128, T = c.new_tokens, K = c.prefix + c.new_tokens;
+    const auto layout = make_layout({{c.new_tokens, int(K)}}, int(K));
+    Tensor cache = gpu(randn({K, L + R})), q = gpu(randn({T, H, nope + R}));
+    ops::Weight kv_b;
+    kv_b.w = gpu(randn({H * (nope + v), L}, 0.05f));
+    Tensor out = poisoned(DType::BF16, {T, H, v});
+    Tensor q_latent = poisoned(DType::BF16, {T, H, L}), o_latent = poisoned(DType::BF16, {T, H, L});
+    const double pairs = double(T) * c.prefix + double(T) * (T + 1) / 2;
+    const double absorbed_flop = 2.0 * H * (2 * L + R) * pairs + 2.0 * T * H * L * (nope + v);
+    const double expanded_flop = 2.0 * H * (nope + R + v) * pairs + 2.0 * K * H * L * (nope + v);
+    const double absorbed_ms = time_ms([&] {
+      cuda::mla_absorb_q(q.slice(2, 0, nope), kv_b, nope, v, q_latent);
+      cuda::mla_attention(q_latent, q.slice(2, nope, nope + R), cache, layout, 0.06f, o_latent);
+      cuda::mla_expand_v(o_latent, kv_b, nope, v, out);
+    }, 5);
+    const double expanded_ms =
+        time_ms([&] { cuda::mla_prefill_expanded(q, cache, layout, kv_b, nope, v, 0.06f, out); }, 5);
+    std::printf("[bench] MLA prefill %s %lld heads, %d new tokens over %d cached: absorbed %.3f ms (%.0f TFLOP/s), "
+                "expanded %.3f ms (%.0f TFLOP/s), %.2fx\n",
+                c.name, (long long)H, c.new_tokens, c.prefix, absorbed_ms, absorbed_flop / absorbed_ms / 1e9,
+                expanded_ms, expanded_flop / expanded_ms / 1e9, absorbed_ms / expanded_ms);
+  }
+}
+
+}  // namespace
+}  // namespace ms
