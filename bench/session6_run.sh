@@ -9,6 +9,8 @@
 # PHASE=2: the session's helpers' kernels ($SRC) against $BEFORE_SRC: every GPU test, MTP against
 #   plain, the opt-in timings (gemv launch shapes, routing, decode attention with its merge fused
 #   and split), bench-one-batch before/after, compute-sanitizer on $NEW_TESTS.
+# PHASE=4: the final tree against faa5070: every GPU test, the MLA prefill timing, bench-one-batch
+#   before/after, then DeepSeek-V3 EP8 layers while the call's time lasts.
 # PHASE=3: DeepSeek-V3 FP8, the EP8 shard (32 experts), 2 and 5 layers, bench-one-batch of $SRC's
 #   build only (per MoE layer = step difference / 3), at B = 1, 64, 256 and prefill 4k; Nsight
 #   Compute per-kernel times of the 2-layer model's B = 1 and B = 64 steps.
@@ -91,6 +93,30 @@ elif [ $PHASE = 2 ]; then
     SIDES="before after"; bench_sides $name "1 4096 2" "1 8192 2"
   done
   for t in $NEW_TESTS; do sanitize ${t%%=*} "${t#*=}"; done  # each "program=gtest filter"
+elif [ $PHASE = 4 ]; then
+  # The session's final tree ($SRC) against the first call's ($BEFORE_SRC = faa5070), then as much
+  # of PHASE=3 as the call's time allows (each step only when enough of 560 s is left).
+  left() { echo $(( 560 - ($(date +%s) - T0) )); }
+  build_trees $SRC $BEFORE_SRC
+  run_gpu_tests /tmp/b $TESTS
+  opt_in_bench /tmp/b test_cuda_mla_prefill MOESERVE_BENCH_MLA_PREFILL '*Bench*'
+  model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
+  SIDES="before after noprefetch"; bench_sides qwen3 "1 4096 16"
+  SIDES="before after"; bench_sides qwen3 "64 256 16" "1 8192 2"; bench_sides v2lite "1 4096 16" "64 256 16" "1 8192 2"
+  for layers in 2 5; do
+    M=.b4/models/v3ep8-$layers
+    [ $(left) -gt 120 ] || break
+    [ -e $M/config.json ] || timeout $(( $(left) - 60 )) $B make-random-model --shape deepseek-v3 --fp8 --layers $layers \
+      --set num_nextn_predict_layers=0 --set n_routed_experts=32 $M > $L/make-v3-$layers.log 2>&1
+    log "v3 ep8 model layers=$layers rc=$? $(du -sh $M | cut -f1)"
+    for bi in "1 4096" "64 512" "256 128"; do
+      read -r b i <<< "$bi"
+      [ $(left) -gt 30 ] || break
+      timeout $(( $(left) - 10 )) $B bench-one-batch --model-path $M --device cuda --batch-size $b --input-len $i \
+        --output-len 16 --result-file "$OUT/v3-$layers.jsonl" > $L/v3-$layers-$b.log 2>&1
+      log "v3 ep8 L=$layers B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/v3-$layers-$b.log | tr '\n' ' ')"
+    done
+  done
 elif [ $PHASE = 3 ]; then
   [ -x $B ] || build_trees $SRC
   for layers in 2 5; do
