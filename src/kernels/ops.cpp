@@ -60,13 +60,6 @@ void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, c
 }
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y) { MS_DISPATCH(x, add_sigmoid_gated(x, gate, y)); }
 void round_to_bf16(Tensor& x) { MS_DISPATCH(x, round_to_bf16(x)); }
-void prefetch_weight(const Weight& w) {
-#if MOESERVE_WITH_CUDA
-  if (w.w.device() == Device::CUDA) cuda::prefetch_weight(w);
-#else
-  (void)w;
-#endif
-}
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out) { MS_DISPATCH(out, gather_rows(src, rows, out)); }
 void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src) {
   MS_DISPATCH(dst, index_add_rows(dst, rows, src));

@@ -49,10 +49,6 @@ void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, c
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 // Emulates bf16 storage of activations: rounds every element to the nearest bf16.
 void round_to_bf16(Tensor& x);
-// Asks the device's L2 cache for a weight a later op of this step will read, while the ops in
-// between leave memory bandwidth idle (the GPU's decode attention at small batches). No effect on
-// results; nothing on the CPU.
-void prefetch_weight(const Weight& w);
 // out[i] = src[rows[i]] for 2-D src and out.
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
 // dst[rows[i]] += src[i] for 2-D dst and src (combining expert outputs sent back to their tokens).

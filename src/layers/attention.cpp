@@ -5,11 +5,6 @@
 #include "core/check.h"
 
 namespace ms {
-namespace {
-// Query rows up to which the GPU's decode attention is latency bound (one to a few blocks per
-// KV head), so o_proj's weight is asked into L2 before it.
-constexpr int64_t kPrefetchOProjRows = 8;
-}  // namespace
 
 GqaAttention::GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int head_dim, const RopeTable* rope)
     : w_(std::move(w)), heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), rope_(rope) {
@@ -42,8 +37,6 @@ Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
     ctx.round(q), ctx.round(k), ctx.round(v);
     q3 = q.view({T, heads_, head_dim_}), k3 = k.view({T, kv_heads_, head_dim_}), v3 = v.view({T, kv_heads_, head_dim_});
   }
-  // A decode step's rope and attention leave HBM idle: o_proj's weight can come into L2 meanwhile.
-  if (T <= kPrefetchOProjRows) ops::prefetch_weight(w_.o_proj.weight());
   const ops::HeadNorm qk_norm{w_.q_norm.weight(), w_.k_norm.weight(), w_.q_norm.eps()};
   ops::rope_store_kv(q3, k3, v3, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations,
                      ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr);

@@ -25,7 +25,6 @@ void silu_and_mul(const Tensor& gate_up, Tensor& out);
 void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier);
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 void round_to_bf16(Tensor& x);
-void prefetch_weight(const Weight& w);
 void gather_rows(const Tensor& src, std::span<const int32_t> rows, Tensor& out);
 void index_add_rows(Tensor& dst, std::span<const int32_t> rows, const Tensor& src);
 void scatter_rows(const Tensor& src, std::span<const int32_t> slots, Tensor& dst);
