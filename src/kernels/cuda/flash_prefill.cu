@@ -15,7 +15,7 @@
 // heads fastest, so that the long tiles at the bottom of the causal triangle do not trail the
 // launch.
 #include "kernels/cuda/flash_prefill.h"
-#include "kernels/cuda/mma.h"
+#include "kernels/cuda/flash_softmax.cuh"
 
 #include <algorithm>
 #include <array>
@@ -38,13 +38,6 @@ struct FlashParams {
   int heads, group;   // block b takes tile b / heads and query head b % heads
   float scale_log2;
 };
-
-// 2^x in one MUFU instruction; results below 2^-126 flush to zero, which a probability can lose.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) flash_prefill_kernel(FlashParams p) {
@@ -116,83 +109,12 @@ __global__ void __launch_bounds__(WARPS * 32) flash_prefill_kernel(FlashParams p
     const bf16* vs = ks + kTileElems;
 
     float s[kKeys / 8][4] = {};
-#pragma unroll
-    for (int d = 0; d < kD / 16; ++d)
-#pragma unroll
-      for (int np = 0; np < kKeys / 16; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4<false>(ks + (np * 16 + (lane / 16) * 8 + lane % 8) * kStride + d * 16 + ((lane / 8) % 2) * 8, b);
-        mma_bf16(s[2 * np], qf[d], b[0], b[1]);
-        mma_bf16(s[2 * np + 1], qf[d], b[2], b[3]);
-      }
-    // Online softmax of rows g (values 0, 1) and g + 8 (values 2, 3); a quad shares a row.
-    if (k0 + kKeys > warp_full) {  // the diagonal: keys past a row's causal limit (or the keys) drop out
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = k0 + n * 8 + 2 * qd + (i & 1);
-          s[n][i] = key < seen[i >> 1] ? s[n][i] * p.scale_log2 : -INFINITY;
-        }
-    } else {
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
-    }
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);  // finite: key 0 is in the first tile of every row
-      alpha[r] = exp2_ftz(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = exp2_ftz(s[n][i] - m[i >> 1]);
-        l[i >> 1] += s[n][i];
-      }
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dn = 0; dn < kD / 16; ++dn) {
-        uint32_t b[4];
-        ldmatrix_x4<true>(vs + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStride + dn * 16 + (lane / 16) * 8, b);
-        mma_bf16(o[2 * dn], a, b[0], b[1]);
-        mma_bf16(o[2 * dn + 1], a, b[2], b[3]);
-      }
-    }
+    flash_scores<kKeys, kD, kStride>(qf, ks, lane, s);
+    // The diagonal: keys past a row's causal limit (or the keys) drop out.
+    flash_softmax_pv<kKeys, kD, kStride>(s, k0 + kKeys > warp_full, k0, seen, p.scale_log2, vs, lane, m, l, o);
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (row[r] >= rows) continue;
-    const float inv = 1.0f / l[r];
-    bf16* dst = p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd;
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n)
-      *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-  }
+  flash_store_rows<kD>(o, l, row, rows,
+                        [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
 template <int WARPS>

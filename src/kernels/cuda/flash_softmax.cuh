@@ -1,0 +1,123 @@
+// The per-key-tile step of flash-attention 2 on mma.m16n8k16, shared by both prefill kernels
+// (flash_prefill.cu with 128-dim keys and values, flash_mla_expanded.cu with 192-dim keys and
+// 128-dim values): one copy of the score product, the online softmax and P V. A warp owns 16
+// query rows; a lane holds rows g = lane / 4 (fragment values 0, 1) and g + 8 (values 2, 3), and
+// the quad of lanes that shares a row reduces over shuffles. Everything is forceinline over
+// compile-time shapes: both kernels keep the register counts and the instruction stream they had
+// with the step written out in each.
+#pragma once
+#include <cmath>
+
+#include "kernels/cuda/mma.h"
+
+namespace ms::cuda {
+
+// 2^x in one MUFU instruction; results below 2^-126 flush to zero, which a probability can lose.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// s = Q K^T for a tile of KEYS keys, [key][KSTRIDE] bf16 rows in shared memory, from the warp's
+// Q fragments over DK dims.
+template <int KEYS, int DK, int KSTRIDE>
+__device__ __forceinline__ void flash_scores(const uint32_t (&qf)[DK / 16][4], const bf16* ks, int lane,
+                                             float (&s)[KEYS / 8][4]) {
+#pragma unroll
+  for (int d = 0; d < DK / 16; ++d)
+#pragma unroll
+    for (int np = 0; np < KEYS / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4<false>(ks + (np * 16 + (lane / 16) * 8 + lane % 8) * KSTRIDE + d * 16 + ((lane / 8) % 2) * 8, b);
+      mma_bf16(s[2 * np], qf[d], b[0], b[1]);
+      mma_bf16(s[2 * np + 1], qf[d], b[2], b[3]);
+    }
+}
+
+// Folds the scores s of keys [k0, k0 + KEYS) into the running row max m, sum l and output o
+// (DV dims; V rows [key][VSTRIDE] in shared memory), base 2 with the scale folded in. On a
+// diagonal tile a row's keys from seen[row] on drop out (causality, or past the sequence).
+template <int KEYS, int DV, int VSTRIDE>
+__device__ __forceinline__ void flash_softmax_pv(float (&s)[KEYS / 8][4], bool diagonal, int k0, const int (&seen)[2],
+                                                 float scale_log2, const bf16* vs, int lane, float (&m)[2],
+                                                 float (&l)[2], float (&o)[DV / 8][4]) {
+  const int qd = lane % 4;
+  if (diagonal) {
+#pragma unroll
+    for (int n = 0; n < KEYS / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = k0 + n * 8 + 2 * qd + (i & 1);
+        s[n][i] = key < seen[i >> 1] ? s[n][i] * scale_log2 : -INFINITY;
+      }
+  } else {
+#pragma unroll
+    for (int n = 0; n < KEYS / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] *= scale_log2;
+  }
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < KEYS / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r]);  // finite: key 0 is in the first tile of every row
+    alpha[r] = exp2_ftz(m[r] - m_new);
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int n = 0; n < KEYS / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[n][i] = exp2_ftz(s[n][i] - m[i >> 1]);
+      l[i >> 1] += s[n][i];
+    }
+#pragma unroll
+  for (int n = 0; n < DV / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
+  // P goes from the score accumulators to the A operand without leaving registers.
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                           pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int dn = 0; dn < DV / 16; ++dn) {
+      uint32_t b[4];
+      ldmatrix_x4<true>(vs + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * VSTRIDE + dn * 16 + (lane / 16) * 8, b);
+      mma_bf16(o[2 * dn], a, b[0], b[1]);
+      mma_bf16(o[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// o / l in bf16 for the lane's rows below rows; dst_of(r) points at the lane's column pair
+// 2 * (lane % 4) of row r's DV outputs. A callable, not a pointer, so that the address math runs
+// after the shuffles, where the kernels scheduled it before.
+template <int DV, class Dst>
+__device__ __forceinline__ void flash_store_rows(const float (&o)[DV / 8][4], float (&l)[2], const int (&row)[2],
+                                                 int rows, Dst dst_of) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= rows) continue;
+    const float inv = 1.0f / l[r];
+    bf16* dst = dst_of(r);
+#pragma unroll
+    for (int n = 0; n < DV / 8; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+  }
+}
+
+}  // namespace ms::cuda
