@@ -78,13 +78,7 @@ __global__ void __launch_bounds__(WARPS * 32) mla_mha_prefill_kernel(Params p) {
   const int row[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int seen[2] = {vis0 + min(row[0], rows - 1), vis0 + min(row[1], rows - 1)};
   uint32_t qf[kDk / 16][4];
-#pragma unroll
-  for (int s = 0; s < kDk / 16; ++s)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = row[i & 1], d = s * 16 + 2 * qd + (i >> 1) * 8;
-      qf[s][i] = r < rows ? *reinterpret_cast<const uint32_t*>(p.q + int64_t(q0 + r) * p.q_s0 + h * p.q_s1 + d) : 0u;
-    }
+  flash_load_q<kDk>(p.q, p.q_s0, p.q_s1, q0, h, row, rows, qd, qf);
   float o[kDv / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int warp_keys = warp * 16 < rows ? vis0 + min(warp * 16 + 15, rows - 1) : 0;

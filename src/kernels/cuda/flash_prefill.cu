@@ -80,13 +80,7 @@ __global__ void __launch_bounds__(WARPS * 32) flash_prefill_kernel(FlashParams p
   const int row[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int seen[2] = {vis0 + min(row[0], rows - 1), vis0 + min(row[1], rows - 1)};
   uint32_t qf[kD / 16][4];
-#pragma unroll
-  for (int s = 0; s < kD / 16; ++s)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = row[i & 1], d = s * 16 + 2 * qd + (i >> 1) * 8;
-      qf[s][i] = r < rows ? *reinterpret_cast<const uint32_t*>(p.q + int64_t(q0 + r) * p.q_s0 + h * p.q_s1 + d) : 0u;
-    }
+  flash_load_q<kD>(p.q, p.q_s0, p.q_s1, q0, h, row, rows, qd, qf);
   float o[kD / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   // Keys this warp's rows see: none when they are all past the tile; keys below warp_full are

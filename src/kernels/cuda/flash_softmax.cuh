@@ -19,6 +19,20 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// The warp's Q fragments over DK dims, mma's A operand layout: this lane's rows row[0], row[1]
+// (zero past `rows`) of the block's queries from q0, head h (strides q_s0, q_s1).
+template <int DK>
+__device__ __forceinline__ void flash_load_q(const bf16* q, int64_t q_s0, int64_t q_s1, int q0, int h,
+                                             const int (&row)[2], int rows, int qd, uint32_t (&qf)[DK / 16][4]) {
+#pragma unroll
+  for (int s = 0; s < DK / 16; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = row[i & 1], d = s * 16 + 2 * qd + (i >> 1) * 8;
+      qf[s][i] = r < rows ? *reinterpret_cast<const uint32_t*>(q + int64_t(q0 + r) * q_s0 + h * q_s1 + d) : 0u;
+    }
+}
+
 // s = Q K^T for a tile of KEYS keys, [key][KSTRIDE] bf16 rows in shared memory, from the warp's
 // Q fragments over DK dims.
 template <int KEYS, int DK, int KSTRIDE>
