@@ -34,6 +34,8 @@ bench_sides() {
     read -r b i o <<< "$run"
     for side in $SIDES; do
       bin=/tmp/b/moeserve env=""; [ $side = before ] && bin=/tmp/before/moeserve
+      # noprefetch, splitmerge, rule1, l2ahead, rule1l2: switches of code measured in the second and
+      # final calls and then removed (BENCHMARKS, session 6); on later trees they change nothing.
       case $side in
         nogrouped) env="MOESERVE_GROUPED_GEMM=0" ;;
         noprefetch) env="MOESERVE_L2_PREFETCH=0" ;;
