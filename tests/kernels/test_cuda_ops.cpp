@@ -5,6 +5,7 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/gemm.h"
 
 namespace ms {
 namespace {
@@ -68,6 +69,28 @@ TEST(CudaOps, LinearFp8BlocksMatchCpu) {
       const double tol = mode == cuda::Fp8Mode::Fp8Gemm && T > 64 ? 5e-2 : kBf16Tol;
       EXPECT_LT(rel_error(out, cpu_linear(x, w.cpu, nullptr)), tol) << "mode " << int(mode) << " T=" << T;
     }
+}
+
+// The BF16 copy of FP8 blocks that more rows multiply through cuBLASLt: every element exactly
+// bf16(e4m3 value * its block's scale), through the 16-wide kernel (K a multiple of 16, partial
+// edge blocks) and the scalar one (K = 1601).
+TEST(CudaOps, WeightBf16DequantisesFp8BlocksExactly) {
+  MS_REQUIRE_CUDA();
+  for (int64_t K : {1600, 1601}) {
+    const int64_t N = 300;
+    Fp8Weight w = random_fp8(N, K);
+    Tensor got = cuda::weight_bf16(w.gpu).to(Device::CPU);
+    const uint8_t* q = w.cpu.w.data<uint8_t>();
+    const float* s = w.cpu.scale_inv.data<float>();
+    const uint16_t* g = got.data<uint16_t>();
+    int64_t wrong = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = fp8_e4m3_to_f32(q[n * K + k]) * s[(n / 128) * w.cpu.scale_inv.strides()[0] + k / 128];
+        wrong += g[n * K + k] != f32_to_bf16(v);
+      }
+    EXPECT_EQ(wrong, 0) << "K=" << K;
+  }
 }
 
 TEST(CudaOps, RmsNormMatchesCpuIncludingColumnSliceInPlace) {
