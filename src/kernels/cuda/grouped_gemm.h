@@ -7,6 +7,8 @@
 // Plain pointer types only (no bf16): tests compiled by the host compiler include this header.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ms::cuda {
 
@@ -43,6 +45,14 @@ bool grouped_gemm_fits(int64_t max_rows, int experts);
 // MOESERVE_GROUPED_GEMM=0 sends moe_experts' BF16 prefill back to the per-expert cuBLASLt calls
 // (read at every call, so a test or bench can compare both).
 bool grouped_gemm_enabled();
+
+// The block tile shapes built, by name ("BMxBNxBK": 128x128x32, 128x128x64, 128x256x32,
+// 128x256x64), the first the default. MOESERVE_GROUPED_GEMM_TILE=<name> picks one (read at every
+// call: a captured graph keeps the shape it was captured with; an unknown name fails the call);
+// set_grouped_gemm_tile overrides the environment for later calls ("" hands the choice back), so
+// that one test or bench binary can check and time every shape.
+std::vector<std::string> grouped_gemm_tiles();
+void set_grouped_gemm_tile(const std::string& name);
 
 void grouped_gemm(const GroupedGemmArgs& args, bool swiglu);
 

@@ -9,7 +9,8 @@
 // projections run over its contiguous rows: cuBLASLt in BF16 (FP8 blocks dequantised first),
 // or, when fp8_mode() asks for it, the FP8 block-scaled product (fp8_gemm.h) with each expert's
 // rows quantised as one segment. All end in the same kernel that sums each token's k outputs
-// with their router weights in a fixed slot order.
+// with their router weights in a fixed slot order (moe_expert_rows stops before it, for
+// moe_combine_add_rms_norm in norm.cu to do that sum on its way into the residual add and norm).
 //
 // Prefill moves far more bytes than it multiplies (4096 tokens x 8 slots x 2048 hidden is 134 MB
 // of gathered BF16 rows per layer): every intermediate there is BF16 (gathered tokens, the
@@ -154,8 +155,8 @@ Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K
   return p;
 }
 
-void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
-                     int first, Tensor& out) {
+ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
+                           int first) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
@@ -168,7 +169,7 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   gemv(I, H, table.gate_up, rows, xin, GemvOutput{act.raw(), DType::BF16, I}, true);
   GemvInput ain{act.data<bf16>(), I};
   gemv(H, I, table.down, rows, ain, GemvOutput{ye.raw(), DType::F32, H}, false);
-  combine_expert_rows(ye, perm.row_of, weights, out);
+  return {ye, perm.row_of, weights};
 }
 
 // Prefill with BF16 weights, all on the device in five launches: the sort by expert
@@ -176,8 +177,8 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
 // through token_of_row (no gathered copy: 4096 tokens x 8 slots x 2048 hidden is 134 MB written
 // and read again saved), the down projection as a second, and the combine. No host sync, one
 // launch per product instead of two per selected expert.
-void grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table, int first,
-                     Tensor& out) {
+ExpertRows grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
+                           int first) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
@@ -194,7 +195,7 @@ void grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   dn.w = table.down.w, dn.w2 = nullptr, dn.w_ld = table.down.ld;
   dn.c = ye.raw(), dn.c_ld = H;
   grouped_gemm(dn, false);
-  combine_expert_rows(ye, perm.row_of, weights, out);
+  return {ye, perm.row_of, weights};
 }
 
 void check_expert(const ExpertWeights& experts, int e, int64_t H, int64_t I) {
@@ -263,25 +264,31 @@ void fp8_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& 
 }  // namespace
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
+  check_device_tensor(out, {DType::BF16, DType::F32}, "moe_experts", "output");
+  MS_CHECK(out.strides()[1] == 1 && out.size(0) == x.size(0) && out.size(1) == x.size(1), "moe_experts: ",
+           x.describe(), " -> ", out.describe());
+  const ExpertRows rows = cuda::moe_expert_rows(x, ids, weights, experts);
+  combine_expert_rows(rows.rows, rows.row_of, rows.weights, out);
+}
+
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
   const int E = experts.num_experts();
   check_device_tensor(x, {DType::BF16}, "moe_experts", "input");
   check_device_tensor(ids, {DType::I32}, "moe_experts", "ids");
   check_device_tensor(weights, {DType::F32}, "moe_experts", "weights");
-  check_device_tensor(out, {DType::BF16, DType::F32}, "moe_experts", "output");
-  MS_CHECK(x.strides()[1] == 1 && out.strides()[1] == 1 && out.size(0) == T && out.size(1) == H &&
-               ids.is_contiguous() && weights.is_contiguous() && ids.size(0) == T && weights.size(0) == T &&
-               weights.size(1) == K,
-           "moe_experts: ", x.describe(), " ", ids.describe(), " ", weights.describe(), " -> ", out.describe());
+  MS_CHECK(x.strides()[1] == 1 && ids.is_contiguous() && weights.is_contiguous() && ids.size(0) == T &&
+               weights.size(0) == T && weights.size(1) == K,
+           "moe_experts: ", x.describe(), " ", ids.describe(), " ", weights.describe());
   MS_CHECK(E > 0, "moe_experts: no experts");
-  if (T == 0) return;
+  if (T == 0) return {scratch(DType::F32, {0, H}), scratch(DType::I32, {0, K}), weights};
   const auto [first, total] = local_range(experts);
   const ExpertTable* table = expert_table(experts);
   const Fp8Mode mode = fp8_mode();
   const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_gemm_all_rows(mode));
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
-    return grouped_experts(x, ids, weights, *table, first, out);
+    return grouped_experts(x, ids, weights, *table, first);
   // The grouped GEMM (mma.sync, ~200 TFLOP/s) beats per-expert cuBLASLt while experts get few rows
   // each, where the per-expert calls are small and paced by the host; with many rows cuBLASLt's
   // own kernels are faster. Measured on the H200 (BENCHMARKS, session 6): a Qwen3 prefill of 4096
@@ -292,7 +299,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
       grouped_gemm_supported(H, table->gate_up.ld, x.raw(), x.strides()[0]) &&
       grouped_gemm_supported(table->intermediate, table->down.ld, nullptr, table->intermediate) &&
       grouped_gemm_fits(T * K, table->experts))
-    return grouped_prefill(x, ids, weights, *table, first, out);
+    return grouped_prefill(x, ids, weights, *table, first);
   MS_CHECK(!capturing(), "moe_experts: these expert weights need the host-sorted path, which cannot be captured");
   std::vector<int32_t> host_ids(size_t(T * K));
   download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));
@@ -308,7 +315,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
     if (fp8) fp8_experts(x, perm, experts, gu, act, ye);
     else bf16_experts(x, perm, experts, gu, act, ye);
   }
-  combine_expert_rows(ye, row_of, weights, out);
+  return {ye, row_of, weights};
 }
 
 void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe) {
