@@ -14,9 +14,10 @@
 // and pipeline waits per MMA at the same traffic. Padded rows (BK + 8 elements) already keep
 // ldmatrix's 8 row addresses on distinct banks, so a swizzle would gain nothing there.
 //
-// Scheduling: a one-warp kernel turns the device offsets into each expert's first row tile
-// (prefix sums of ceil(rows / 128)); block (x, y) of the GEMM takes N tile x of global row
-// tile y, finding its expert by binary search over those sums. The grid's y extent is a bound
+// Scheduling (grouped_tiles.cuh, shared with the FP8 sibling grouped_gemm_fp8.cu): a one-warp
+// kernel turns the device offsets into each expert's first row tile (prefix sums of
+// ceil(rows / 128)); block (x, y) of the GEMM takes N tile x of global row tile y, finding its
+// expert by binary search over those sums. The grid's y extent is a bound
 // (max_rows / 128 + experts): blocks past the last tile exit at once. Blocks of one row tile are
 // adjacent in launch order, and an expert's row tiles adjacent too, so the blocks running at once
 // share a few experts' weights through L2 and each weight byte comes from HBM about once.
@@ -42,6 +43,7 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
+#include "kernels/cuda/grouped_tiles.cuh"
 #include "kernels/cuda/mma.h"
 
 namespace ms::cuda {
@@ -88,25 +90,6 @@ struct Params {
   bool pair_stores;  // c_ld even and c 4-byte aligned: two columns a store
 };
 
-// tile_start[e] = sum over e' < e of ceil(rows of e' / kBM); tile_start[E] = all tiles. One warp.
-__global__ void tile_table_kernel(const int32_t* __restrict__ offsets, int E, int32_t* __restrict__ tile_start) {
-  const int lane = threadIdx.x;
-  int base = 0;
-  for (int c = 0; c < E; c += 32) {
-    const int e = c + lane;
-    const int cnt = e < E ? (offsets[e + 1] - offsets[e] + kBM - 1) / kBM : 0;
-    int incl = cnt;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (e < E) tile_start[e] = base + incl - cnt;
-    base += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  if (lane == 0) tile_start[E] = base;
-}
-
 __device__ __forceinline__ void store_pair(bf16* p, float lo, float hi, bool pair, bool has_hi) {
   if (pair && has_hi) {
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);
@@ -149,20 +132,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_kerne
   constexpr int kBN = T::kBN, kBK = T::kBK, kStages = T::kStages, kLds = T::kLds, kWarpM = T::kWarpM,
                 kWarpN = T::kWarpN, kChunks = T::kChunks, kRowsPass = T::kRowsPass;
   pdl_wait();  // offsets, tile table and A come from the kernels before
-  const int y = blockIdx.y;
-  const int E = p.experts;
-  if (y >= __ldg(p.tile_start + E)) return;
-  // The expert of row tile y: the last e with tile_start[e] <= y (an empty expert's equal
-  // successor is also <= y, so the search lands on the expert that owns the tile).
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (__ldg(p.tile_start + mid) <= y) lo = mid;
-    else hi = mid;
-  }
-  const int e = lo;
-  const int m0 = __ldg(p.offsets + e) + (y - __ldg(p.tile_start + e)) * kBM;
-  const int m_end = __ldg(p.offsets + e + 1);
+  GroupTile gt;
+  if (!find_group_tile(p.offsets, p.tile_start, p.experts, kBM, blockIdx.y, gt)) return;
+  const int e = gt.group, m0 = gt.m0, m_end = gt.m_end;
 
   extern __shared__ __align__(16) bf16 smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -327,7 +299,33 @@ const TileEntry& selected_tile() {
   fail("grouped_gemm: unknown tile shape '", name, "' (built:", names, ")");
 }
 
+// One warp: a scan of ceil(rows / bm) over the groups, 32 at a time.
+__global__ void tile_table_kernel(const int32_t* __restrict__ offsets, int E, int bm, int32_t* __restrict__ tile_start) {
+  const int lane = threadIdx.x;
+  int base = 0;
+  for (int c = 0; c < E; c += 32) {
+    const int e = c + lane;
+    const int cnt = e < E ? (offsets[e + 1] - offsets[e] + bm - 1) / bm : 0;
+    int incl = cnt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (e < E) tile_start[e] = base + incl - cnt;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) tile_start[E] = base;
+}
+
 }  // namespace
+
+Tensor grouped_tile_table(const int32_t* offsets, int E, int bm) {
+  Tensor tiles = scratch(DType::I32, {E + 1});
+  tile_table_kernel<<<1, 32, 0, stream()>>>(offsets, E, bm, tiles.data<int32_t>());
+  MS_CUDA_LAUNCHED("tile_table_kernel");
+  return tiles;
+}
 
 bool grouped_gemm_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld) {
   return K % 8 == 0 && w_ld % 8 == 0 && w_ld >= K && a_ld % 8 == 0 && a_ld >= K &&
@@ -363,9 +361,7 @@ void grouped_gemm(const GroupedGemmArgs& args, bool swiglu) {
   const TileEntry& tile = selected_tile();  // checked even when there is nothing to do
   if (args.max_rows == 0) return;
   const int E = args.experts;
-  Tensor tiles = scratch(DType::I32, {E + 1});
-  tile_table_kernel<<<1, 32, 0, stream()>>>(args.offsets, E, tiles.data<int32_t>());
-  MS_CUDA_LAUNCHED("tile_table_kernel");
+  Tensor tiles = grouped_tile_table(args.offsets, E, kBM);
 
   Params p;
   p.N = int(args.N), p.K = int(args.K);
