@@ -76,8 +76,10 @@ void grouped_gemm(const GroupedGemmArgs& args, bool swiglu);
 // 16 (its weight tiles come in 16-byte copies), a_ld of 8, A 16-byte aligned (a null: unchecked).
 bool grouped_gemm_fp8_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld);
 bool grouped_gemm_fp8_fits(int64_t max_rows, int experts, int bm);
-// The row tile for `mean_rows` rows a group: the smallest of 16, 32, 64, 128 that holds them.
-int grouped_gemm_fp8_bm(int64_t mean_rows);
+// The row tile (16, 32, 64 or 128) for groups of `rows` rows: exactly (one dense group) or on
+// average (experts, whose counts scatter around the mean; grouped_gemm_fp8.cu says why the
+// choice then leaves room above it).
+int grouped_gemm_fp8_bm(int64_t rows, bool mean);
 // MOESERVE_FP8_GROUPED=0 sends FP8 experts and linears back to the streaming GEMV and the
 // dequantise-then-cuBLASLt paths (read at every call, so a test or bench can compare both).
 bool grouped_gemm_fp8_enabled();

@@ -90,7 +90,7 @@ bool try_fp8_grouped(const Tensor& xb, const Weight& w, const Tensor* bias, Tens
       w.block_k != 128 || w.scale_inv.dtype() != DType::F32 || wt.strides()[1] != 1 ||
       reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || w.scale_inv.strides()[1] != 1 ||
       !grouped_gemm_fp8_supported(K, wt.strides()[0], xb.raw(), xb.strides()[0]) ||
-      !grouped_gemm_fp8_fits(T, 1, grouped_gemm_fp8_bm(T)))
+      !grouped_gemm_fp8_fits(T, 1, grouped_gemm_fp8_bm(T, false)))
     return false;
   check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
   GroupedGemmArgs g;

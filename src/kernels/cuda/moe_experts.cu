@@ -185,7 +185,9 @@ ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& wei
 }
 
 // The row tile for the mean rows a local expert gets: pairs / total, whichever rank it is.
-int fp8_tile_rows(int64_t pairs, int total) { return grouped_gemm_fp8_bm(std::max<int64_t>(1, pairs / total)); }
+int fp8_tile_rows(int64_t pairs, int total) {
+  return grouped_gemm_fp8_bm(std::max<int64_t>(1, pairs / total), true);
+}
 
 // Prefill with BF16 weights, and FP8-block weights from decode batches up, all on the device in
 // five launches: the sort by expert (permute_on_device), [gate | up] and SiLU-and-mul as one
