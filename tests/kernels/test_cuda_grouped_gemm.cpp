@@ -145,6 +145,9 @@ TEST(CudaGroupedGemm, RaggedGroupsMatchHost) {
       {"odd N=199 K=40", {17, 200, 0, 5}, 199, 40, 0, 0, 0, 40},
       // K smaller than one K tile, one expert.
       {"one expert N=130 K=8", {300}, 130, 8},
+      // The wgmma shapes' warpgroup edges (64 rows each): experts ending at, just past and just
+      // short of 64 and 192 rows; N 8 past a 256-column tile (and 8 past two 128-column SwiGLU tiles).
+      {"warpgroup edges N=264 K=200", {64, 65, 63, 192, 0, 193, 191}, 264, 200},
       // The models' shapes (gate/up of Qwen3-30B-A3B and DeepSeek-V2-Lite, down of Qwen3).
       {"qwen3 gate/up N=768 K=2048", {256, 300, 0, 17, 129}, 768, 2048},
       {"deepseek gate/up N=1408 K=2048", {200, 1, 383}, 1408, 2048},

@@ -1,7 +1,8 @@
 // The grouped GEMM of grouped_gemm.h: an Ampere-style tensor-core GEMM (block tiles of 128 rows,
 // 8 warps of 64 rows each, K tiles through a multi-stage cp.async pipeline, ldmatrix from padded
 // shared rows) whose grid covers every expert's row tiles at once. The tile shape is a template
-// parameter; kTiles lists the shapes built, picked at run time by name (grouped_gemm.h).
+// parameter; kTiles lists the shapes built, picked at run time by name (grouped_gemm.h), the
+// Hopper wgmma shapes of grouped_gemm_wgmma.cu among them.
 //
 // Shared-memory traffic per m16n8k16 MMA is what the shapes trade. A Hopper SM reads 128 bytes of
 // shared memory a clock, and its tensor cores finish at most one such MMA a clock (the wgmma
@@ -43,15 +44,16 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
+#include "kernels/cuda/grouped_gemm_impl.h"
 #include "kernels/cuda/grouped_tiles.cuh"
 #include "kernels/cuda/mma.h"
 
 namespace ms::cuda {
 namespace {
 
-// Rows a block tile, the same in every shape: the tile table and the grid's bound depend on it
-// (grouped_gemm_fits answers before a shape is chosen).
-constexpr int kBM = 128;
+using grouped_gemm_impl::kBM;
+using grouped_gemm_impl::Params;
+using grouped_gemm_impl::store_pair;
 
 // A block tile of kBM x BN outputs, K tiles of BK through STAGES buffers, 8 warps of 64 x WN.
 template <int BN, int BK, int STAGES, int WN, int MIN_BLOCKS>
@@ -73,31 +75,6 @@ using Tile128x128x32 = Tile<128, 32, 4, 32, 2>;  // 80 KiB: today's default
 using Tile128x128x64 = Tile<128, 64, 3, 32, 2>;  // 108 KiB: still two blocks an SM
 using Tile128x256x32 = Tile<256, 32, 4, 64, 1>;  // 120 KiB, one block an SM
 using Tile128x256x64 = Tile<256, 64, 3, 64, 1>;  // 162 KiB, one block an SM
-
-struct Params {
-  int N, K;
-  const bf16* a;
-  int64_t a_ld;
-  const int32_t* a_rows;
-  const bf16* const* w;
-  const bf16* const* w2;
-  int64_t w_ld;
-  const int32_t* offsets;
-  const int32_t* tile_start;
-  int experts;
-  bf16* c;
-  int64_t c_ld;
-  bool pair_stores;  // c_ld even and c 4-byte aligned: two columns a store
-};
-
-__device__ __forceinline__ void store_pair(bf16* p, float lo, float hi, bool pair, bool has_hi) {
-  if (pair && has_hi) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);
-  } else {
-    p[0] = __float2bfloat16_rn(lo);
-    if (has_hi) p[1] = __float2bfloat16_rn(hi);
-  }
-}
 
 // One K tile of a warp's products over its first NM 16-row slices: as / bs point at the warp's
 // first A row and B row in the stage, offset by the lane's ldmatrix address.
@@ -276,6 +253,8 @@ constexpr TileEntry kTiles[] = {
     {"128x128x64", launch<Tile128x128x64>},
     {"128x256x32", launch<Tile128x256x32>},
     {"128x256x64", launch<Tile128x256x64>},
+    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},
+    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},
 };
 
 std::mutex g_tile_mutex;
