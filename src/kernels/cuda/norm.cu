@@ -128,8 +128,10 @@ struct MoeAddend {
 // both reads are in flight together) in registers from the sum of squares to the write, so a row
 // is read once and in place is safe. With an addend y, a piece is x + y rounded to bf16, written
 // back to x, and that rounded value is normalised, as rms_norm_kernel does.
+// Bounded for the widest group (a 1024-thread block: 64 registers a thread), which a 7168-wide
+// row needs: the MoE addend's loop took more without the bound and the launch failed.
 template <class TW, class Addend>
-__global__ void rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows,
+__global__ void __launch_bounds__(kNormMaxGroup) rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows,
                                      int group, bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
   pdl_trigger();  // the product after a norm may start fetching its weights now
