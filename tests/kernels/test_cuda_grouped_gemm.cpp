@@ -170,7 +170,6 @@ TEST(CudaGroupedGemm, RejectsUnalignedShapes) {
 TEST(CudaGroupedGemm, TileShapeByName) {
   const std::vector<std::string> tiles = cuda::grouped_gemm_tiles();
   ASSERT_FALSE(tiles.empty());
-  EXPECT_EQ(tiles.front(), "128x128x32");  // today's shape stays the default until measured
   int32_t dummy[2] = {0, 0};
   const void* ptrs[1] = {dummy};
   cuda::GroupedGemmArgs args;

@@ -243,7 +243,9 @@ void launch(const Params& p, int64_t row_tiles, bool swiglu) {
   else launch_pdl(grouped_gemm_kernel<T, false>, grid, dim3(T::kThreads), T::kSmemBytes, p);
 }
 
-// The shapes built, by name (BM x BN x BK); the first is the default.
+// The shapes built, by name (BM x BN x BK). The default is the first wgmma shape on a Hopper,
+// else 128x128x64: on the H200 (BENCHMARKS, session 7) wgmma128x128x64 ran Qwen3's and
+// V2-Lite's prefill experts at 450-530 TFLOP/s, the mma.sync shapes at 240-300.
 struct TileEntry {
   const char* name;
   void (*launch)(const Params&, int64_t, bool);
@@ -253,7 +255,7 @@ constexpr TileEntry kTiles[] = {
     {"128x128x64", launch<Tile128x128x64>},
     {"128x256x32", launch<Tile128x256x32>},
     {"128x256x64", launch<Tile128x256x64>},
-    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},
+    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]
     {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},
 };
 
@@ -268,7 +270,7 @@ const TileEntry& selected_tile() {
   }
   if (name.empty()) {
     const char* env = std::getenv("MOESERVE_GROUPED_GEMM_TILE");
-    if (!env || !*env) return kTiles[0];
+    if (!env || !*env) return hopper() ? kTiles[4] : kTiles[1];
     name = env;
   }
   for (const TileEntry& t : kTiles)
@@ -319,6 +321,8 @@ bool grouped_gemm_enabled() {
   const char* v = std::getenv("MOESERVE_GROUPED_GEMM");
   return !(v && std::strcmp(v, "0") == 0);
 }
+
+bool grouped_gemm_on_wgmma() { return std::strncmp(selected_tile().name, "wgmma", 5) == 0; }
 
 std::vector<std::string> grouped_gemm_tiles() {
   std::vector<std::string> names;

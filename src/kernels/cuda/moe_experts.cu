@@ -32,8 +32,9 @@
 
 namespace ms::cuda {
 
-// Mean rows an expert up to which prefill takes the grouped GEMM (see moe_experts).
-constexpr int64_t kGroupedGemmMaxMeanRows = 384;
+// Mean rows an expert up to which prefill takes the grouped GEMM (see moe_experts): with the
+// wgmma shapes, and with mma.sync's.
+constexpr int64_t kGroupedGemmMaxMeanRowsWgmma = 1024, kGroupedGemmMaxMeanRows = 384;
 // The same bounds for FP8-block experts' grouped_gemm_fp8 (fp8_grouped_takes). Below 8 rows the
 // streaming GEMV's FMAs keep up with HBM. Above: the host path dequantises every expert into BF16
 // scratch (1 byte read, 2 written, 2 read again by cuBLASLt: 5 bytes a weight, 1.4 GB of V3-EP8
@@ -335,12 +336,14 @@ ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& wei
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
     return grouped_experts(x, ids, weights, *table, first);
-  // The grouped GEMM (mma.sync, ~200 TFLOP/s) beats per-expert cuBLASLt while experts get few rows
-  // each, where the per-expert calls are small and paced by the host; with many rows cuBLASLt's
-  // own kernels are faster. Measured on the H200 (BENCHMARKS, session 6): a Qwen3 prefill of 4096
-  // tokens (256 rows an expert) 34.4 -> 31.0 ms with it, of 8192 (512) 66.2 -> 70.6 ms; V2-Lite
-  // 8192 (768) 100.2 -> 108.4 ms.
-  const bool few_rows_per_expert = table && T * K <= kGroupedGemmMaxMeanRows * table->experts;
+  // The grouped GEMM beats per-expert cuBLASLt while experts get few rows each, where the
+  // per-expert calls are small and paced by the host; with many rows cuBLASLt's own kernels catch
+  // up. On mma.sync (~250 TFLOP/s) that was past ~384 rows an expert (BENCHMARKS, session 6: a
+  // Qwen3 prefill of 8192 tokens, 512 rows, 66.2 -> 70.6 ms with it). The wgmma shapes (~500)
+  // took both products of Qwen3 at 512 rows in 1.31 ms against 3.60 for the cuBLASLt path, and
+  // V2-Lite's at 768 rows in 1.67 against 2.64 (session 7); 1024 is the measured range rounded up.
+  const int64_t max_mean_rows = grouped_gemm_on_wgmma() ? kGroupedGemmMaxMeanRowsWgmma : kGroupedGemmMaxMeanRows;
+  const bool few_rows_per_expert = table && T * K <= max_mean_rows * table->experts;
   if (table && !table->fp8 && grouped_gemm_enabled() && few_rows_per_expert && table->hidden == H &&
       grouped_gemm_supported(H, table->gate_up.ld, x.raw(), x.strides()[0]) &&
       grouped_gemm_supported(table->intermediate, table->down.ld, nullptr, table->intermediate) &&
