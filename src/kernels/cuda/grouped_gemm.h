@@ -36,7 +36,7 @@ struct GroupedGemmArgs {
   // blocks, [ceil(N / 128), ceil(K / 128)] with row stride s_ld. offsets null: one group of rows
   // [0, max_rows) whose weights are w_one / w2_one with scales s_one / s2_one (host-held device
   // pointers: a dense layer needs no device arrays). c_f32: C is F32 instead of BF16. bm: rows a
-  // block tile (16, 32, 64 or 128), 0 for grouped_gemm_fp8_bm's choice.
+  // block tile (16, 32 or 64), 0 for grouped_gemm_fp8_bm's choice.
   const float* const* s = nullptr;
   const float* const* s2 = nullptr;
   const void* w_one = nullptr;
@@ -79,7 +79,7 @@ void grouped_gemm(const GroupedGemmArgs& args, bool swiglu);
 // 16 (its weight tiles come in 16-byte copies), a_ld of 8, A 16-byte aligned (a null: unchecked).
 bool grouped_gemm_fp8_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld);
 bool grouped_gemm_fp8_fits(int64_t max_rows, int experts, int bm);
-// The row tile (16, 32, 64 or 128) for groups of `rows` rows: exactly (one dense group) or on
+// The row tile (16, 32 or 64) for groups of `rows` rows: exactly (one dense group) or on
 // average (experts, whose counts scatter around the mean; grouped_gemm_fp8.cu says why the
 // choice then leaves room above it).
 int grouped_gemm_fp8_bm(int64_t rows, bool mean);

@@ -21,8 +21,9 @@
 // inside one 128-row block (gate and up rows each come from their own matrix at 8-row
 // granularity), so a fragment needs one scale a K tile, read through L1.
 //
-// Row tiles: BM 16, 32, 64 or 128 (grouped_gemm_fp8_bm picks from the rows a group), the
-// warps of BM <= 64 all side by side along N so that each weight is converted once per block.
+// Row tiles: BM 16, 32 or 64 (grouped_gemm_fp8_bm picks from the rows a group), the warps all
+// side by side along N so that each weight is converted once per block. (A BM 128 tile, two warp
+// rows converting each weight twice, lost to 64 at every size measured, up to 1024 rows an expert.)
 // A dense product (one group, offsets null) of few rows has too few N tiles to keep HBM busy
 // (7168 -> 2112 is 17 blocks of 128 columns), so K is split over grid.z until the grid covers
 // the SMs twice, the partial sums go to an F32 scratch and a second kernel adds them in order.
@@ -61,7 +62,6 @@ struct F8Tile {
 using F8Tile16 = F8Tile<16, 128, 4, 16, 16, 2>;   // 100 KiB
 using F8Tile32 = F8Tile<32, 128, 3, 32, 16, 2>;   // 90 KiB
 using F8Tile64 = F8Tile<64, 64, 4, 64, 16, 2>;    // 96 KiB
-using F8Tile128 = F8Tile<128, 64, 4, 64, 32, 1>;  // 144 KiB; two warps convert each weight
 
 struct Params {
   int N, K;
@@ -374,15 +374,11 @@ bool grouped_gemm_fp8_fits(int64_t max_rows, int experts, int bm) {
 // block that converts the whole weight again (from L2), while a tile twice too tall only adds MMAs
 // (about 2 instructions a fragment of 8 x 32 weights against ~27 to convert them) and skips the
 // 16-row slices with no rows. So a mean of m takes the tile that holds ~1.5 m: 16 up to 10 rows,
-// 32 up to 21, 64 up to 96 (BM 128 converts each weight twice, in its two warp rows, so it only
-// wins once most experts would need two tiles of 64), 128 above.
+// 32 up to 21, 64 above. Measured on the H200 (BENCHMARKS, session 7, V3's EP8 experts): a mean
+// of 16 rows 0.58 ms at BM 32 against 0.70 at 16 and 0.69 at 64; of 64 rows 1.29 ms at 64.
 int grouped_gemm_fp8_bm(int64_t rows, bool mean) {
-  if (!mean) {
-    for (int bm : {16, 32, 64})
-      if (rows <= bm) return bm;
-    return 128;
-  }
-  return rows <= 10 ? 16 : rows <= 21 ? 32 : rows <= 96 ? 64 : 128;
+  if (mean) return rows <= 10 ? 16 : rows <= 21 ? 32 : 64;
+  return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
 }
 
 bool grouped_gemm_fp8_enabled() {
@@ -400,7 +396,7 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
                args.c_ld >= args.N && args.s_ld >= (args.K + 127) / 128 &&
                (dense ? args.w_one && args.s_one && (!swiglu || (args.w2_one && args.s2_one))
                       : args.w && args.s && (!swiglu || (args.w2 && args.s2))) &&
-               (bm == 16 || bm == 32 || bm == 64 || bm == 128),
+               (bm == 16 || bm == 32 || bm == 64),
            "grouped_gemm_fp8: N ", args.N, " K ", args.K, " w_ld ", args.w_ld, " a_ld ", args.a_ld, " c_ld ",
            args.c_ld, " s_ld ", args.s_ld, " experts ", args.experts, " bm ", bm);
   if (args.max_rows == 0) return;
@@ -424,8 +420,7 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
   switch (bm) {
     case 16: launch<F8Tile16>(p, row_tiles, swiglu, args.max_rows); break;
     case 32: launch<F8Tile32>(p, row_tiles, swiglu, args.max_rows); break;
-    case 64: launch<F8Tile64>(p, row_tiles, swiglu, args.max_rows); break;
-    default: launch<F8Tile128>(p, row_tiles, swiglu, args.max_rows); break;
+    default: launch<F8Tile64>(p, row_tiles, swiglu, args.max_rows); break;
   }
 }
 

@@ -52,11 +52,14 @@ void linear_fp8(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& o
 // (kGemvMaxRowsFp8Old), whose alternative then dequantises the whole weight into scratch before
 // the GEMM, 5 bytes of traffic a weight against the passes' 1 each.
 constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 8, kGemvMaxRowsFp8Old = 64;
-// Rows up to which FP8 blocks take grouped_gemm_fp8 rather than dequantise + cuBLASLt: that path
-// moves 5 bytes a weight (~1.4 ms a GB of FP8 at 3.5 TB/s) then runs at ~600 TFLOP/s, this one 1
-// byte at ~250 TFLOP/s, so it catches up when 2 T (1/250e12 - 1/600e12) = 5 / 3.5e12 a weight:
-// T ~ 300. FP8GroupedBench's dense T = 256 / 1024 lines check it.
-constexpr int64_t kFp8GroupedMaxRows = 384;
+// Rows up to which FP8 blocks take grouped_gemm_fp8 rather than dequantise + cuBLASLt. That path
+// pays a fixed ~3 bytes of traffic a weight to dequantise, then cuBLASLt's rate; this one reads a
+// byte a weight but its mma.sync runs at only ~150 TFLOP/s once the rows make it compute-bound.
+// Measured on the H200 (BENCHMARKS, session 7, V3's dense FP8 linears): at 256 rows the other is
+// 2.2-2.3x faster; at 64 the two are about even (this one 126 us for o_proj 16384 -> 7168, 45 for
+// q_b, 25 for q_a|kv_a, 261 for the dense MLP's gate|up; the other, from its 256- and 1024-row
+// times, ~116, ~50, ~28, ~268). So 64.
+constexpr int64_t kFp8GroupedMaxRows = 64;
 
 bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();

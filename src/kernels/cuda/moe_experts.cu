@@ -36,15 +36,13 @@ namespace ms::cuda {
 // wgmma shapes, and with mma.sync's.
 constexpr int64_t kGroupedGemmMaxMeanRowsWgmma = 1024, kGroupedGemmMaxMeanRows = 384;
 // The same bounds for FP8-block experts' grouped_gemm_fp8 (fp8_grouped_takes). Below 8 rows the
-// streaming GEMV's FMAs keep up with HBM. Above: the host path dequantises every expert into BF16
-// scratch (1 byte read, 2 written, 2 read again by cuBLASLt: 5 bytes a weight, 1.4 GB of V3-EP8
-// FP8 experts is ~2 ms at 3.5 TB/s) and then runs at ~600 TFLOP/s; the mma.sync kernel reads 1
-// byte a weight but runs at ~250 TFLOP/s (its BF16 sibling's ~200 plus the larger BM=128
-// tile). A pair costs 2 * 3 * 7168 * 2048 = 88 MFLOP, so the host path catches up when
-// pairs * 88e6 * (1/250e12 - 1/600e12) = 2e-3 s: ~9700 pairs, ~300 rows an expert of 32. 384
-// also covers the host path's sort, sync and ~100 launches; FP8GroupedBench's T = 1024 / 4096
-// lines (256 / 1024 rows an expert) check the crossover.
-constexpr int64_t kFp8GroupedMinMeanRows = 8, kFp8GroupedMaxMeanRows = 384;
+// streaming GEMV's FMAs keep up with HBM. Above, the host path (sort, dequantise each expert into
+// BF16 scratch, per-expert cuBLASLt) costs ~3.4 ms for V3's 32 EP8 experts whatever the rows up
+// to ~256 an expert, paced by the host; this kernel grows with the rows (its mma.sync is
+// compute-bound at ~150 TFLOP/s). Measured on the H200 (BENCHMARKS, session 7): a mean of 64 rows
+// 1.30 ms against 3.44, of 256 rows 4.55 against 3.41; linearly between, they cross near 190.
+// Under graph capture the host path cannot run, so captures take this kernel at any size.
+constexpr int64_t kFp8GroupedMinMeanRows = 8, kFp8GroupedMaxMeanRows = 160;
 namespace {
 
 // Expert parallelism (ExpertWeights::first_expert / total()) is being added to ops.h alongside
