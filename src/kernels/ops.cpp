@@ -104,6 +104,14 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
   MS_DISPATCH(x, moe_experts(x, ids, weights, experts, out));
 }
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
+  return MS_DISPATCH(x, moe_expert_rows(x, ids, weights, experts));
+}
+void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
+                              bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
+  MS_CHECK(!shared_gate || shared, "moe_combine_add_rms_norm: a shared-expert gate without its expert's output");
+  MS_DISPATCH(residual, moe_combine_add_rms_norm(routed, shared, shared_gate, round_bf16, residual, weight, eps, out));
+}
 std::vector<int32_t> argmax_rows(const Tensor& logits) { return MS_DISPATCH(logits, argmax_rows(logits)); }
 void argmax_rows_into(const Tensor& logits, Tensor& ids) {
   MS_CHECK(ids.dtype() == DType::I32 && ids.device() == logits.device() && ids.dim() == 1 &&

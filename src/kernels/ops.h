@@ -163,6 +163,25 @@ struct ExpertWeights {
   int total() const { return total_experts > 0 ? total_experts : num_experts(); }
 };
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
+// The routed experts' outputs before their weighted sum, which is out[t] = sum_j weights[t, j] *
+// rows[row_of[t, j]] over j = 0..K-1 in order (row -1: skipped), summed in f32 and rounded once
+// to out's dtype: what moe_experts writes, bit for bit. A backend that sums inside its experts
+// (the CPU's, in expert order) hands its sum back as one row a token of weight 1, which that
+// formula reproduces exactly.
+struct ExpertRows {
+  Tensor rows;     // [R, hidden], BF16 or F32
+  Tensor row_of;   // I32 [T, K]
+  Tensor weights;  // F32 [T, K]
+};
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts);
+// A MoE block's output added to the residual stream, fused with the norm after it: f = the
+// weighted sum of `routed` in residual's dtype; with a shared expert's output, f += shared
+// (f += sigmoid(shared_gate[t]) * shared[t] with Qwen2-MoE's gate [T, 1]), rounded again; then
+// add_rms_norm(residual, f, weight, eps, out). round_bf16: F32 activations emulate bf16 storage,
+// so f is rounded to bf16 after the sum and after the shared add. Bit for bit the unfused ops in
+// that order (on the GPU one kernel where the rows are BF16 and 16-byte aligned).
+void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
+                              bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out);
 
 // Index of the largest value in each row of logits [T, V] (ties: the lower index). On the GPU only
 // the indices are copied to the host.

@@ -11,17 +11,25 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
   h = ctx.empty(hidden.shape());
   post_attention_norm.add_forward(hidden, a, h);
   ctx.round(h);
-  Tensor f;
-  if (!ctx.parallel || ffn_mode == FfnMode::Local) {
-    f = feed_forward(h, ctx);
-  } else if (ffn_mode == FfnMode::TensorParallel) {
-    f = sharded_feed_forward(h, ctx);
-  } else {
-    f = std::get<SparseMoe>(ffn).forward_all_to_all(h, ctx);
-    if (ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(f);
-  }
+  const Tensor x = h;
   h = ctx.empty(hidden.shape());
-  next_norm.add_forward(hidden, f, h);
+  const bool local = !ctx.parallel || ffn_mode == FfnMode::Local;
+  if (const auto* moe = std::get_if<SparseMoe>(&ffn); moe && local) {
+    // Nothing comes between the block's output and the residual add (no reduction), so the
+    // experts' rows are summed inside the next norm's kernel: one launch fewer a layer.
+    moe->forward_add_norm(x, ctx, hidden, next_norm, h);
+  } else {
+    Tensor f;
+    if (local) {
+      f = feed_forward(x, ctx);
+    } else if (ffn_mode == FfnMode::TensorParallel) {
+      f = sharded_feed_forward(x, ctx);
+    } else {
+      f = std::get<SparseMoe>(ffn).forward_all_to_all(x, ctx);
+      if (ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(f);
+    }
+    next_norm.add_forward(hidden, f, h);
+  }
   ctx.round(h);
 }
 

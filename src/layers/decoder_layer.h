@@ -4,7 +4,9 @@
 // the tokens of every DP rank (gathered first) and is summed over all ranks. Each residual add
 // is fused with the norm that reads its result (ops::add_rms_norm): the add after attention with
 // post_attention_norm, the add after the feed-forward with the next block's input_norm, or the
-// model's final norm after the last block; forward_layers drives a stack that way.
+// model's final norm after the last block; forward_layers drives a stack that way. A MoE block
+// whose output goes straight into that add (no reduction over ranks) goes further and has its
+// experts' rows summed inside the norm (SparseMoe::forward_add_norm).
 #pragma once
 #include <span>
 #include <variant>

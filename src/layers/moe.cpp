@@ -52,17 +52,34 @@ void SparseMoe::add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& o
   ctx.round(out);
 }
 
-Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
+void SparseMoe::route_traced(const Tensor& x, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const {
   const int64_t T = x.size(0);
-  Tensor ids = ctx.empty({T, router_.columns()}, DType::I32);
-  Tensor weights = ctx.empty({T, router_.columns()}, DType::F32);
+  ids = ctx.empty({T, router_.columns()}, DType::I32);
+  weights = ctx.empty({T, router_.columns()}, DType::F32);
   route(x, ids, weights);
   if (ctx.routing_trace) ctx.routing_trace->push_back(ids.to(Device::CPU).clone());
+}
+
+Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
+  Tensor ids, weights;
+  route_traced(x, ctx, ids, weights);
   Tensor out = ctx.empty(x.shape());
   ops::moe_experts(x, ids, weights, w_.experts, out);
   ctx.round(out);
   add_shared(x, ctx, out);
   return out;
+}
+
+void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
+                                 Tensor& out) const {
+  Tensor ids, weights;
+  route_traced(x, ctx, ids, weights);
+  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
+  Tensor shared, gate;
+  if (w_.shared.defined()) shared = w_.shared.forward(x, ctx);
+  if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
+  ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
+                                ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);
 }
 
 }  // namespace ms

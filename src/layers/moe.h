@@ -31,6 +31,12 @@ class SparseMoe {
   SparseMoe(MoeWeights w, ops::RouterParams router);
   // Partial output of this rank's experts (and shard of the shared expert) for tokens x.
   Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
+  // residual += forward(x), then out = norm(residual), bit for bit as norm.add_forward after
+  // forward gives them, but with the experts' weighted sum (and the shared expert's add) made
+  // inside the norm's kernel on the GPU (ops::moe_combine_add_rms_norm). Only where nothing
+  // comes between the block's output and the add: a rank holding all of it (no reduction).
+  void forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
+                        Tensor& out) const;
   // All-to-all dispatch (ep == tp): this rank's share of x (rows t with t % group == index)
   // goes to the ranks owning its experts and comes back weighted; returns the rows it owns
   // (others zero) — the attention-TP all-reduce completes them.
@@ -40,6 +46,8 @@ class SparseMoe {
   const ops::RouterParams& router() const { return router_; }
 
  private:
+  // route() into new ids and weights, recorded in ctx.routing_trace.
+  void route_traced(const Tensor& x, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const;
   void add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& out) const;
   MoeWeights w_;
   ops::RouterParams router_;

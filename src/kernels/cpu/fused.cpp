@@ -14,6 +14,29 @@ void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float
   rms_norm(residual, weight, eps, out);
 }
 
+void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
+                              bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t T = residual.size(0), H = residual.size(1), K = routed.weights.size(1);
+  MS_CHECK(residual.dim() == 2 && routed.rows.dim() == 2 && routed.rows.size(1) == H && routed.rows.is_contiguous() &&
+               routed.weights.size(0) == T && routed.row_of.numel() == T * K,
+           "moe_combine_add_rms_norm: ", routed.rows.describe(), " by ", routed.row_of.describe(), " into ",
+           residual.describe());
+  Tensor f = Tensor::zeros(DType::F32, {T, H});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t r = routed.row_of.data<int32_t>()[t * K + j];
+      if (r >= 0)
+        axpy_f32(routed.weights.data<float>()[t * K + j], routed.rows.data<float>() + r * H, f.data<float>() + t * H, H);
+    }
+  if (round_bf16) round_to_bf16(f);
+  if (shared) {
+    if (shared_gate) add_sigmoid_gated(f, *shared_gate, *shared);
+    else add_inplace(f, *shared);
+    if (round_bf16) round_to_bf16(f);
+  }
+  add_rms_norm(residual, f, weight, eps, out);
+}
+
 namespace {
 void check_rope_rows(const Tensor& x, const ops::RopeArgs& r, std::span<const int32_t> slots, const char* op) {
   MS_CHECK(x.dim() == 3 && x.size(0) == int64_t(slots.size()) && r.rot_dim % 2 == 0 && r.rot_dim <= x.size(2), op,

@@ -35,6 +35,8 @@ cudaStream_t stream();
 cublasLtHandle_t lt_handle();
 void* lt_workspace(size_t bytes);
 int sm_count();
+// Whether that GPU is a Hopper (sm_90), where the build's sm_90a kernels (wgmma) run.
+bool hopper();
 // Programmatic dependent launch (Hopper): a kernel launched by launch_pdl may start while the
 // kernel before it in the stream finishes, so it can fetch its weights meanwhile; it calls
 // pdl_wait() before it reads anything an earlier kernel wrote. MOESERVE_PDL=0 turns it off.

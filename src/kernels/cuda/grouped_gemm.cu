@@ -1,10 +1,24 @@
-// The grouped GEMM of grouped_gemm.h: an Ampere-style tensor-core GEMM (128x128 block tiles,
-// 8 warps of 64x32, K tiles of 32 through a 4-stage cp.async pipeline, ldmatrix from padded
-// shared rows) whose grid covers every expert's row tiles at once.
+// The grouped GEMM of grouped_gemm.h: an Ampere-style tensor-core GEMM (block tiles of 128 rows,
+// 8 warps of 64 rows each, K tiles through a multi-stage cp.async pipeline, ldmatrix from padded
+// shared rows) whose grid covers every expert's row tiles at once. The tile shape is a template
+// parameter; kTiles lists the shapes built, picked at run time by name (grouped_gemm.h), the
+// Hopper wgmma shapes of grouped_gemm_wgmma.cu among them.
 //
-// Scheduling: a one-warp kernel turns the device offsets into each expert's first row tile
-// (prefix sums of ceil(rows / 128)); block (x, y) of the GEMM takes N tile x of global row
-// tile y, finding its expert by binary search over those sums. The grid's y extent is a bound
+// Shared-memory traffic per m16n8k16 MMA is what the shapes trade. A Hopper SM reads 128 bytes of
+// shared memory a clock, and its tensor cores finish at most one such MMA a clock (the wgmma
+// peak; mma.sync gets less). A warp of WM x WN outputs loads WM / 16 + WN / 16 ldmatrix.x4 (512
+// bytes each) per 16 of K for (WM / 16) * (WN / 8) MMAs: 192 bytes an MMA at 64x32, 128 at
+// 64x64; the cp.async fills write (BM + BN) * BK * 2 bytes per BM * BN * BK / 2048 MMAs: 64
+// bytes an MMA at 128x128, 48 at 128x256. So 128x128 spends 2 clocks of shared memory an MMA
+// (a ceiling near half the peak) and 128x256 (warps of 64x64) 1.4, at the cost of 128 f32 sums a
+// thread and one block an SM (8 warps to hide latency instead of 16). BK 64 halves the barriers
+// and pipeline waits per MMA at the same traffic. Padded rows (BK + 8 elements) already keep
+// ldmatrix's 8 row addresses on distinct banks, so a swizzle would gain nothing there.
+//
+// Scheduling (grouped_tiles.cuh, shared with the FP8 sibling grouped_gemm_fp8.cu): a one-warp
+// kernel turns the device offsets into each expert's first row tile (prefix sums of
+// ceil(rows / 128)); block (x, y) of the GEMM takes N tile x of global row tile y, finding its
+// expert by binary search over those sums. The grid's y extent is a bound
 // (max_rows / 128 + experts): blocks past the last tile exit at once. Blocks of one row tile are
 // adjacent in launch order, and an expert's row tiles adjacent too, so the blocks running at once
 // share a few experts' weights through L2 and each weight byte comes from HBM about once.
@@ -12,123 +26,120 @@
 // Ragged edges: rows past the expert's end, weight rows past N and K past the end are zero-filled
 // by the copies (cp.async with source size 0), never read; a warp skips the 16-row MMA slices
 // whose rows all lie past the expert's end (an expert's last tile is partial about half the time
-// at a few hundred rows an expert); stores stop at the expert's end and at N.
+// at a few hundred rows an expert), choosing once per K tile among straight-line bodies of 1..4
+// slices, so that no branch sits between the fragment loads and the MMAs and the compiler can
+// issue all of a step's ldmatrix ahead of its MMAs; stores stop at the expert's end and at N.
 //
-// SwiGLU: a block's 128 weight rows are 64 gate rows and the same 64 up rows, interleaved in
-// slices of 16 so that each warp holds the gate and up sums of the same 16 columns; the epilogue
-// writes silu(gate) * up from the f32 sums (the [gate | up] intermediate never exists, and is
-// not rounded to BF16 on the way, which only brings the result closer to the f32 reference).
+// SwiGLU: a block's BN weight rows are BN / 2 gate rows and the same BN / 2 up rows, interleaved
+// in slices of WN / 2 so that each warp holds the gate and up sums of the same WN / 2 columns; the
+// epilogue writes silu(gate) * up from the f32 sums (the [gate | up] intermediate never exists,
+// and is not rounded to BF16 on the way, which only brings the result closer to the f32 reference).
 #include "kernels/cuda/grouped_gemm.h"
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
+#include "kernels/cuda/grouped_gemm_impl.h"
+#include "kernels/cuda/grouped_tiles.cuh"
 #include "kernels/cuda/mma.h"
 
 namespace ms::cuda {
 namespace {
 
-// kBK 64 with kStages 3 (108 KiB, still two blocks an SM) is the other shape worth timing: half
-// the barriers per MMA (the code takes either unchanged; check ptxas -v for spills at 4 copies).
-constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 4;
-constexpr int kWarps = 8, kThreads = kWarps * 32;
-constexpr int kWarpM = 64, kWarpN = 32;  // 2 x 4 warps
-constexpr int kLds = kBK + 8;  // +8 elements: a row is 80 bytes, so ldmatrix's 8 rows hit distinct banks
-constexpr int kStageElems = (kBM + kBN) * kLds;
-constexpr size_t kSmemBytes = size_t(kStages) * kStageElems * sizeof(bf16);  // 80 KiB: two blocks an SM
-constexpr int kChunks = kBK / 8;  // 16-byte copies a tile row
-static_assert(kBM * kChunks % kThreads == 0 && kBN * kChunks % kThreads == 0, "tile copies must split evenly");
-constexpr int kCopies = kBM * kChunks / kThreads;  // per thread per operand per stage (2)
-static_assert(kBM == kBN, "one copy loop serves both operands");
+using grouped_gemm_impl::kBM;
+using grouped_gemm_impl::Params;
+using grouped_gemm_impl::store_pair;
 
-struct Params {
-  int N, K;
-  const bf16* a;
-  int64_t a_ld;
-  const int32_t* a_rows;
-  const bf16* const* w;
-  const bf16* const* w2;
-  int64_t w_ld;
-  const int32_t* offsets;
-  const int32_t* tile_start;
-  int experts;
-  bf16* c;
-  int64_t c_ld;
-  bool pair_stores;  // c_ld even and c 4-byte aligned: two columns a store
+// A block tile of kBM x BN outputs, K tiles of BK through STAGES buffers, 8 warps of 64 x WN.
+template <int BN, int BK, int STAGES, int WN, int MIN_BLOCKS>
+struct Tile {
+  static constexpr int kBN = BN, kBK = BK, kStages = STAGES, kWarpM = 64, kWarpN = WN;
+  static constexpr int kWarpsN = kBN / kWarpN, kWarps = (kBM / kWarpM) * kWarpsN, kThreads = kWarps * 32;
+  static constexpr int kMinBlocks = MIN_BLOCKS;  // blocks an SM: sets the register cap
+  static constexpr int kMF = kWarpM / 16, kNF = kWarpN / 8;  // a warp's 16x8 MMA tiles
+  static constexpr int kLds = kBK + 8;  // +8 elements: ldmatrix's 8 rows (80 or 144 bytes apart) hit distinct banks
+  static constexpr int kStageElems = (kBM + kBN) * kLds;
+  static constexpr size_t kSmemBytes = size_t(kStages) * kStageElems * sizeof(bf16);
+  static constexpr int kChunks = kBK / 8;  // 16-byte copies a tile row
+  static constexpr int kRowsPass = kThreads / kChunks;  // tile rows one pass of copies covers
+  static constexpr int kACopies = kBM / kRowsPass, kBCopies = kBN / kRowsPass;  // per thread per stage
+  static_assert(kWarps == 8 && kBM % kRowsPass == 0 && kBN % kRowsPass == 0, "tile copies must split evenly");
+  static_assert(kSmemBytes * kMinBlocks <= 227 * 1024, "shared memory of the blocks an SM");
 };
+using Tile128x128x32 = Tile<128, 32, 4, 32, 2>;  // 80 KiB: today's default
+using Tile128x128x64 = Tile<128, 64, 3, 32, 2>;  // 108 KiB: still two blocks an SM
+using Tile128x256x32 = Tile<256, 32, 4, 64, 1>;  // 120 KiB, one block an SM
+using Tile128x256x64 = Tile<256, 64, 3, 64, 1>;  // 162 KiB, one block an SM
 
-// tile_start[e] = sum over e' < e of ceil(rows of e' / kBM); tile_start[E] = all tiles. One warp.
-__global__ void tile_table_kernel(const int32_t* __restrict__ offsets, int E, int32_t* __restrict__ tile_start) {
-  const int lane = threadIdx.x;
-  int base = 0;
-  for (int c = 0; c < E; c += 32) {
-    const int e = c + lane;
-    const int cnt = e < E ? (offsets[e + 1] - offsets[e] + kBM - 1) / kBM : 0;
-    int incl = cnt;
+// One K tile of a warp's products over its first NM 16-row slices: as / bs point at the warp's
+// first A row and B row in the stage, offset by the lane's ldmatrix address.
+template <class T, int NM>
+__device__ __forceinline__ void warp_tile_mma(const bf16* as, const bf16* bs, float (&acc)[T::kMF][T::kNF][4]) {
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (e < E) tile_start[e] = base + incl - cnt;
-    base += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  if (lane == 0) tile_start[E] = base;
-}
-
-__device__ __forceinline__ void store_pair(bf16* p, float lo, float hi, bool pair, bool has_hi) {
-  if (pair && has_hi) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);
-  } else {
-    p[0] = __float2bfloat16_rn(lo);
-    if (has_hi) p[1] = __float2bfloat16_rn(hi);
+  for (int kk = 0; kk < T::kBK / 16; ++kk) {
+    uint32_t bf[T::kWarpN / 16][4], af[NM][4];
+#pragma unroll
+    for (int np = 0; np < T::kWarpN / 16; ++np) ldmatrix_x4<false>(bs + np * 16 * T::kLds + kk * 16, bf[np]);
+#pragma unroll
+    for (int mf = 0; mf < NM; ++mf) ldmatrix_x4<false>(as + mf * 16 * T::kLds + kk * 16, af[mf]);
+#pragma unroll
+    for (int mf = 0; mf < NM; ++mf)
+#pragma unroll
+      for (int nf = 0; nf < T::kNF; ++nf) mma_bf16(acc[mf][nf], af[mf], bf[nf / 2][(nf % 2) * 2], bf[nf / 2][(nf % 2) * 2 + 1]);
   }
 }
 
-template <bool SWIGLU>
-__global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(const Params p) {
+// warp_tile_mma over the warp's `slices` 16-row slices that hold rows (warp-uniform; 0: none).
+template <class T, int NM = T::kMF>
+__device__ __forceinline__ void warp_tile_mma_rows(int slices, const bf16* as, const bf16* bs,
+                                                   float (&acc)[T::kMF][T::kNF][4]) {
+  if constexpr (NM > 0) {
+    if (slices >= NM) warp_tile_mma<T, NM>(as, bs, acc);
+    else warp_tile_mma_rows<T, NM - 1>(slices, as, bs, acc);
+  }
+}
+
+template <class T, bool SWIGLU>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_kernel(const Params p) {
+  constexpr int kBN = T::kBN, kBK = T::kBK, kStages = T::kStages, kLds = T::kLds, kWarpM = T::kWarpM,
+                kWarpN = T::kWarpN, kChunks = T::kChunks, kRowsPass = T::kRowsPass;
   pdl_wait();  // offsets, tile table and A come from the kernels before
-  const int y = blockIdx.y;
-  const int E = p.experts;
-  if (y >= __ldg(p.tile_start + E)) return;
-  // The expert of row tile y: the last e with tile_start[e] <= y (an empty expert's equal
-  // successor is also <= y, so the search lands on the expert that owns the tile).
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (__ldg(p.tile_start + mid) <= y) lo = mid;
-    else hi = mid;
-  }
-  const int e = lo;
-  const int m0 = __ldg(p.offsets + e) + (y - __ldg(p.tile_start + e)) * kBM;
-  const int m_end = __ldg(p.offsets + e + 1);
+  GroupTile gt;
+  if (!find_group_tile(p.offsets, p.tile_start, p.experts, kBM, blockIdx.y, gt)) return;
+  const int e = gt.group, m0 = gt.m0, m_end = gt.m_end;
 
   extern __shared__ __align__(16) bf16 smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = warp / (kBN / kWarpN), wn = warp % (kBN / kWarpN);
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
 
-  // This thread's copies: tile row tid / kChunks + i * (kThreads / kChunks), chunk tid % kChunks.
+  // This thread's copies: tile row tid / kChunks + i * kRowsPass, chunk tid % kChunks.
   const int kc = (tid % kChunks) * 8;
-  const bf16* a_src[kCopies];
-  const bf16* b_src[kCopies];
-  bool a_ok[kCopies], b_ok[kCopies];
-  const bf16* w_e = p.w[e];
-  const bf16* w2_e = SWIGLU ? p.w2[e] : nullptr;
+  const bf16* a_src[T::kACopies];
+  const bf16* b_src[T::kBCopies];
+  bool a_ok[T::kACopies], b_ok[T::kBCopies];
 #pragma unroll
-  for (int i = 0; i < kCopies; ++i) {
-    const int row = tid / kChunks + i * (kThreads / kChunks);
-    const int gr = m0 + row;
+  for (int i = 0; i < T::kACopies; ++i) {
+    const int gr = m0 + tid / kChunks + i * kRowsPass;
     a_ok[i] = gr < m_end;
     const int64_t src_row = a_ok[i] ? (p.a_rows ? __ldg(p.a_rows + gr) : gr) : 0;
     a_src[i] = p.a + src_row * p.a_ld + kc;
+  }
+  const bf16* w_e = p.w[e];
+  const bf16* w2_e = SWIGLU ? p.w2[e] : nullptr;
+#pragma unroll
+  for (int i = 0; i < T::kBCopies; ++i) {
+    const int row = tid / kChunks + i * kRowsPass;
     int n;
     const bf16* base = w_e;
     if constexpr (SWIGLU) {
-      // Tile rows [32 j, 32 j + 16): gate rows 16 j.., [32 j + 16, 32 j + 32): the same up rows.
-      n = blockIdx.x * (kBN / 2) + (row / 32) * 16 + row % 16;
-      if ((row / 16) % 2) base = w2_e;
+      // Tile rows [WN j, WN j + WN / 2): gate rows WN / 2 j.., [WN j + WN / 2, WN (j + 1)): the same up rows.
+      n = blockIdx.x * (kBN / 2) + (row / kWarpN) * (kWarpN / 2) + row % (kWarpN / 2);
+      if ((row / (kWarpN / 2)) % 2) base = w2_e;
     } else {
       n = blockIdx.x * kBN + row;
     }
@@ -136,29 +147,36 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(const Params 
     b_src[i] = base + (b_ok[i] ? int64_t(n) * p.w_ld : 0) + kc;
   }
   auto load_stage = [&](int stage, int kt) {
-    bf16* as = smem + stage * kStageElems;
+    bf16* as = smem + stage * T::kStageElems;
     bf16* bs = as + kBM * kLds;
     const int k = kt * kBK;
     const bool k_ok = k + kc < p.K;
+    // An invalid copy reads nothing; its address stays the row's start, inside the operand.
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int row = tid / kChunks + i * (kThreads / kChunks);
-      const bool av = a_ok[i] && k_ok, bv = b_ok[i] && k_ok;
-      // An invalid copy reads nothing; its address stays the row's start, inside the operand.
-      cp_async16(as + row * kLds + kc, a_src[i] + (av ? k : 0), av);
-      cp_async16(bs + row * kLds + kc, b_src[i] + (bv ? k : 0), bv);
+    for (int i = 0; i < T::kACopies; ++i) {
+      const bool v = a_ok[i] && k_ok;
+      cp_async16(as + (tid / kChunks + i * kRowsPass) * kLds + kc, a_src[i] + (v ? k : 0), v);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kBCopies; ++i) {
+      const bool v = b_ok[i] && k_ok;
+      cp_async16(bs + (tid / kChunks + i * kRowsPass) * kLds + kc, b_src[i] + (v ? k : 0), v);
     }
   };
 
-  float acc[kWarpM / 16][kWarpN / 8][4];
+  float acc[T::kMF][T::kNF][4];
 #pragma unroll
-  for (int i = 0; i < kWarpM / 16; ++i)
+  for (int i = 0; i < T::kMF; ++i)
 #pragma unroll
-    for (int j = 0; j < kWarpN / 8; ++j)
+    for (int j = 0; j < T::kNF; ++j)
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
-  // 16-row slices of this warp that hold rows of the expert (warp-uniform).
-  const int warp_rows = m_end - (m0 + wm * kWarpM);
+  // 16-row slices of this warp that hold rows of the expert (warp-uniform, may be <= 0).
+  const int slices = (m_end - (m0 + wm * kWarpM) + 15) / 16;
+  // The lane's ldmatrix addresses within a stage: A rows lane % 16, K half lane / 16; B (two
+  // 8-column groups of 16 K) rows lane % 8 + 8 (lane / 16), K half (lane / 8) % 2.
+  const int a_lane = (wm * kWarpM + lane % 16) * kLds + (lane / 16) * 8;
+  const int b_lane = kBM * kLds + (wn * kWarpN + (lane / 16) * 8 + lane % 8) * kLds + ((lane / 8) % 2) * 8;
 
   const int KT = (p.K + kBK - 1) / kBK;
 #pragma unroll
@@ -172,32 +190,15 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(const Params 
     const int next = kt + kStages - 1;
     if (next < KT) load_stage(next % kStages, next);
     cp_async_commit();
-    const bf16* as = smem + (kt % kStages) * kStageElems;
-    const bf16* bs = as + kBM * kLds;
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      uint32_t bf[kWarpN / 16][4];
-#pragma unroll
-      for (int np = 0; np < kWarpN / 16; ++np)
-        ldmatrix_x4<false>(bs + (wn * kWarpN + np * 16 + (lane / 16) * 8 + lane % 8) * kLds + kk * 16 +
-                               ((lane / 8) % 2) * 8,
-                           bf[np]);
-#pragma unroll
-      for (int mf = 0; mf < kWarpM / 16; ++mf) {
-        if (mf * 16 >= warp_rows) continue;
-        uint32_t af[4];
-        ldmatrix_x4<false>(as + (wm * kWarpM + mf * 16 + lane % 16) * kLds + kk * 16 + (lane / 16) * 8, af);
-#pragma unroll
-        for (int nf = 0; nf < kWarpN / 8; ++nf) mma_bf16(acc[mf][nf], af, bf[nf / 2][(nf % 2) * 2], bf[nf / 2][(nf % 2) * 2 + 1]);
-      }
-    }
+    const bf16* stage = smem + (kt % kStages) * T::kStageElems;
+    warp_tile_mma_rows<T>(slices, stage + a_lane, stage + b_lane, acc);
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
   // Thread (g, t) of the quad layout holds rows g and g + 8, columns 2t and 2t + 1 of each 16x8 slice.
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int mf = 0; mf < kWarpM / 16; ++mf)
+  for (int mf = 0; mf < T::kMF; ++mf)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = m0 + wm * kWarpM + mf * 16 + g + h * 8;
@@ -205,20 +206,20 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(const Params 
       bf16* crow = p.c + int64_t(r) * p.c_ld;
       if constexpr (SWIGLU) {
 #pragma unroll
-        for (int nf = 0; nf < kWarpN / 16; ++nf) {
-          const int col = blockIdx.x * (kBN / 2) + wn * 16 + nf * 8 + 2 * t;
+        for (int nf = 0; nf < T::kNF / 2; ++nf) {
+          const int col = blockIdx.x * (kBN / 2) + wn * (kWarpN / 2) + nf * 8 + 2 * t;
           if (col >= p.N) continue;
           float v[2];
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const float gate = acc[mf][nf][2 * h + q], up = acc[mf][nf + 2][2 * h + q];
+            const float gate = acc[mf][nf][2 * h + q], up = acc[mf][nf + T::kNF / 2][2 * h + q];
             v[q] = gate / (1.0f + expf(-gate)) * up;
           }
           store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
         }
       } else {
 #pragma unroll
-        for (int nf = 0; nf < kWarpN / 8; ++nf) {
+        for (int nf = 0; nf < T::kNF; ++nf) {
           const int col = blockIdx.x * kBN + wn * kWarpN + nf * 8 + 2 * t;
           if (col >= p.N) continue;
           store_pair(crow + col, acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1], p.pair_stores, col + 1 < p.N);
@@ -227,7 +228,85 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(const Params 
     }
 }
 
+template <class T>
+void launch(const Params& p, int64_t row_tiles, bool swiglu) {
+  const int64_t bn = swiglu ? T::kBN / 2 : T::kBN;
+  const dim3 grid(unsigned((p.N + bn - 1) / bn), unsigned(row_tiles));
+  static PerDeviceOnce once;
+  once([] {
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(T::kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(T::kSmemBytes)));
+  });
+  if (swiglu) launch_pdl(grouped_gemm_kernel<T, true>, grid, dim3(T::kThreads), T::kSmemBytes, p);
+  else launch_pdl(grouped_gemm_kernel<T, false>, grid, dim3(T::kThreads), T::kSmemBytes, p);
+}
+
+// The shapes built, by name (BM x BN x BK). The default is the first wgmma shape on a Hopper,
+// else 128x128x64: on the H200 (BENCHMARKS, session 7) wgmma128x128x64 ran Qwen3's and
+// V2-Lite's prefill experts at 450-530 TFLOP/s, the mma.sync shapes at 240-300.
+struct TileEntry {
+  const char* name;
+  void (*launch)(const Params&, int64_t, bool);
+};
+constexpr TileEntry kTiles[] = {
+    {"128x128x32", launch<Tile128x128x32>},
+    {"128x128x64", launch<Tile128x128x64>},
+    {"128x256x32", launch<Tile128x256x32>},
+    {"128x256x64", launch<Tile128x256x64>},
+    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]
+    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},
+};
+
+std::mutex g_tile_mutex;
+std::string g_tile_override;  // set_grouped_gemm_tile's name; empty: the environment's
+
+const TileEntry& selected_tile() {
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(g_tile_mutex);
+    name = g_tile_override;
+  }
+  if (name.empty()) {
+    const char* env = std::getenv("MOESERVE_GROUPED_GEMM_TILE");
+    if (!env || !*env) return hopper() ? kTiles[4] : kTiles[1];
+    name = env;
+  }
+  for (const TileEntry& t : kTiles)
+    if (name == t.name) return t;
+  std::string names;
+  for (const TileEntry& t : kTiles) names += std::string(" ") + t.name;
+  fail("grouped_gemm: unknown tile shape '", name, "' (built:", names, ")");
+}
+
+// One warp: a scan of ceil(rows / bm) over the groups, 32 at a time.
+__global__ void tile_table_kernel(const int32_t* __restrict__ offsets, int E, int bm, int32_t* __restrict__ tile_start) {
+  const int lane = threadIdx.x;
+  int base = 0;
+  for (int c = 0; c < E; c += 32) {
+    const int e = c + lane;
+    const int cnt = e < E ? (offsets[e + 1] - offsets[e] + bm - 1) / bm : 0;
+    int incl = cnt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (e < E) tile_start[e] = base + incl - cnt;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) tile_start[E] = base;
+}
+
 }  // namespace
+
+Tensor grouped_tile_table(const int32_t* offsets, int E, int bm) {
+  Tensor tiles = scratch(DType::I32, {E + 1});
+  tile_table_kernel<<<1, 32, 0, stream()>>>(offsets, E, bm, tiles.data<int32_t>());
+  MS_CUDA_LAUNCHED("tile_table_kernel");
+  return tiles;
+}
 
 bool grouped_gemm_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld) {
   return K % 8 == 0 && w_ld % 8 == 0 && w_ld >= K && a_ld % 8 == 0 && a_ld >= K &&
@@ -243,26 +322,30 @@ bool grouped_gemm_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
+bool grouped_gemm_on_wgmma() { return std::strncmp(selected_tile().name, "wgmma", 5) == 0; }
+
+std::vector<std::string> grouped_gemm_tiles() {
+  std::vector<std::string> names;
+  for (const TileEntry& t : kTiles) names.emplace_back(t.name);
+  return names;
+}
+
+void set_grouped_gemm_tile(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_tile_mutex);
+  g_tile_override = name;
+}
+
 void grouped_gemm(const GroupedGemmArgs& args, bool swiglu) {
   MS_CHECK(grouped_gemm_supported(args.K, args.w_ld, args.a, args.a_ld) && args.experts > 0 && args.N > 0 &&
                args.N < (int64_t(1) << 30) && grouped_gemm_fits(args.max_rows, args.experts) && args.w &&
                (!swiglu || args.w2) && args.offsets && args.c && args.c_ld >= args.N,
            "grouped_gemm: N ", args.N, " K ", args.K, " w_ld ", args.w_ld, " a_ld ", args.a_ld, " c_ld ", args.c_ld,
            " experts ", args.experts);
+  const TileEntry& tile = selected_tile();  // checked even when there is nothing to do
   if (args.max_rows == 0) return;
   const int E = args.experts;
-  Tensor tiles = scratch(DType::I32, {E + 1});
-  tile_table_kernel<<<1, 32, 0, stream()>>>(args.offsets, E, tiles.data<int32_t>());
-  MS_CUDA_LAUNCHED("tile_table_kernel");
+  Tensor tiles = grouped_tile_table(args.offsets, E, kBM);
 
-  const int64_t bn = swiglu ? kBN / 2 : kBN;
-  const int64_t grid_y = (args.max_rows + kBM - 1) / kBM + E;  // sum of ceil(rows_e / kBM) <= this
-  const dim3 grid(unsigned((args.N + bn - 1) / bn), unsigned(grid_y));
-  static PerDeviceOnce once;
-  once([] {
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-  });
   Params p;
   p.N = int(args.N), p.K = int(args.K);
   p.a = static_cast<const bf16*>(args.a), p.a_ld = args.a_ld, p.a_rows = args.a_rows;
@@ -270,8 +353,8 @@ void grouped_gemm(const GroupedGemmArgs& args, bool swiglu) {
   p.w_ld = args.w_ld, p.offsets = args.offsets, p.tile_start = tiles.data<int32_t>(), p.experts = E;
   p.c = static_cast<bf16*>(args.c), p.c_ld = args.c_ld;
   p.pair_stores = args.c_ld % 2 == 0 && reinterpret_cast<uintptr_t>(args.c) % 4 == 0;
-  if (swiglu) launch_pdl(grouped_gemm_kernel<true>, grid, dim3(kThreads), kSmemBytes, p);
-  else launch_pdl(grouped_gemm_kernel<false>, grid, dim3(kThreads), kSmemBytes, p);
+  // sum over experts of ceil(rows_e / kBM) <= this: the grid's y extent.
+  tile.launch(p, (args.max_rows + kBM - 1) / kBM + E, swiglu);
 }
 
 }  // namespace ms::cuda

@@ -7,6 +7,8 @@
 // Plain pointer types only (no bf16): tests compiled by the host compiler include this header.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ms::cuda {
 
@@ -30,6 +32,20 @@ struct GroupedGemmArgs {
   int64_t max_rows = 0;
   void* c = nullptr;
   int64_t c_ld = 0;
+  // grouped_gemm_fp8 only. Weights FP8 e4m3 with F32 block scales s[e] (s2[e] for w2) of 128x128
+  // blocks, [ceil(N / 128), ceil(K / 128)] with row stride s_ld. offsets null: one group of rows
+  // [0, max_rows) whose weights are w_one / w2_one with scales s_one / s2_one (host-held device
+  // pointers: a dense layer needs no device arrays). c_f32: C is F32 instead of BF16. bm: rows a
+  // block tile (16, 32 or 64), 0 for grouped_gemm_fp8_bm's choice.
+  const float* const* s = nullptr;
+  const float* const* s2 = nullptr;
+  const void* w_one = nullptr;
+  const void* w2_one = nullptr;
+  const float* s_one = nullptr;
+  const float* s2_one = nullptr;
+  int64_t s_ld = 0;
+  bool c_f32 = false;
+  int bm = 0;
 };
 
 // Whether the kernel takes these operands: K, the row strides of A and W multiples of 8
@@ -44,6 +60,32 @@ bool grouped_gemm_fits(int64_t max_rows, int experts);
 // (read at every call, so a test or bench can compare both).
 bool grouped_gemm_enabled();
 
+// The block tile shapes built, by name ("BMxBNxBK": 128x128x32, 128x128x64, 128x256x32,
+// 128x256x64 on mma.sync; wgmma128x128x64, wgmma128x256x64 on Hopper's warpgroup MMAs, sm_90a
+// only); by default wgmma128x128x64 on a Hopper, else 128x128x64. MOESERVE_GROUPED_GEMM_TILE=<name> picks one (read at every
+// call: a captured graph keeps the shape it was captured with; an unknown name fails the call);
+// set_grouped_gemm_tile overrides the environment for later calls ("" hands the choice back), so
+// that one test or bench binary can check and time every shape.
+std::vector<std::string> grouped_gemm_tiles();
+void set_grouped_gemm_tile(const std::string& name);
+// Whether the shape grouped_gemm would take now is a wgmma one.
+bool grouped_gemm_on_wgmma();
+
 void grouped_gemm(const GroupedGemmArgs& args, bool swiglu);
+
+// The same product with FP8-block weights (grouped_gemm_fp8.cu): each weight is read once as a
+// byte, dequantised in the kernel to bf16(float(e4m3) * scale), the value weight_bf16 gives, and
+// multiplied with BF16 activations on the tensor cores (f32 sums). Takes K and w_ld multiples of
+// 16 (its weight tiles come in 16-byte copies), a_ld of 8, A 16-byte aligned (a null: unchecked).
+bool grouped_gemm_fp8_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld);
+bool grouped_gemm_fp8_fits(int64_t max_rows, int experts, int bm);
+// The row tile (16, 32 or 64) for groups of `rows` rows: exactly (one dense group) or on
+// average (experts, whose counts scatter around the mean; grouped_gemm_fp8.cu says why the
+// choice then leaves room above it).
+int grouped_gemm_fp8_bm(int64_t rows, bool mean);
+// MOESERVE_FP8_GROUPED=0 sends FP8 experts and linears back to the streaming GEMV and the
+// dequantise-then-cuBLASLt paths (read at every call, so a test or bench can compare both).
+bool grouped_gemm_fp8_enabled();
+void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu);
 
 }  // namespace ms::cuda

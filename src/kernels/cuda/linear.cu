@@ -1,12 +1,15 @@
 // Linear layers and the MLA absorptions on the GPU. A few rows (decode, verify) stream the
 // weight through the weight-streaming product of gemv.h, FP8 blocks dequantised in registers;
-// more rows go to cuBLASLt in BF16 (FP8 blocks dequantised into scratch first), or, when
-// fp8_mode() asks for it, the block-scaled FP8 product with the activations quantised per token
-// (fp8_gemm.h). Activations are BF16, accumulation f32.
+// FP8 blocks at 9..kFp8GroupedMaxRows rows take the tensor-core grouped_gemm_fp8 as one group
+// (weights read once as bytes, dequantised in the kernel); more rows go to cuBLASLt in BF16 (FP8
+// blocks dequantised into scratch first), or, when fp8_mode() asks for it, the block-scaled FP8
+// product with the activations quantised per token (fp8_gemm.h). Activations are BF16,
+// accumulation f32.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe_topk.cuh"
 
 namespace ms::cuda {
@@ -43,15 +46,26 @@ void linear_fp8(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& o
 
 // The streaming product feeds up to 32 rows a pass over the weight to its mmas, but re-reads
 // the input rows for every 16 outputs, so beyond 8 BF16 rows cuBLASLt wins (64 rows through it
-// slowed B = 64 decode by 28-37 %, bench/BENCHMARKS.md). FP8 blocks keep it up to two passes:
-// their alternative dequantises the whole weight into scratch before the GEMM, 5 bytes of
-// traffic a weight against the passes' 1 each (a 32-row verify ran 1.8x faster this way).
-constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 64;
+// slowed B = 64 decode by 28-37 %, bench/BENCHMARKS.md). FP8 blocks beyond 8 rows take
+// grouped_gemm_fp8 (the streaming product is compute-bound there: one 64-row launch took 840 us
+// for ~260 MB); with MOESERVE_FP8_GROUPED=0 they keep the streaming product up to two passes
+// (kGemvMaxRowsFp8Old), whose alternative then dequantises the whole weight into scratch before
+// the GEMM, 5 bytes of traffic a weight against the passes' 1 each.
+constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 8, kGemvMaxRowsFp8Old = 64;
+// Rows up to which FP8 blocks take grouped_gemm_fp8 rather than dequantise + cuBLASLt. That path
+// pays a fixed ~3 bytes of traffic a weight to dequantise, then cuBLASLt's rate; this one reads a
+// byte a weight but its mma.sync runs at only ~150 TFLOP/s once the rows make it compute-bound.
+// Measured on the H200 (BENCHMARKS, session 7, V3's dense FP8 linears): at 256 rows the other is
+// 2.2-2.3x faster; at 64 the two are about even (this one 126 us for o_proj 16384 -> 7168, 45 for
+// q_b, 25 for q_a|kv_a, 261 for the dense MLP's gate|up; the other, from its 256- and 1024-row
+// times, ~116, ~50, ~28, ~268). So 64.
+constexpr int64_t kFp8GroupedMaxRows = 64;
 
 bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
   const Tensor& wt = w.w;
-  if (T > (w.is_fp8() ? kGemvMaxRowsFp8 : kGemvMaxRowsBf16) || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
+  const int64_t fp8_max = grouped_gemm_fp8_enabled() ? kGemvMaxRowsFp8 : kGemvMaxRowsFp8Old;
+  if (T > (w.is_fp8() ? fp8_max : kGemvMaxRowsBf16) || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
     return false;
   if (w.is_fp8() && (w.block_k % 16 != 0 || w.scale_inv.dtype() != DType::F32)) return false;
   if (!w.is_fp8() && wt.dtype() != DType::BF16) return false;
@@ -67,6 +81,31 @@ bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out
   GemvInput in{xb.data<bf16>(), xb.strides()[0]};
   GemvOutput o{out.raw(), out.dtype(), out.strides()[0], bias ? bias->data<float>() : nullptr};
   gemv(N, K, gw, rows, in, o, false, route);
+  return true;
+}
+
+// FP8 blocks (128 x 128, F32 scales) through grouped_gemm_fp8 as one group of T rows; a bias is
+// added in f32 before the one rounding, through an F32 scratch.
+bool try_fp8_grouped(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out) {
+  const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
+  const Tensor& wt = w.w;
+  if (!w.is_fp8() || !grouped_gemm_fp8_enabled() || T > kFp8GroupedMaxRows || w.block_n != 128 ||
+      w.block_k != 128 || w.scale_inv.dtype() != DType::F32 || wt.strides()[1] != 1 ||
+      reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || w.scale_inv.strides()[1] != 1 ||
+      !grouped_gemm_fp8_supported(K, wt.strides()[0], xb.raw(), xb.strides()[0]) ||
+      !grouped_gemm_fp8_fits(T, 1, grouped_gemm_fp8_bm(T, false)))
+    return false;
+  check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
+  GroupedGemmArgs g;
+  g.N = N, g.K = K, g.a = xb.raw(), g.a_ld = xb.strides()[0];
+  g.w_one = wt.raw(), g.w_ld = wt.strides()[0], g.s_one = w.scale_inv.data<float>(), g.s_ld = w.scale_inv.strides()[0];
+  g.max_rows = T;
+  Tensor tmp;
+  if (bias) tmp = scratch(DType::F32, {T, N});
+  g.c = bias ? tmp.raw() : out.raw(), g.c_ld = bias ? N : out.strides()[0];
+  g.c_f32 = bias || out.dtype() == DType::F32;
+  grouped_gemm_fp8(g, false);
+  if (bias) finish_rows(tmp, bias, T, N, out);
   return true;
 }
 
@@ -89,6 +128,7 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
   const bool fp8_gemm = mode != Fp8Mode::Dequant && fp8_gemm_supported(w);
   if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out, route)) return true;
   if (route) return false;
+  if (mode == Fp8Mode::Dequant && try_fp8_grouped(xb, w, bias, out)) return true;
   if (fp8_gemm) {
     linear_fp8(xb, w, bias, out);
     return true;

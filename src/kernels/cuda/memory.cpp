@@ -206,6 +206,7 @@ struct Runtime {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   int sms = 0;
+  bool hopper = false;  // compute capability 9.0: the sm_90a kernels (wgmma) run
   CachingAllocator* allocator = nullptr;  // never freed: buffers may outlive static destruction
   Staging* staging = nullptr;
   // cuBLASLt's, made on first use with a cudaMalloc of its own: captured GEMMs keep its address,
@@ -252,6 +253,10 @@ Runtime* make_runtime(int device) {
   MS_CUDA(cudaStreamCreate(&r->stream));
   MS_CUBLAS(cublasLtCreate(&r->lt));
   MS_CUDA(cudaDeviceGetAttribute(&r->sms, cudaDevAttrMultiProcessorCount, device));
+  int major = 0, minor = 0;
+  MS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MS_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  r->hopper = major == 9 && minor == 0;
   r->allocator = new CachingAllocator(r->stream);
   r->staging = new Staging(r->stream);
   static std::once_flag registered;
@@ -291,6 +296,7 @@ int current_device() {
 cudaStream_t stream() { return runtime().stream; }
 cublasLtHandle_t lt_handle() { return runtime().lt; }
 int sm_count() { return runtime().sms; }
+bool hopper() { return runtime().hopper; }
 
 bool pdl_enabled() {
   static const bool on = [] {

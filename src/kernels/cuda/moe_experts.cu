@@ -4,12 +4,15 @@
 // expert's gate and up rows once and writes silu(gate) * up, a second its down rows; no host
 // sync. More tokens (prefill) with BF16 weights sort the pairs on the device too and run each
 // projection as one grouped tensor-core GEMM over all experts (grouped_gemm.h), gate and up
-// ending in SiLU-and-mul. Otherwise (FP8 blocks, shapes that kernel does not take,
-// MOESERVE_GROUPED_GEMM=0) the pairs are sorted on the host and each selected expert's
-// projections run over its contiguous rows: cuBLASLt in BF16 (FP8 blocks dequantised first),
-// or, when fp8_mode() asks for it, the FP8 block-scaled product (fp8_gemm.h) with each expert's
-// rows quantised as one segment. All end in the same kernel that sums each token's k outputs
-// with their router weights in a fixed slot order.
+// ending in SiLU-and-mul; FP8-block weights in the default Fp8Mode::Dequant take its FP8 sibling
+// (grouped_gemm_fp8) from a mean of 8 rows an expert up to 384 (any count under capture), fewer
+// rows the streaming product. Otherwise (more rows, shapes those kernels do not take,
+// MOESERVE_GROUPED_GEMM=0 / MOESERVE_FP8_GROUPED=0) the pairs are sorted on the host and each
+// selected expert's projections run over its contiguous rows: cuBLASLt in BF16 (FP8 blocks
+// dequantised first), or, when fp8_mode() asks for it, the FP8 block-scaled product (fp8_gemm.h)
+// with each expert's rows quantised as one segment. All end in the same kernel that sums each token's k outputs
+// with their router weights in a fixed slot order (moe_expert_rows stops before it, for
+// moe_combine_add_rms_norm in norm.cu to do that sum on its way into the residual add and norm).
 //
 // Prefill moves far more bytes than it multiplies (4096 tokens x 8 slots x 2048 hidden is 134 MB
 // of gathered BF16 rows per layer): every intermediate there is BF16 (gathered tokens, the
@@ -29,8 +32,17 @@
 
 namespace ms::cuda {
 
-// Mean rows an expert up to which prefill takes the grouped GEMM (see moe_experts).
-constexpr int64_t kGroupedGemmMaxMeanRows = 384;
+// Mean rows an expert up to which prefill takes the grouped GEMM (see moe_experts): with the
+// wgmma shapes, and with mma.sync's.
+constexpr int64_t kGroupedGemmMaxMeanRowsWgmma = 1024, kGroupedGemmMaxMeanRows = 384;
+// The same bounds for FP8-block experts' grouped_gemm_fp8 (fp8_grouped_takes). Below 8 rows the
+// streaming GEMV's FMAs keep up with HBM. Above, the host path (sort, dequantise each expert into
+// BF16 scratch, per-expert cuBLASLt) costs ~3.4 ms for V3's 32 EP8 experts whatever the rows up
+// to ~256 an expert, paced by the host; this kernel grows with the rows (its mma.sync is
+// compute-bound at ~150 TFLOP/s). Measured on the H200 (BENCHMARKS, session 7): a mean of 64 rows
+// 1.30 ms against 3.44, of 256 rows 4.55 against 3.41; linearly between, they cross near 190.
+// Under graph capture the host path cannot run, so captures take this kernel at any size.
+constexpr int64_t kFp8GroupedMinMeanRows = 8, kFp8GroupedMaxMeanRows = 160;
 namespace {
 
 // Expert parallelism (ExpertWeights::first_expert / total()) is being added to ops.h alongside
@@ -154,8 +166,8 @@ Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K
   return p;
 }
 
-void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
-                     int first, Tensor& out) {
+ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
+                           int first) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
@@ -168,16 +180,23 @@ void grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   gemv(I, H, table.gate_up, rows, xin, GemvOutput{act.raw(), DType::BF16, I}, true);
   GemvInput ain{act.data<bf16>(), I};
   gemv(H, I, table.down, rows, ain, GemvOutput{ye.raw(), DType::F32, H}, false);
-  combine_expert_rows(ye, perm.row_of, weights, out);
+  return {ye, perm.row_of, weights};
 }
 
-// Prefill with BF16 weights, all on the device in five launches: the sort by expert
-// (permute_on_device), [gate | up] and SiLU-and-mul as one grouped GEMM reading each token
-// through token_of_row (no gathered copy: 4096 tokens x 8 slots x 2048 hidden is 134 MB written
-// and read again saved), the down projection as a second, and the combine. No host sync, one
-// launch per product instead of two per selected expert.
-void grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table, int first,
-                     Tensor& out) {
+// The row tile for the mean rows a local expert gets: pairs / total, whichever rank it is.
+int fp8_tile_rows(int64_t pairs, int total) {
+  return grouped_gemm_fp8_bm(std::max<int64_t>(1, pairs / total), true);
+}
+
+// Prefill with BF16 weights, and FP8-block weights from decode batches up, all on the device in
+// five launches: the sort by expert (permute_on_device), [gate | up] and SiLU-and-mul as one
+// grouped GEMM reading each token through token_of_row (no gathered copy: 4096 tokens x 8 slots x
+// 2048 hidden is 134 MB written and read again saved), the down projection as a second, and the
+// combine. No host sync, one launch per product instead of two per selected expert. FP8 weights
+// go through grouped_gemm_fp8 (bytes streamed once, dequantised in the kernel) with the row tile
+// chosen from the mean rows an expert.
+ExpertRows grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
+                           int first, int total) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
@@ -186,15 +205,23 @@ void grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& weights, 
   GroupedGemmArgs gu;
   gu.N = I, gu.K = H, gu.a = x.raw(), gu.a_ld = x.strides()[0], gu.a_rows = perm.token_of_row.data<int32_t>();
   gu.w = table.gate_up.w, gu.w2 = table.gate_up.w2, gu.w_ld = table.gate_up.ld;
+  gu.s = table.gate_up.s, gu.s2 = table.gate_up.s2, gu.s_ld = table.gate_up.scale_ld;
   gu.offsets = perm.offsets.data<int32_t>(), gu.experts = E, gu.max_rows = pairs;
   gu.c = act.raw(), gu.c_ld = I;
-  grouped_gemm(gu, true);
   GroupedGemmArgs dn = gu;
   dn.N = H, dn.K = I, dn.a = act.raw(), dn.a_ld = I, dn.a_rows = nullptr;
   dn.w = table.down.w, dn.w2 = nullptr, dn.w_ld = table.down.ld;
+  dn.s = table.down.s, dn.s2 = nullptr, dn.s_ld = table.down.scale_ld;
   dn.c = ye.raw(), dn.c_ld = H;
-  grouped_gemm(dn, false);
-  combine_expert_rows(ye, perm.row_of, weights, out);
+  if (table.fp8) {
+    gu.bm = dn.bm = fp8_tile_rows(pairs, total);
+    grouped_gemm_fp8(gu, true);
+    grouped_gemm_fp8(dn, false);
+  } else {
+    grouped_gemm(gu, true);
+    grouped_gemm(dn, false);
+  }
+  return {ye, perm.row_of, weights};
 }
 
 void check_expert(const ExpertWeights& experts, int e, int64_t H, int64_t I) {
@@ -260,39 +287,66 @@ void fp8_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& 
   }
 }
 
+// Whether FP8-block experts take grouped_gemm_fp8 for `pairs` (token, slot) pairs over `total`
+// experts (this rank's table->experts of them). From a mean of kFp8GroupedMinMeanRows rows a local
+// expert: below it the streaming GEMV (grouped_experts) reads the weights as fast and has no
+// permute or tile table to launch. Up to kFp8GroupedMaxMeanRows outside graph capture; past it
+// the host-sorted dequantise + cuBLASLt path (captures always stay on the device).
+bool fp8_grouped_takes(const ExpertTable& t, const Tensor& x, int64_t pairs, int total) {
+  const int64_t mean = pairs / total;
+  const GemvWeights& gu = t.gate_up;
+  const GemvWeights& dn = t.down;
+  return grouped_gemm_fp8_enabled() && mean >= kFp8GroupedMinMeanRows &&
+         (mean <= kFp8GroupedMaxMeanRows || capturing()) && t.hidden == x.size(1) && gu.block_n == 128 &&
+         gu.block_k == 128 && dn.block_n == 128 && dn.block_k == 128 &&
+         grouped_gemm_fp8_supported(t.hidden, gu.ld, x.raw(), x.strides()[0]) &&
+         grouped_gemm_fp8_supported(t.intermediate, dn.ld, nullptr, t.intermediate) &&
+         grouped_gemm_fp8_fits(pairs, t.experts, fp8_tile_rows(pairs, total));
+}
+
 }  // namespace
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
+  check_device_tensor(out, {DType::BF16, DType::F32}, "moe_experts", "output");
+  MS_CHECK(out.strides()[1] == 1 && out.size(0) == x.size(0) && out.size(1) == x.size(1), "moe_experts: ",
+           x.describe(), " -> ", out.describe());
+  const ExpertRows rows = cuda::moe_expert_rows(x, ids, weights, experts);
+  combine_expert_rows(rows.rows, rows.row_of, rows.weights, out);
+}
+
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
   const int E = experts.num_experts();
   check_device_tensor(x, {DType::BF16}, "moe_experts", "input");
   check_device_tensor(ids, {DType::I32}, "moe_experts", "ids");
   check_device_tensor(weights, {DType::F32}, "moe_experts", "weights");
-  check_device_tensor(out, {DType::BF16, DType::F32}, "moe_experts", "output");
-  MS_CHECK(x.strides()[1] == 1 && out.strides()[1] == 1 && out.size(0) == T && out.size(1) == H &&
-               ids.is_contiguous() && weights.is_contiguous() && ids.size(0) == T && weights.size(0) == T &&
-               weights.size(1) == K,
-           "moe_experts: ", x.describe(), " ", ids.describe(), " ", weights.describe(), " -> ", out.describe());
+  MS_CHECK(x.strides()[1] == 1 && ids.is_contiguous() && weights.is_contiguous() && ids.size(0) == T &&
+               weights.size(0) == T && weights.size(1) == K,
+           "moe_experts: ", x.describe(), " ", ids.describe(), " ", weights.describe());
   MS_CHECK(E > 0, "moe_experts: no experts");
-  if (T == 0) return;
+  if (T == 0) return {scratch(DType::F32, {0, H}), scratch(DType::I32, {0, K}), weights};
   const auto [first, total] = local_range(experts);
   const ExpertTable* table = expert_table(experts);
   const Fp8Mode mode = fp8_mode();
+  if (table && table->fp8 && mode == Fp8Mode::Dequant && fp8_grouped_takes(*table, x, T * K, total))
+    return grouped_prefill(x, ids, weights, *table, first, total);
   const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_gemm_all_rows(mode));
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
-    return grouped_experts(x, ids, weights, *table, first, out);
-  // The grouped GEMM (mma.sync, ~200 TFLOP/s) beats per-expert cuBLASLt while experts get few rows
-  // each, where the per-expert calls are small and paced by the host; with many rows cuBLASLt's
-  // own kernels are faster. Measured on the H200 (BENCHMARKS, session 6): a Qwen3 prefill of 4096
-  // tokens (256 rows an expert) 34.4 -> 31.0 ms with it, of 8192 (512) 66.2 -> 70.6 ms; V2-Lite
-  // 8192 (768) 100.2 -> 108.4 ms.
-  const bool few_rows_per_expert = table && T * K <= kGroupedGemmMaxMeanRows * table->experts;
+    return grouped_experts(x, ids, weights, *table, first);
+  // The grouped GEMM beats per-expert cuBLASLt while experts get few rows each, where the
+  // per-expert calls are small and paced by the host; with many rows cuBLASLt's own kernels catch
+  // up. On mma.sync (~250 TFLOP/s) that was past ~384 rows an expert (BENCHMARKS, session 6: a
+  // Qwen3 prefill of 8192 tokens, 512 rows, 66.2 -> 70.6 ms with it). The wgmma shapes (~500)
+  // took both products of Qwen3 at 512 rows in 1.31 ms against 3.60 for the cuBLASLt path, and
+  // V2-Lite's at 768 rows in 1.67 against 2.64 (session 7); 1024 is the measured range rounded up.
+  const int64_t max_mean_rows = grouped_gemm_on_wgmma() ? kGroupedGemmMaxMeanRowsWgmma : kGroupedGemmMaxMeanRows;
+  const bool few_rows_per_expert = table && T * K <= max_mean_rows * table->experts;
   if (table && !table->fp8 && grouped_gemm_enabled() && few_rows_per_expert && table->hidden == H &&
       grouped_gemm_supported(H, table->gate_up.ld, x.raw(), x.strides()[0]) &&
       grouped_gemm_supported(table->intermediate, table->down.ld, nullptr, table->intermediate) &&
       grouped_gemm_fits(T * K, table->experts))
-    return grouped_prefill(x, ids, weights, *table, first, out);
+    return grouped_prefill(x, ids, weights, *table, first, total);
   MS_CHECK(!capturing(), "moe_experts: these expert weights need the host-sorted path, which cannot be captured");
   std::vector<int32_t> host_ids(size_t(T * K));
   download(host_ids.data(), ids.raw(), host_ids.size() * sizeof(int32_t));
@@ -308,7 +362,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
     if (fp8) fp8_experts(x, perm, experts, gu, act, ye);
     else bf16_experts(x, perm, experts, gu, act, ye);
   }
-  combine_expert_rows(ye, row_of, weights, out);
+  return {ye, row_of, weights};
 }
 
 void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe) {

@@ -2,11 +2,16 @@
 // x += f; h = norm(x), one launch that reads the residual and the addend once). Rows may be
 // strided as in elementwise.cu; arithmetic is f32. The fused form stores the sum in the
 // residual's dtype and normalises that stored value, so it gives the bits of add_inplace
-// followed by rms_norm.
+// followed by rms_norm. moe_combine_add_rms_norm goes one step further back: the addend is a
+// MoE block's output, made in the same launch from the experts' rows (the combine's weighted
+// sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
+// write and read of f.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/moe_grouped.h"
 
 namespace ms::cuda {
 namespace {
@@ -63,16 +68,71 @@ constexpr int kNormPieces = 2;          // 16-byte pieces a thread, at most
 constexpr int kNormMaxGroup = 1024;     // threads a row, at most: widths up to 16384
 constexpr int kNormMinBlock = 128;
 
+// What rms_norm_rows_kernel adds to x: piece c (8 columns) of row t, as f32.
+struct NoAddend {};
+struct RowAddend {  // rows of a bf16 tensor
+  const bf16* y;
+  int64_t ys;
+  __device__ void operator()(int64_t t, int c, float a[8]) const {
+    unpack8(reinterpret_cast<const uint4*>(y + t * ys)[c], a);
+  }
+};
+// A MoE block's output as the unfused ops leave it in bf16. First combine_expert_rows: the f32
+// sum over slots j in order of weights[t, j] * rows[row_of[t, j]] (rows -1 skipped; fmaf is the
+// contraction nvcc makes of its acc += w * v), rounded to bf16. Then, with a shared expert,
+// add_inplace (f + s) or add_sigmoid_gated (fmaf(g, s, f), g = 1 / (1 + expf(-gate)) written as
+// that kernel writes it), rounded again.
+template <class TY>
+struct MoeAddend {
+  const TY* rows;
+  const int32_t* row_of;
+  const float* weights;
+  int K;
+  int64_t H;
+  const bf16* shared;  // null: no shared expert
+  int64_t ss;
+  const bf16* gate;  // null: added ungated
+  int64_t gs;
+  __device__ void operator()(int64_t t, int c, float a[8]) const {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int j = 0; j < K; ++j) {
+      const int32_t r = row_of[t * K + j];
+      if (r < 0) continue;
+      const float w = weights[t * K + j];
+      float v[8];
+      load8(rows + int64_t(r) * H + c * 8, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, v[i], acc[i]);
+    }
+    unpack8(pack8(acc), a);
+    if (!shared) return;
+    float s[8];
+    unpack8(reinterpret_cast<const uint4*>(shared + t * ss)[c], s);
+    if (gate) {
+      const float g = 1.0f / (1.0f + expf(-load_f(gate + t * gs)));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] = fmaf(g, s[i], a[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] += s[i];
+    }
+    unpack8(pack8(a), a);
+  }
+};
+
 // RMSNorm of bf16 rows (width a multiple of 8, 16-byte aligned rows and weight) by groups of
 // `group` threads a row (a power of two: a part of a warp for narrow rows such as per-head
 // q/k norms, up to a whole block for wide ones), so that a handful of rows, or one, still spreads
 // over many threads. Each thread keeps its 16-byte pieces (and their weights, loaded at once so
 // both reads are in flight together) in registers from the sum of squares to the write, so a row
-// is read once and in place is safe. With y (kAdd), a piece is x + y rounded to bf16, written
+// is read once and in place is safe. With an addend y, a piece is x + y rounded to bf16, written
 // back to x, and that rounded value is normalised, as rms_norm_kernel does.
-template <class TW, bool kAdd>
-__global__ void rms_norm_rows_kernel(bf16* x, int64_t xs, const bf16* y, int64_t ys, const TW* w, float eps, int D,
-                                     int64_t rows, int group, bf16* out, int64_t os) {
+// Bounded for the widest group (a 1024-thread block: 64 registers a thread), which a 7168-wide
+// row needs: the MoE addend's loop took more without the bound and the launch failed.
+template <class TW, class Addend>
+__global__ void __launch_bounds__(kNormMaxGroup) rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows,
+                                     int group, bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
   pdl_trigger();  // the product after a norm may start fetching its weights now
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
@@ -85,9 +145,9 @@ __global__ void rms_norm_rows_kernel(bf16* x, int64_t xs, const bf16* y, int64_t
     if (!live || c >= n) break;
     uint4* xp = reinterpret_cast<uint4*>(x + row * xs) + c;
     unpack8(*xp, v[i]);
-    if constexpr (kAdd) {
+    if constexpr (!std::is_same_v<Addend, NoAddend>) {
       float add[8];
-      unpack8(reinterpret_cast<const uint4*>(y + row * ys)[c], add);
+      y(row, c, add);
 #pragma unroll
       for (int j = 0; j < 8; ++j) add[j] += v[i][j];
       const uint4 sum = pack8(add);
@@ -118,32 +178,48 @@ __global__ void rms_norm_rows_kernel(bf16* x, int64_t xs, const bf16* y, int64_t
   }
 }
 
+void check_weight(const char* op, const Tensor& weight, int64_t width) {
+  MS_CHECK(weight.numel() == width, op, ": weight ", weight.describe(), " for rows of ", width);
+  check_device_tensor(weight, {DType::BF16, DType::F32}, op, "weight");
+  MS_CHECK(weight.is_contiguous(), op, ": weight must be contiguous");
+}
+
+// Whether rms_norm_rows_kernel takes bf16 rows x -> out of this width.
+bool rows_kernel_fits(const Tensor& x, const Rows& xr, const Tensor& out, const Rows& orow, const Tensor& weight) {
+  return x.dtype() == DType::BF16 && out.dtype() == DType::BF16 && xr.width % 8 == 0 &&
+         xr.width <= 8 * kNormPieces * kNormMaxGroup && wide(x.raw(), xr.stride) && wide(out.raw(), orow.stride) &&
+         wide(weight.raw(), 0);
+}
+
+// rms_norm_rows_kernel over x's rows: a thread a 16-byte piece (threads a row: a power of two),
+// two pieces each past 8192 wide.
+template <class Addend>
+void launch_rows(const Tensor& x, const Rows& xr, Addend y, const Tensor& weight, float eps, const Tensor& out,
+                 const Rows& orow) {
+  int group = 1;
+  while (group < kNormMaxGroup && group < xr.width / 8) group *= 2;
+  const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
+  MS_FLOAT_DISPATCH(weight.dtype(), TW, {
+    rms_norm_rows_kernel<TW, Addend><<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(
+        x.data<bf16>(), xr.stride, y, weight.data<TW>(), eps, int(xr.width), xr.n, group, out.data<bf16>(),
+        orow.stride);
+  });
+  MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
+}
+
 // out = norm(x), or with y: x += y, out = norm(x). x and out share a dtype; y may differ.
 void norm_rows(const char* op, const Tensor& x, const Tensor* y, const Tensor& weight, float eps, const Tensor& out) {
   Rows xr = rows_of(x, op, "input"), orow = rows_of(out, op, "output");
   Rows yr = y ? rows_of(*y, op, "addend") : xr;
-  MS_CHECK(weight.numel() == xr.width && orow.n == xr.n && orow.width == xr.width && x.dtype() == out.dtype() &&
-               yr.n == xr.n && yr.width == xr.width,
-           op, ": ", x.describe(), y ? " + " + y->describe() : "", " -> ", out.describe(), " with weight ",
-           weight.describe());
-  check_device_tensor(weight, {DType::BF16, DType::F32}, op, "weight");
-  MS_CHECK(weight.is_contiguous(), op, ": weight must be contiguous");
+  MS_CHECK(orow.n == xr.n && orow.width == xr.width && x.dtype() == out.dtype() && yr.n == xr.n &&
+               yr.width == xr.width,
+           op, ": ", x.describe(), y ? " + " + y->describe() : "", " -> ", out.describe());
+  check_weight(op, weight, xr.width);
   if (xr.n == 0) return;
   bf16* yb = y && y->dtype() == DType::BF16 ? y->data<bf16>() : nullptr;
-  if (x.dtype() == DType::BF16 && (!y || (yb && wide(yb, yr.stride))) && xr.width % 8 == 0 &&
-      xr.width <= 8 * kNormPieces * kNormMaxGroup && wide(x.raw(), xr.stride) && wide(out.raw(), orow.stride) &&
-      wide(weight.raw(), 0)) {
-    // A thread a 16-byte piece (threads a row: a power of two), two pieces each past 8192 wide.
-    int group = 1;
-    while (group < kNormMaxGroup && group < xr.width / 8) group *= 2;
-    const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
-    MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-      auto kernel = y ? rms_norm_rows_kernel<TW, true> : rms_norm_rows_kernel<TW, false>;
-      kernel<<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(x.data<bf16>(), xr.stride, yb, yr.stride,
-                                                                        weight.data<TW>(), eps, int(xr.width), xr.n,
-                                                                        group, out.data<bf16>(), orow.stride);
-    });
-    MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
+  if (rows_kernel_fits(x, xr, out, orow, weight) && (!y || (yb && wide(yb, yr.stride)))) {
+    if (y) launch_rows(x, xr, RowAddend{yb, yr.stride}, weight, eps, out, orow);
+    else launch_rows(x, xr, NoAddend{}, weight, eps, out, orow);
     return;
   }
   const int threads = xr.width >= 1024 ? 256 : 128;
@@ -164,6 +240,57 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
 void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, Tensor& out) {
   MS_CHECK(residual.shape() == y.shape(), "add_rms_norm: ", residual.describe(), " + ", y.describe());
   norm_rows("add_rms_norm", residual, &y, weight, eps, out);
+}
+
+void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
+                              bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
+  const char* op = "moe_combine_add_rms_norm";
+  const Rows xr = rows_of(residual, op, "residual"), orow = rows_of(out, op, "output");
+  const Tensor& ye = routed.rows;
+  const int64_t T = xr.n, H = xr.width, K = routed.weights.dim() == 2 ? routed.weights.size(1) : 0;
+  MS_CHECK(residual.dim() == 2 && orow.n == T && orow.width == H && ye.dim() == 2 && ye.size(1) == H &&
+               ye.is_contiguous() && routed.weights.dim() == 2 && routed.weights.size(0) == T &&
+               routed.weights.is_contiguous() && routed.weights.dtype() == DType::F32 &&
+               routed.row_of.dtype() == DType::I32 && routed.row_of.numel() == T * K && routed.row_of.is_contiguous(),
+           op, ": ", ye.describe(), " by ", routed.row_of.describe(), " and ", routed.weights.describe(), " into ",
+           residual.describe(), " -> ", out.describe());
+  check_device_tensor(ye, {DType::BF16, DType::F32}, op, "expert rows");
+  const Rows sr = shared ? rows_of(*shared, op, "shared expert") : xr;
+  const Rows gr = shared_gate ? rows_of(*shared_gate, op, "shared gate") : Rows{T, 1, 1};
+  MS_CHECK(sr.n == T && sr.width == H && gr.n == T && gr.width == 1, op, ": shared expert ",
+           shared ? shared->describe() : "", " gate ", shared_gate ? shared_gate->describe() : "", " for ",
+           residual.describe());
+  check_weight(op, weight, H);
+  if (T == 0) return;
+  const size_t ys = dtype_size(ye.dtype());
+  const bool rows_wide = reinterpret_cast<uintptr_t>(ye.raw()) % 16 == 0 && H * int64_t(ys) % 16 == 0;
+  const bool shared_fits = !shared || (shared->dtype() == DType::BF16 && wide(shared->raw(), sr.stride) &&
+                                       (!shared_gate || shared_gate->dtype() == DType::BF16));
+  if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits) {
+    MS_FLOAT_DISPATCH(ye.dtype(), TY, {
+      const MoeAddend<TY> y{ye.data<TY>(),
+                            routed.row_of.data<int32_t>(),
+                            routed.weights.data<float>(),
+                            int(K),
+                            H,
+                            shared ? shared->data<bf16>() : nullptr,
+                            sr.stride,
+                            shared_gate ? shared_gate->data<bf16>() : nullptr,
+                            gr.stride};
+      launch_rows(residual, xr, y, weight, eps, out, orow);
+    });
+    return;
+  }
+  // Other dtypes and layouts: the unfused ops in the layer's order.
+  Tensor f = scratch(residual.dtype(), {T, H});
+  combine_expert_rows(ye, routed.row_of, routed.weights, f);
+  if (round_bf16) round_to_bf16(f);
+  if (shared) {
+    if (shared_gate) add_sigmoid_gated(f, *shared_gate, *shared);
+    else add_inplace(f, *shared);
+    if (round_bf16) round_to_bf16(f);
+  }
+  add_rms_norm(residual, f, weight, eps, out);
 }
 
 }  // namespace ms::cuda
