@@ -24,6 +24,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
 #include "kernels/cuda/grouped_gemm_impl.h"
+#include "kernels/cuda/grouped_tiles.cuh"
 
 namespace ms::cuda::grouped_gemm_impl {
 namespace {
@@ -163,19 +164,9 @@ template <class T, bool SWIGLU>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_wgmma_kernel(const Params p) {
   constexpr int kBN = T::kBN, kStages = T::kStages, kRowsPass = T::kRowsPass;
   pdl_wait();  // offsets, tile table and A come from the kernels before
-  const int y = blockIdx.y;
-  const int E = p.experts;
-  if (y >= __ldg(p.tile_start + E)) return;
-  // The expert of row tile y, as in grouped_gemm.cu: the last e with tile_start[e] <= y.
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (__ldg(p.tile_start + mid) <= y) lo = mid;
-    else hi = mid;
-  }
-  const int e = lo;
-  const int m0 = __ldg(p.offsets + e) + (y - __ldg(p.tile_start + e)) * kBM;
-  const int m_end = __ldg(p.offsets + e + 1);
+  GroupTile gt;
+  if (!find_group_tile(p.offsets, p.tile_start, p.experts, kBM, blockIdx.y, gt)) return;
+  const int e = gt.group, m0 = gt.m0, m_end = gt.m_end;
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The tiles' 1024-byte alignment (the swizzle's): the dynamic base is only 16-byte aligned.
