@@ -9,6 +9,8 @@
 # PHASE=3: the GPU tests named in $TESTS, the FP8 timing, then bench-one-batch before/after on the
 #   V3 EP8 layers, Qwen3-30B-A3B (12 layers) and DeepSeek-V2-Lite (9 layers): prefill 8192, decode
 #   B = 1 at 4096 and B = 64 at 256; Nsight Compute of a Qwen3 B = 1 step.
+# PHASE=4: the final tree, every GPU test, the prefill attention timing, then PHASE=3's
+#   bench-one-batch runs (Qwen3 and V2-Lite prefill also with MOESERVE_FLASH_WGMMA=0).
 #   PHASE=2 SRC=.devsrc-s7 BEFORE_SRC=.devsrc-main timeout 585 bash bench/session7_run.sh; \
 #     cp $OUT/summary.log /tmp/logs/; tar czf $OUT/logs.tgz -C /tmp/logs .
 # Carry [".deps", "$SRC", "$BEFORE_SRC"]. Everything worth keeping goes into $OUT/logs.tgz by the
@@ -38,6 +40,7 @@ bench_sides() {
       [ $(left) -gt 25 ] || return
       bin=/tmp/b/moeserve env=""; [ $side = before ] && bin=/tmp/before/moeserve
       [ $side = nofp8g ] && env="MOESERVE_FP8_GROUPED=0"
+      [ $side = noflashwg ] && env="MOESERVE_FLASH_WGMMA=0"
       echo "== $side $name B=$b I=$i O=$o" >> $L/bench.log
       env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
         --input-len $i --output-len $o --result-file "$OUT/bench-$side.jsonl" >> $L/bench.log 2>&1
@@ -97,5 +100,29 @@ elif [ $PHASE = 3 ]; then
   bench_sides v3ep8-2 "64 512 16" "256 128 16" "1 4096 16"; bench_sides v3ep8-5 "64 512 16" "256 128 16" "1 4096 16"
   bench_sides qwen3 "1 8192 2" "1 4096 16" "64 256 16"; bench_sides v2lite "1 8192 2" "1 4096 16" "64 256 16"
   ncu_step qwen3-b1 qwen3 1 4096
+elif [ $PHASE = 4 ]; then
+  # The final tree: PHASE=3's builds and models with every GPU test, the prefill attention
+  # timing, then before/after (and the wgmma prefill attention off: "noflashwg").
+  for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+  TESTS=$(gpu_tests_of $SRC)
+  (configure_tree $SRC /tmp/b && cmake --build /tmp/b -j11 --target moeserve $TESTS) > $L/build.log 2>&1 &
+  AFTER=$!
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1
+  log "before built rc=$?"
+  (B=/tmp/before/moeserve
+   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
+   for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done) &
+  MODELS=$!
+  wait $AFTER; log "after built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  run_gpu_tests /tmp/b $TESTS
+  opt_in_bench test_cuda_flash_prefill MOESERVE_BENCH_PREFILL '*Bench*'
+  wait $MODELS
+  SIDES="before after"
+  bench_sides v3ep8-2 "64 512 16" "256 128 16" "1 4096 16"; bench_sides v3ep8-5 "64 512 16" "256 128 16" "1 4096 16"
+  SIDES="before after noflashwg" bench_sides qwen3 "1 8192 2"
+  bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="before after noflashwg" bench_sides v2lite "1 8192 2"
+  bench_sides v2lite "1 4096 16" "64 256 16"
 fi
 log done
