@@ -10,7 +10,7 @@
 #   V3 EP8 layers, Qwen3-30B-A3B (12 layers) and DeepSeek-V2-Lite (9 layers): prefill 8192, decode
 #   B = 1 at 4096 and B = 64 at 256; Nsight Compute of a Qwen3 B = 1 step.
 # PHASE=4: the final tree, every GPU test, the prefill attention timing, then PHASE=3's
-#   bench-one-batch runs (Qwen3 and V2-Lite prefill also with MOESERVE_FLASH_WGMMA=0).
+#   bench-one-batch runs (Qwen3's prefill also with MOESERVE_FLASH_WGMMA=0).
 #   PHASE=2 SRC=.devsrc-s7 BEFORE_SRC=.devsrc-main timeout 585 bash bench/session7_run.sh; \
 #     cp $OUT/summary.log /tmp/logs/; tar czf $OUT/logs.tgz -C /tmp/logs .
 # Carry [".deps", "$SRC", "$BEFORE_SRC"]. Everything worth keeping goes into $OUT/logs.tgz by the
@@ -122,7 +122,6 @@ elif [ $PHASE = 4 ]; then
   bench_sides v3ep8-2 "64 512 16" "256 128 16" "1 4096 16"; bench_sides v3ep8-5 "64 512 16" "256 128 16" "1 4096 16"
   SIDES="before after noflashwg" bench_sides qwen3 "1 8192 2"
   bench_sides qwen3 "1 4096 16" "64 256 16"
-  SIDES="before after noflashwg" bench_sides v2lite "1 8192 2"
-  bench_sides v2lite "1 4096 16" "64 256 16"
+  bench_sides v2lite "1 8192 2" "1 4096 16" "64 256 16"
 fi
 log done
