@@ -1,8 +1,9 @@
 // The tensor-core prefill attention (flash_prefill.cu) against the CPU op: causal prompts whose
 // lengths fall around the 64- and 128-row blocks and the 64-key tiles, batches of sequences with
 // a cached prefix, chunked prefill whose queries start mid-sequence, GQA groups of 8, 7 and 1,
-// and queries strided as the fused q/k/v projection leaves them. Both block heights run, and the
-// dispatch through cuda::attention. Head dims other than 128 (DeepSeek's 192-dim keys with
+// and queries strided as the fused q/k/v projection leaves them. Both block heights run on both
+// kernels (mma.sync, and wgmma on a Hopper: flash_prefill_wgmma.cu), and the dispatch through
+// cuda::attention. Head dims other than 128 (DeepSeek's 192-dim keys with
 // 128-dim values) are not the kernel's: they keep the CUDA-core kernel, checked here too; MLA
 // prefill runs in the absorbed form (flash_mla.cu) and is checked at the V2-Lite shape.
 // PrefillAttentionBench times 4096- and 8192-token prompts when MOESERVE_BENCH_PREFILL=1.
@@ -22,6 +23,9 @@ namespace ms::cuda {
 bool flash_prefill_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out);
 void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
+bool flash_prefill_wgmma_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out);
+void flash_prefill_wgmma_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
 }  // namespace ms::cuda
 
 namespace ms {
@@ -46,6 +50,27 @@ double worst_row_error(const Tensor& out, const Tensor& ref) {
     if (!(e <= worst)) worst = e;
   }
   return worst;
+}
+
+// The kernels a case runs: the dispatch (rows 0), then each kernel at both block heights.
+struct Kernel {
+  bool wgmma;
+  int rows;
+};
+std::vector<Kernel> kernels() {
+  std::vector<Kernel> ks = {{false, 0}, {false, 64}, {false, 128}};
+  if (cuda::hopper()) ks.insert(ks.end(), {{true, 64}, {true, 128}});
+  return ks;
+}
+void run_kernel(const Kernel& k, const Tensor& q, const Tensor& kc, const Tensor& vc,
+                const ops::AttentionLayout& layout, float scale, Tensor& out) {
+  if (k.rows == 0) cuda::attention(q, kc, vc, layout, scale, out);
+  else if (k.wgmma) cuda::flash_prefill_wgmma_rows(q, kc, vc, layout, scale, out, k.rows);
+  else cuda::flash_prefill_rows(q, kc, vc, layout, scale, out, k.rows);
+}
+std::string describe(const Kernel& k) {
+  if (k.rows == 0) return "dispatch";
+  return std::string(k.wgmma ? "wgmma" : "mma.sync") + " " + std::to_string(k.rows) + "-row blocks";
 }
 
 const std::vector<std::vector<std::pair<int, int>>> kPrompts = {
@@ -77,14 +102,14 @@ TEST(CudaFlashPrefill, MatchesCpu) {
       Tensor qkv = randn({T, Hq + 2 * Hkv, D}, q_scale), q = qkv.slice(1, 0, Hq);
       Tensor qg = gpu(qkv).slice(1, 0, Hq);
       ASSERT_TRUE(cuda::flash_prefill_supported(qg, kg, vg, qg));
+      ASSERT_TRUE(cuda::flash_prefill_wgmma_supported(qg, kg, vg, qg));
       Tensor ref = Tensor::empty(DType::F32, {T, Hq, D});
       cpu::attention(q, kc, vc, layout, 0.088f, ref);
-      for (int rows : {0, 64, 128}) {  // 0: through cuda::attention's dispatch
+      for (const Kernel& k : kernels()) {
         Tensor out = poisoned(DType::BF16, {T, Hq, D});
-        if (rows == 0) cuda::attention(qg, kg, vg, layout, 0.088f, out);
-        else cuda::flash_prefill_rows(qg, kg, vg, layout, 0.088f, out, rows);
-        const std::string what = std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, rows " +
-                                 std::to_string(rows) + ", q/k per sequence" + describe(seqs);
+        run_kernel(k, qg, kg, vg, layout, 0.088f, out);
+        const std::string what = std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, " + describe(k) +
+                                 ", q/k per sequence" + describe(seqs);
         EXPECT_LT(rel_error(out, ref), kBf16Tol) << what;
         EXPECT_LT(worst_row_error(out, ref), kRowTol) << what;
       }
@@ -149,7 +174,8 @@ double time_ms(F call, int reps) {
 }
 
 // One causal prompt of T tokens: the Qwen3-30B-A3B shape (32/4 heads of 128) through both block
-// heights and the dispatch, and DeepSeek-V2-Lite's absorbed MLA (16 heads, 576-dim keys, 512-dim
+// heights of both kernels (wgmma on a Hopper) and the dispatch (MOESERVE_FLASH_WGMMA=0 keeps it
+// on mma.sync), and DeepSeek-V2-Lite's absorbed MLA (16 heads, 576-dim keys, 512-dim
 // values; flash_mla.cu) for comparison. TFLOP/s counts the causal triangle's mma work only.
 // Opt-in (timing, not a check): MOESERVE_BENCH_PREFILL=1.
 TEST(CudaFlashPrefill, PrefillAttentionBench) {
@@ -164,13 +190,10 @@ TEST(CudaFlashPrefill, PrefillAttentionBench) {
       Tensor k = gpu(randn({T, Hkv, D})), v = gpu(randn({T, Hkv, D})), q = gpu(randn({T, Hq, D}));
       Tensor out = poisoned(DType::BF16, {T, Hq, D});
       const double flop = 4.0 * Hq * D * pairs;
-      for (int rows : {0, 64, 128}) {
-        const double ms = time_ms([&] {
-          if (rows == 0) cuda::attention(q, k, v, layout, 0.088f, out);
-          else cuda::flash_prefill_rows(q, k, v, layout, 0.088f, out, rows);
-        }, 20);
+      for (const Kernel& kern : kernels()) {
+        const double ms = time_ms([&] { run_kernel(kern, q, k, v, layout, 0.088f, out); }, 20);
         std::printf("[bench] prefill GQA 32/4 heads x 128, %d tokens, %s: %.3f ms, %.0f TFLOP/s\n", T,
-                    rows == 0 ? "dispatch" : rows == 64 ? "64-row blocks" : "128-row blocks", ms, flop / ms / 1e9);
+                    describe(kern).c_str(), ms, flop / ms / 1e9);
       }
     }
     {

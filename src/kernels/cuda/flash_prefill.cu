@@ -13,13 +13,15 @@
 // each); the 64-row blocks serve short sequences. Only tiles on the diagonal pay for the causal
 // mask, and a warp skips the tiles past its last row. The host orders the blocks longest first,
 // heads fastest, so that the long tiles at the bottom of the causal triangle do not trail the
-// launch.
+// launch. On a Hopper flash_prefill runs flash_prefill_wgmma.cu's kernel instead (same tiles).
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 namespace ms::cuda {
 namespace {
@@ -27,17 +29,6 @@ namespace {
 constexpr int kD = 128, kKeys = 64, kStride = kD + 8;  // +8: ldmatrix rows on distinct banks
 constexpr int kTileElems = kKeys * kStride;            // one stage of K (or of V)
 constexpr size_t kSmemBytes = 2 * 2 * kTileElems * sizeof(bf16);  // two stages of K and V: 68 KB
-
-struct FlashParams {
-  const bf16* q; int64_t q_s0, q_s1;
-  const bf16* k; int64_t k_s0, k_s1;
-  const bf16* v; int64_t v_s0, v_s1;
-  bf16* out; int64_t o_s0, o_s1;
-  const int32_t* slots;
-  const int4* tiles;  // {first query, rows, first kv index, keys seen by the first row}
-  int heads, group;   // block b takes tile b / heads and query head b % heads
-  float scale_log2;
-};
 
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) flash_prefill_kernel(FlashParams p) {
@@ -133,15 +124,28 @@ bool flash_prefill_supported(const Tensor& q, const Tensor& k_cache, const Tenso
          aligned(v_cache, 8);
 }
 
+namespace {
+
+// The Hopper kernel unless MOESERVE_FLASH_WGMMA=0 (read per call, so a bench can compare).
+bool use_wgmma(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out) {
+  const char* env = std::getenv("MOESERVE_FLASH_WGMMA");
+  return hopper() && !(env && std::string_view(env) == "0") && flash_prefill_wgmma_supported(q, k_cache, v_cache, out);
+}
+
+}  // namespace
+
 void flash_prefill(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionLayout& layout,
                    float scale, Tensor& out) {
   // 64-row blocks where sequences are short: 128-row ones would leave warps without rows.
   const bool tall = int64_t(q.size(0)) >= 128 * int64_t(std::max(1, layout.num_seqs()));
-  flash_prefill_rows(q, k_cache, v_cache, layout, scale, out, tall ? 128 : 64);
+  if (use_wgmma(q, k_cache, v_cache, out))
+    flash_prefill_wgmma_rows(q, k_cache, v_cache, layout, scale, out, tall ? 128 : 64);
+  else
+    flash_prefill_rows(q, k_cache, v_cache, layout, scale, out, tall ? 128 : 64);
 }
 
-void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                        const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows) {
+FlashPlan flash_prefill_plan(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                             const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows) {
   MS_CHECK(block_rows == 64 || block_rows == 128, "attention: prefill blocks of ", block_rows, " rows");
   std::vector<std::array<int32_t, 4>> tiles;  // {first query, rows, first kv index, keys seen by the first row}
   for (int s = 0; s < layout.num_seqs(); ++s) {
@@ -153,22 +157,32 @@ void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   const int64_t slots = k_cache.size(0);
   for (int32_t slot : layout.kv_slots)
     MS_CHECK(slot >= 0 && slot < slots, "attention: KV slot ", slot, " outside the pool of ", slots);
-  if (tiles.empty()) return;
+  FlashPlan plan;
+  if (tiles.empty()) return plan;
   // Longest first: a block's work grows with the keys its last row sees.
   std::stable_sort(tiles.begin(), tiles.end(), [](const auto& a, const auto& b) { return a[3] + a[1] > b[3] + b[1]; });
   std::vector<int32_t> flat;
   for (const auto& t : tiles) flat.insert(flat.end(), t.begin(), t.end());
   const int64_t heads = q.size(1), blocks = int64_t(tiles.size()) * heads;
   MS_CHECK(blocks < (int64_t(1) << 31), "attention: ", blocks, " prefill blocks");
-  Tensor d_tiles = upload_i32(flat), d_slots = upload_i32(layout.kv_slots);
-  FlashParams p{q.data<bf16>(), q.strides()[0], q.strides()[1],
-                k_cache.data<bf16>(), k_cache.strides()[0], k_cache.strides()[1],
-                v_cache.data<bf16>(), v_cache.strides()[0], v_cache.strides()[1],
-                out.data<bf16>(), out.strides()[0], out.strides()[1],
-                d_slots.data<int32_t>(), reinterpret_cast<const int4*>(d_tiles.raw()),
-                int(heads), int(heads / k_cache.size(1)), scale * float(M_LOG2E)};
-  if (block_rows == 128) launch<8>(p, unsigned(blocks));
-  else launch<4>(p, unsigned(blocks));
+  plan.tiles = upload_i32(flat);
+  plan.slots = upload_i32(layout.kv_slots);
+  plan.p = FlashParams{q.data<bf16>(), q.strides()[0], q.strides()[1],
+                       k_cache.data<bf16>(), k_cache.strides()[0], k_cache.strides()[1],
+                       v_cache.data<bf16>(), v_cache.strides()[0], v_cache.strides()[1],
+                       out.data<bf16>(), out.strides()[0], out.strides()[1],
+                       plan.slots.data<int32_t>(), reinterpret_cast<const int4*>(plan.tiles.raw()),
+                       int(heads), int(heads / k_cache.size(1)), scale * float(M_LOG2E)};
+  plan.blocks = unsigned(blocks);
+  return plan;
+}
+
+void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows) {
+  const FlashPlan plan = flash_prefill_plan(q, k_cache, v_cache, layout, scale, out, block_rows);
+  if (plan.blocks == 0) return;
+  if (block_rows == 128) launch<8>(plan.p, plan.blocks);
+  else launch<4>(plan.p, plan.blocks);
 }
 
 }  // namespace ms::cuda

@@ -14,10 +14,16 @@ bool flash_prefill_supported(const Tensor& q, const Tensor& k_cache, const Tenso
 // Same contract as ops::attention; the layout is on the host (not a captured step).
 void flash_prefill(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const ops::AttentionLayout& layout,
                    float scale, Tensor& out);
-// The same with blocks of `block_rows` queries (64 or 128), which flash_prefill picks by the
-// queries a sequence brings; tests and the bench run both.
+// The same on the mma.sync kernel (flash_prefill.cu) with blocks of `block_rows` queries (64 or
+// 128), which flash_prefill picks by the queries a sequence brings; tests and the bench run both.
 void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
+// The Hopper kernel (flash_prefill_wgmma.cu, sm_90a): the same contract on warpgroup MMAs,
+// blocks of 64 or 128 rows. flash_prefill takes it on a Hopper where it is supported (queries
+// 16-byte aligned too), unless MOESERVE_FLASH_WGMMA=0 (read per call).
+bool flash_prefill_wgmma_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out);
+void flash_prefill_wgmma_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
 
 bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const Tensor& out);
 
@@ -65,6 +71,27 @@ void flash_decode(const GqaDecodeLaunch& l);
 
 #ifdef __CUDACC__
 namespace ms::cuda {
+
+// The launch of a GQA prefill kernel (flash_prefill.cu, flash_prefill_wgmma.cu).
+struct FlashParams {
+  const bf16* q; int64_t q_s0, q_s1;
+  const bf16* k; int64_t k_s0, k_s1;
+  const bf16* v; int64_t v_s0, v_s1;
+  bf16* out; int64_t o_s0, o_s1;
+  const int32_t* slots;
+  const int4* tiles;  // {first query, rows, first kv index, keys seen by the first row}
+  int heads, group;   // block b takes tile b / heads and query head b % heads
+  float scale_log2;
+};
+// The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
+// slots, uploaded, with the params over them; blocks 0 when there are no queries.
+struct FlashPlan {
+  Tensor tiles, slots;
+  FlashParams p{};
+  unsigned blocks = 0;
+};
+FlashPlan flash_prefill_plan(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                             const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
 
 // Asynchronous 16-byte copies from global to shared memory (cp.async, L2 only: the KV cache is
 // streamed once), so that the decode kernels keep several steps of keys in flight without

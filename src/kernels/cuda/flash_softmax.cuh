@@ -49,13 +49,15 @@ __device__ __forceinline__ void flash_scores(const uint32_t (&qf)[DK / 16][4], c
     }
 }
 
-// Folds the scores s of keys [k0, k0 + KEYS) into the running row max m, sum l and output o
-// (DV dims; V rows [key][VSTRIDE] in shared memory), base 2 with the scale folded in. On a
-// diagonal tile a row's keys from seen[row] on drop out (causality, or past the sequence).
-template <int KEYS, int DV, int VSTRIDE>
-__device__ __forceinline__ void flash_softmax_pv(float (&s)[KEYS / 8][4], bool diagonal, int k0, const int (&seen)[2],
-                                                 float scale_log2, const bf16* vs, int lane, float (&m)[2],
-                                                 float (&l)[2], float (&o)[DV / 8][4]) {
+// The online softmax of a tile: turns the scores s of keys [k0, k0 + KEYS) into probabilities
+// (unnormalized, against the new running max m; base 2 with the scale folded in) and adds them
+// to the running sum l; the output must then be rescaled by alpha (the old max's factor). On a
+// diagonal tile a row's keys from seen[row] on drop out (causality, or past the sequence). Also
+// the wgmma kernel's (flash_prefill_wgmma.cu): its accumulators have this fragment layout.
+template <int KEYS>
+__device__ __forceinline__ void flash_softmax_probs(float (&s)[KEYS / 8][4], bool diagonal, int k0,
+                                                    const int (&seen)[2], float scale_log2, int lane, float (&m)[2],
+                                                    float (&l)[2], float (&alpha)[2]) {
   const int qd = lane % 4;
   if (diagonal) {
 #pragma unroll
@@ -76,7 +78,6 @@ __device__ __forceinline__ void flash_softmax_pv(float (&s)[KEYS / 8][4], bool d
   for (int n = 0; n < KEYS / 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
-  float alpha[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
@@ -93,15 +94,41 @@ __device__ __forceinline__ void flash_softmax_pv(float (&s)[KEYS / 8][4], bool d
       s[n][i] = exp2_ftz(s[n][i] - m[i >> 1]);
       l[i >> 1] += s[n][i];
     }
+}
+
+// The output's rows (DV dims) rescaled by alpha, to the new running max.
+template <int DV>
+__device__ __forceinline__ void flash_rescale(float (&o)[DV / 8][4], const float (&alpha)[2]) {
 #pragma unroll
   for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i >> 1];
-  // P goes from the score accumulators to the A operand without leaving registers.
+}
+
+// P's keys [16 kk, 16 kk + 16) as the A operand of an m16n8k16 product: accumulator columns
+// 2 qd, + 1 of key groups 2 kk and 2 kk + 1 are A's columns 2 qd, + 1 and 8 + 2 qd, + 1, row for
+// row, so P goes from the score accumulators to the A operand without leaving registers.
+template <int KEYS>
+__device__ __forceinline__ void flash_p_fragment(const float (&s)[KEYS / 8][4], int kk, uint32_t (&a)[4]) {
+  a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// The online softmax of the scores s (above), o rescaled, then o += P V with V rows [key][VSTRIDE] in
+// shared memory.
+template <int KEYS, int DV, int VSTRIDE>
+__device__ __forceinline__ void flash_softmax_pv(float (&s)[KEYS / 8][4], bool diagonal, int k0, const int (&seen)[2],
+                                                 float scale_log2, const bf16* vs, int lane, float (&m)[2],
+                                                 float (&l)[2], float (&o)[DV / 8][4]) {
+  float alpha[2];
+  flash_softmax_probs<KEYS>(s, diagonal, k0, seen, scale_log2, lane, m, l, alpha);
+  flash_rescale<DV>(o, alpha);
 #pragma unroll
   for (int kk = 0; kk < KEYS / 16; ++kk) {
-    const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                           pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    uint32_t a[4];
+    flash_p_fragment<KEYS>(s, kk, a);
 #pragma unroll
     for (int dn = 0; dn < DV / 16; ++dn) {
       uint32_t b[4];
