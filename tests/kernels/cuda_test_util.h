@@ -12,6 +12,7 @@
 #include <vector>
 #include <random>
 
+#include "kernels/cuda/cuda_common.h"  // stream(): the timing helpers
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "test_support.h"
@@ -97,6 +98,36 @@ inline ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& 
     l.kv_start.push_back(l.kv_start.back() + nk);
   }
   return l;
+}
+
+// ---- timing (the opt-in benches) ----
+
+// Mean milliseconds of one of `reps` back-to-back runs of `call` on the calling thread's stream,
+// timed by CUDA events after `warm` untimed runs (first launches pay for shared-memory limits,
+// module loads and allocator pools).
+template <class F>
+double stream_ms(F&& call, int reps, int warm = 1) {
+  for (int i = 0; i < warm; ++i) call();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start), cudaEventCreate(&stop);
+  cudaEventRecord(start, cuda::stream());
+  for (int i = 0; i < reps; ++i) call();
+  cudaEventRecord(stop, cuda::stream());
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return ms / reps;
+}
+// Microseconds a call, one warm-up run.
+template <class F>
+double time_us(int iters, F&& call) {
+  return 1000.0 * stream_ms(call, iters);
+}
+// Milliseconds a call, two warm-up runs.
+template <class F>
+double time_ms(F call, int reps) {
+  return stream_ms(call, reps, 2);
 }
 
 }  // namespace ms::test

@@ -156,23 +156,6 @@ TEST(CudaFlashPrefill, MlaPrefillMatchesCpu) {
   }
 }
 
-// Milliseconds a call of `call` takes (eager, as prefill runs: metadata upload included).
-template <class F>
-double time_ms(F call, int reps) {
-  call();
-  call();  // shared-memory limits, allocator pools
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start), cudaEventCreate(&stop);
-  cudaEventRecord(start, cuda::stream());
-  for (int i = 0; i < reps; ++i) call();
-  cudaEventRecord(stop, cuda::stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
-  return ms / reps;
-}
-
 // One causal prompt of T tokens: the Qwen3-30B-A3B shape (32/4 heads of 128) through both block
 // heights of both kernels (wgmma on a Hopper) and the dispatch (MOESERVE_FLASH_WGMMA=0 keeps it
 // on mma.sync), and DeepSeek-V2-Lite's absorbed MLA (16 heads, 576-dim keys, 512-dim

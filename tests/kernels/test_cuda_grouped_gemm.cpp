@@ -318,22 +318,7 @@ TEST(CudaGroupedGemm, MoeExpertsMatchCpuAtPrefillSizes) {
   }
 }
 
-// ---- timing ----
-
-template <class F>
-double time_us(int iters, F&& call) {
-  call();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start), cudaEventCreate(&stop);
-  cudaEventRecord(start, cuda::stream());
-  for (int i = 0; i < iters; ++i) call();
-  cudaEventRecord(stop, cuda::stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
-  return 1000.0 * ms / iters;
-}
+// ---- timing (time_us: cuda_test_util.h) ----
 
 // Offsets and token index of ids [T, K] sorted by expert, as the device sort builds them.
 void sorted_rows(const Tensor& ids, int E, std::vector<int32_t>& offsets, std::vector<int32_t>& token_of_row) {

@@ -362,22 +362,7 @@ TEST(CudaGroupedGemmFp8, MoeExpertsReplayedWithNewIds) {
   }
 }
 
-// ---- timing ----
-
-template <class F>
-double time_us(int iters, F&& call) {
-  call();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start), cudaEventCreate(&stop);
-  cudaEventRecord(start, cuda::stream());
-  for (int i = 0; i < iters; ++i) call();
-  cudaEventRecord(stop, cuda::stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
-  return 1000.0 * ms / iters;
-}
+// ---- timing (time_us: cuda_test_util.h) ----
 
 // Microseconds a call takes, replayed from graphs of 10 calls (as a decode step replays them).
 template <class F>

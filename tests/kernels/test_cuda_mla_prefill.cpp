@@ -171,22 +171,6 @@ TEST(CudaMlaPrefill, LayerOnGpuMatchesCpu) {
   }
 }
 
-template <class F>
-double time_ms(F call, int reps) {
-  call();
-  call();  // shared-memory limits, allocator pools
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start), cudaEventCreate(&stop);
-  cudaEventRecord(start, cuda::stream());
-  for (int i = 0; i < reps; ++i) call();
-  cudaEventRecord(stop, cuda::stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
-  return ms / reps;
-}
-
 // The whole attention of an MLA layer's prefill (from roped q to the heads' values) in both
 // forms, eager as prefill runs: absorbed = mla_absorb_q + mla_attention (flash_mla.cu) +
 // mla_expand_v; expanded = gather + kv_b GEMM + the 192/128 flash kernel. TFLOP/s counts each

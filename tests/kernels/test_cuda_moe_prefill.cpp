@@ -246,22 +246,6 @@ TEST(CudaMoePrefill, SiluMulMatchesCpu) {
         }
 }
 
-// Mean microseconds of a call over `iters` back-to-back launches (one warm-up call first).
-template <class F>
-double time_us(int iters, F&& call) {
-  call();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start), cudaEventCreate(&stop);
-  cudaEventRecord(start, cuda::stream());
-  for (int i = 0; i < iters; ++i) call();
-  cudaEventRecord(stop, cuda::stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
-  return 1000.0 * ms / iters;
-}
-
 // Rows sorted by expert as the prefill path builds them: token_of_row and row_of for ids [T, K].
 void sorted_rows(const Tensor& ids, int E, std::vector<int32_t>& token_of_row, std::vector<int32_t>& row_of) {
   const int64_t T = ids.size(0), K = ids.size(1);

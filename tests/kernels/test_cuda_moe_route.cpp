@@ -407,17 +407,7 @@ double graphed_us(int64_t T, F call) {
   const StepShape step(T);
   auto pool = ops::make_graph_pool(Device::CUDA);
   auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
-  for (int i = 0; i < 5; ++i) graph->replay(step.arrays());
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start), cudaEventCreate(&stop);
-  cudaEventRecord(start, cuda::stream());
-  for (int i = 0; i < kReplays; ++i) graph->replay(step.arrays());
-  cudaEventRecord(stop, cuda::stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start), cudaEventDestroy(stop);
-  return 1000.0 * ms / (kPerGraph * kReplays);
+  return 1000.0 * stream_ms([&] { graph->replay(step.arrays()); }, kReplays, 5) / kPerGraph;
 }
 
 TEST(CudaMoeRoute, MoeRouteBench) {
