@@ -130,4 +130,28 @@ double time_ms(F call, int reps) {
   return stream_ms(call, reps, 2);
 }
 
+// What capture_step needs to stage for a decode of T tokens of one key each (all zeros: the ops
+// timed or replayed here do not read positions or slots).
+struct StepShape {
+  std::vector<int32_t> zeros;
+  ops::AttentionLayout layout;
+  explicit StepShape(int64_t T)
+      : zeros(size_t(T), 0), layout(make_layout(std::vector<std::pair<int, int>>(size_t(T), {1, 1}), int(T))) {}
+  ops::StepArrays arrays() const { return ops::StepArrays{zeros, zeros, zeros, &layout}; }
+};
+
+// Microseconds a call takes, replayed from graphs of per_graph calls (as a decode step replays
+// one per layer); the first call runs eagerly, outside the capture.
+template <class F>
+double graphed_us(int64_t T, F call, int per_graph = 20, int replays = 50) {
+  auto body = [&] {
+    for (int i = 0; i < per_graph; ++i) call();
+  };
+  body();
+  const StepShape step(T);
+  auto pool = ops::make_graph_pool(Device::CUDA);
+  auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
+  return 1000.0 * stream_ms([&] { graph->replay(step.arrays()); }, replays, 5) / per_graph;
+}
+
 }  // namespace ms::test

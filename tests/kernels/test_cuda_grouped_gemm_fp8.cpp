@@ -321,15 +321,6 @@ TEST(CudaGroupedGemmFp8, MoeExpertsMatchOldPathAtV3Ep8) {
   }
 }
 
-// A step that is a decode of T tokens (what capture_step needs to stage).
-struct StepShape {
-  std::vector<int32_t> zeros;
-  ops::AttentionLayout layout;
-  explicit StepShape(int64_t T)
-      : zeros(size_t(T), 0), layout(make_layout(std::vector<std::pair<int, int>>(size_t(T), {1, 1}), int(T))) {}
-  ops::StepArrays arrays() const { return ops::StepArrays{zeros, zeros, zeros, &layout}; }
-};
-
 TEST(CudaGroupedGemmFp8, MoeExpertsReplayedWithNewIds) {
   MS_REQUIRE_CUDA();
   const V3Experts& ex = v3_experts();
@@ -362,23 +353,7 @@ TEST(CudaGroupedGemmFp8, MoeExpertsReplayedWithNewIds) {
   }
 }
 
-// ---- timing (time_us: cuda_test_util.h) ----
-
-// Microseconds a call takes, replayed from graphs of 10 calls (as a decode step replays them).
-template <class F>
-double graphed_us(int64_t T, F call) {
-  constexpr int kPerGraph = 10, kReplays = 20;
-  auto body = [&] {
-    for (int i = 0; i < kPerGraph; ++i) call();
-  };
-  body();
-  const StepShape step(T);
-  auto pool = ops::make_graph_pool(Device::CUDA);
-  auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
-  for (int i = 0; i < 3; ++i) graph->replay(step.arrays());
-  const double us = time_us(kReplays, [&] { graph->replay(step.arrays()); });
-  return us / kPerGraph;
-}
+// ---- timing (time_us, graphed_us: cuda_test_util.h) ----
 
 TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
   MS_REQUIRE_CUDA();
@@ -403,7 +378,7 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
                   "%.0f GB/s of weights, %.0f TFLOP/s\n",
                   (long long)T, (long long)(T * kTopK / kE), on ? 1 : 0, us / 1e3, bytes / us / 1e3, flop / us / 1e6);
       if (T <= 256) {
-        const double g = graphed_us(T, [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); });
+        const double g = graphed_us(T, [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); }, 10, 20);
         std::printf("[bench] moe_experts V3-EP8 FP8 T=%lld MOESERVE_FP8_GROUPED=%d graphed: %.3f ms, %.0f GB/s, "
                     "%.0f TFLOP/s\n",
                     (long long)T, on ? 1 : 0, g / 1e3, bytes / g / 1e3, flop / g / 1e6);

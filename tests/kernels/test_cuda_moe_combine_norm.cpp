@@ -121,15 +121,6 @@ TEST(CudaMoeCombineNorm, FusedMatchesUnfused) {
   }
 }
 
-// A step that is a decode of T tokens (what capture_step needs to stage).
-struct StepShape {
-  std::vector<int32_t> zeros;
-  ops::AttentionLayout layout;
-  explicit StepShape(int64_t T)
-      : zeros(size_t(T), 0), layout(make_layout(std::vector<std::pair<int, int>>(size_t(T), {1, 1}), int(T))) {}
-  ops::StepArrays arrays() const { return ops::StepArrays{zeros, zeros, zeros, &layout}; }
-};
-
 // Captured once (experts, shared add and norm), replayed with new inputs copied in each time.
 TEST(CudaMoeCombineNorm, ReplayedFromCapturedStep) {
   MS_REQUIRE_CUDA();
@@ -163,20 +154,6 @@ TEST(CudaMoeCombineNorm, ReplayedFromCapturedStep) {
   }
 }
 
-// Microseconds a call takes, replayed from graphs of 20 calls (as a decode step replays one per
-// layer).
-template <class F>
-double graphed_us(int64_t T, F call) {
-  constexpr int kPerGraph = 20, kReplays = 50;
-  auto body = [&] {
-    for (int i = 0; i < kPerGraph; ++i) call();
-  };
-  body();
-  const StepShape step(T);
-  auto pool = ops::make_graph_pool(Device::CUDA);
-  auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
-  return 1000.0 * stream_ms([&] { graph->replay(step.arrays()); }, kReplays, 5) / kPerGraph;
-}
 
 // From the experts' rows on: the fused kernel against combine, shared add and add_rms_norm.
 TEST(CudaMoeCombineNorm, CombineNormBench) {
