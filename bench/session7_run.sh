@@ -70,6 +70,22 @@ ncu_step() {  # $1 label, $2 model, $3 batch, $4 input
   log "ncu $1 rc=$?"
 }
 
+# Both trees build at once ($SRC: moeserve and $TESTS; $BEFORE_SRC: moeserve); the models are
+# made with the before binary while the after tree still builds ($MODELS: that job).
+build_with_models() {
+  for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+  (configure_tree $SRC /tmp/b && cmake --build /tmp/b -j10 --target moeserve $TESTS) > $L/build.log 2>&1 &
+  local after=$!
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1
+  log "before built rc=$?"
+  (B=/tmp/before/moeserve
+   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
+   for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done) &
+  MODELS=$!
+  wait $after; log "after built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+}
+
 if [ $PHASE = 2 ]; then
   build_trees $SRC $BEFORE_SRC
   run_gpu_tests /tmp/b $TESTS
@@ -80,19 +96,7 @@ if [ $PHASE = 2 ]; then
   SIDES="before after nofp8g" v3_layers "64 512 16" "256 128 16" "1 4096 16"
   ncu_step v3-b64 v3ep8-2 64 512; ncu_step v3-b256 v3ep8-2 256 128
 elif [ $PHASE = 3 ]; then
-  # Both trees build at once; the models are made with the before binary while the after tree
-  # (moeserve and $TESTS only) still builds.
-  for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
-  (configure_tree $SRC /tmp/b && cmake --build /tmp/b -j10 --target moeserve $TESTS) > $L/build.log 2>&1 &
-  AFTER=$!
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1
-  log "before built rc=$?"
-  (B=/tmp/before/moeserve
-   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
-   for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done) &
-  MODELS=$!
-  wait $AFTER; log "after built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  build_with_models
   run_gpu_tests /tmp/b $TESTS
   opt_in_bench test_cuda_grouped_gemm_fp8 MOESERVE_BENCH_FP8_GROUPED '*FP8GroupedBench'
   wait $MODELS
@@ -103,18 +107,8 @@ elif [ $PHASE = 3 ]; then
 elif [ $PHASE = 4 ]; then
   # The final tree: PHASE=3's builds and models with every GPU test, the prefill attention
   # timing, then before/after (and the wgmma prefill attention off: "noflashwg").
-  for s in $SRC $BEFORE_SRC; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
   TESTS=$(gpu_tests_of $SRC)
-  (configure_tree $SRC /tmp/b && cmake --build /tmp/b -j11 --target moeserve $TESTS) > $L/build.log 2>&1 &
-  AFTER=$!
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1
-  log "before built rc=$?"
-  (B=/tmp/before/moeserve
-   model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
-   for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done) &
-  MODELS=$!
-  wait $AFTER; log "after built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  build_with_models
   run_gpu_tests /tmp/b $TESTS
   opt_in_bench test_cuda_flash_prefill MOESERVE_BENCH_PREFILL '*Bench*'
   wait $MODELS
