@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Session 8's GPU calls (device tool, nvidia-h200), from the repository root; build and model
+# directories under .b4/ (ignored). One tree ($SRC) is built; "before" sides are the same binary
+# with the environment switches that restore the old choices, so before and after share a
+# machine, a build and the models.
+# PHASE=1: $SRC = main + bench/gpu_pending.patch. Every single-GPU test (the FP8 tests also with
+#   MOESERVE_FP8_WGMMA=0), the FP8 product bench, DeepSeek-V3 FP8 EP8 layers (L = 2, 5) with the
+#   patch's switches on / off, then where the time goes: nsys (or ncu) kernel sums of Qwen3 and
+#   V2-Lite 8k prefills and of a V2-Lite B = 1 decode.
+#   PHASE=1 SRC=.devsrc-pend timeout 585 bash bench/session8_run.sh; \
+#     cp $OUT/summary.log /tmp/logs/; tar czf $OUT/logs.tgz -C /tmp/logs .
+# Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+SRC=${SRC:-.devsrc-pend} PHASE=${PHASE:-1} L=/tmp/logs BUDGET=${BUDGET:-565}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+mkdir -p $L .b4/models .b4/after
+ln -sfn $ROOT/.b4/after /tmp/b
+B=/tmp/b/moeserve
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+
+model() {  # the random model $1 (shape $2, $3 layers, then extra flags) in .b4/models, linked as /tmp/$1
+  local name=$1 shape=$2 layers=$3; shift 3
+  [ -e .b4/models/$name/config.json ] || timeout $(( $(left) - 20 )) $B make-random-model --shape $shape --layers $layers \
+    "$@" .b4/models/$name > $L/make-$name.log 2>&1
+  log "model $name rc=$? $(du -sh .b4/models/$name | cut -f1)"
+  ln -sfn $ROOT/.b4/models/$name /tmp/$name
+}
+# bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
+# ("name" or "name:VAR=v,VAR=v": the after binary with those variables set).
+bench_sides() {
+  local name=$1 run b i o side label env; shift
+  for run in "$@"; do
+    read -r b i o <<< "$run"
+    for side in $SIDES; do
+      [ $(left) -gt 25 ] || return
+      label=${side%%:*} env=""; [ "$side" != "$label" ] && env=${side#*:} && env=${env//,/ }
+      echo "== $label $name B=$b I=$i O=$o" >> $L/bench.log
+      env $env timeout $(( $(left) - 10 )) $B bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
+        --input-len $i --output-len $o --result-file "$OUT/bench-$label.jsonl" >> $L/bench.log 2>&1
+      log "$label $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
+    done
+  done
+}
+opt_in_bench() {  # $1 test program of /tmp/b, $2 env var(s) "A=1 B=2", $3 gtest filter, $4 log suffix
+  [ -x /tmp/b/tests/$1 ] || { log "no $1"; return; }
+  [ $(left) -gt 40 ] || return
+  env $2 timeout 90 /tmp/b/tests/$1 --gtest_filter="$3" > $L/bench_$1${4:-}.log 2>&1
+  log "$1 $3 ${4:-} rc=$?"; grep '\[bench\]' $L/bench_$1${4:-}.log >> "$OUT/summary.log"
+}
+# Kernel time sums of one bench-one-batch run: $1 label, $2 model, $3 batch, $4 input, $5 output.
+profile() {
+  [ $(left) -gt 50 ] || return
+  local cmd="$B bench-one-batch --model-path /tmp/$2 --device cuda --batch-size $3 --input-len $4 --output-len $5"
+  if [ -n "$NSYS" ]; then
+    timeout $(( $(left) - 10 )) $NSYS profile -t cuda --cuda-graph-trace=node -o /tmp/nsys-$1 -f true $cmd > $L/nsys-$1.out 2>&1
+    timeout 40 $NSYS stats -r cuda_gpu_kern_sum -f csv -o $L/kern-$1 /tmp/nsys-$1.nsys-rep > /dev/null 2>&1
+    log "nsys $1 rc=$?"
+  else
+    timeout $(( $(left) - 5 )) "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv -c ${NCU_COUNT:-600} \
+      --log-file $L/ncu-$1.csv $cmd --disable-cuda-graph > /dev/null 2>&1
+    log "ncu $1 rc=$?"
+  fi
+}
+
+[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+log "nsys=${NSYS:-none} ncu=${NCU:-none}"
+TESTS=$(gpu_tests_of $SRC)
+configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve >> $L/build.log 2>&1
+log "moeserve built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+cmake --build /tmp/b -j14 --target $TESTS >> $L/build.log 2>&1 &
+TB=$!
+model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
+for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done
+wait $TB; log "tests built rc=$?"
+
+if [ $PHASE = 1 ]; then
+  run_gpu_tests /tmp/b $TESTS
+  MOESERVE_FP8_WGMMA=0 timeout 100 /tmp/b/tests/test_cuda_grouped_gemm_fp8 > $L/fp8_nowgmma.log 2>&1
+  log "test_cuda_grouped_gemm_fp8 MOESERVE_FP8_WGMMA=0 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/fp8_nowgmma.log | tr '\n' ' ')"
+  opt_in_bench test_cuda_grouped_gemm_fp8 MOESERVE_BENCH_FP8_GROUPED=1 '*FP8GroupedBench'
+  SIDES="after off:MOESERVE_FP8_WGMMA=0,MOESERVE_KEEP_BF16=0"
+  for l in 2 5; do bench_sides v3ep8-$l "64 512 16" "256 128 16" "1 4096 16"; done
+  profile qwen3-p8k qwen3 1 8192 1
+  profile v2lite-p8k v2lite 1 8192 1
+  profile v2lite-b1 v2lite 1 4096 8
+fi
+log done
