@@ -100,6 +100,27 @@ inline ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& 
   return l;
 }
 
+// Kernel nodes of what `body` launches, captured (not run).
+template <class F>
+int kernel_nodes(F body) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  body();
+  EXPECT_EQ(cudaStreamEndCapture(cuda::stream(), &graph), cudaSuccess);
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  int kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  cudaGraphDestroy(graph);
+  return kernels;
+}
+
 // ---- timing (the opt-in benches) ----
 
 // Mean milliseconds of one of `reps` back-to-back runs of `call` on the calling thread's stream,

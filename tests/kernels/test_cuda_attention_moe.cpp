@@ -1,12 +1,14 @@
 // The attention and MoE CUDA ops against their CPU ops: GQA and MLA over a shuffled slot cache
 // (prefill with a cached prefix, mixed batches, and long decodes that take the split-KV path,
-// eager and replayed from a captured step), the MLA absorptions (bf16 and fp8 kv_b), router
+// eager and replayed from a captured step), the MLA absorptions (bf16 and fp8 kv_b; an fp8 kv_b
+// dequantised once, bit for bit as at every call), router
 // top-k in every routing variant (ids must be identical), and the routed experts (bf16 and fp8
 // weights). DecodeAttentionBench times decode attention when MOESERVE_BENCH_ATTENTION=1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <span>
@@ -17,6 +19,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/gemm.h"
 #include "layers/rope.h"
 
 namespace ms {
@@ -306,6 +309,76 @@ TEST(CudaOps, MlaAbsorbAndExpandMatchCpu) {
       EXPECT_LT(rel_error(o, o_ref), kBf16Tol) << "expand fp8=" << fp8 << " T=" << T;
     }
   }
+}
+
+// Bit-for-bit equality of device tensors.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+// An FP8 kv_b is dequantised once, into a kept BF16 copy (cuda::weight_bf16_kept): the
+// absorptions, and a many-row linear through it (the expanded prefill's keys), give exactly what
+// they give dequantising into scratch at every call (keeping off), the first call and the later
+// ones; once the copy exists a captured call launches no dequantising kernel (one fewer kernel
+// node a product than with keeping off); a capture cannot make a copy.
+TEST(CudaOps, MlaFp8KvBIsDequantisedOnce) {
+  MS_REQUIRE_CUDA();
+  const int H = 16, nope = 128, v = 128, L = 512;
+  const int64_t T = 64, K = 1024;  // K: beyond the rows that take FP8 blocks as bytes
+  const ops::Weight kv_b = random_fp8(H * (nope + v), L, 0.01f).gpu;
+  const Tensor qn = gpu(randn({T, H, nope})), lat = gpu(randn({T, H, L})), keys = gpu(randn({K, L}));
+  cuda::set_fp8_mode(cuda::Fp8Mode::Dequant);
+  struct Outs { Tensor ql, o, kv; };
+  auto absorbs = [&](Outs& r) {
+    cuda::mla_absorb_q(qn, kv_b, nope, v, r.ql);
+    cuda::mla_expand_v(lat, kv_b, nope, v, r.o);
+  };
+  auto fresh = [&] {
+    return Outs{poisoned(DType::BF16, {T, H, L}), poisoned(DType::BF16, {T, H, v}),
+                poisoned(DType::BF16, {K, H * (nope + v)})};
+  };
+  auto run = [&] {
+    Outs r = fresh();
+    absorbs(r);
+    cuda::linear(keys, kv_b, nullptr, r.kv);
+    return r;
+  };
+
+  cuda::set_keep_bf16(false);
+  const Outs ref = run();
+  Outs scratch_outs = fresh();
+  const int absorb_nodes_off = kernel_nodes([&] { absorbs(scratch_outs); });
+  const int linear_nodes_off = kernel_nodes([&] { cuda::linear(keys, kv_b, nullptr, scratch_outs.kv); });
+
+  cuda::set_keep_bf16(true);
+  // No copy yet: a capture cannot make one.
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_ANY_THROW(cuda::mla_absorb_q(qn, kv_b, nope, v, scratch_outs.ql));
+  ASSERT_EQ(cudaStreamEndCapture(cuda::stream(), &graph), cudaSuccess);
+  if (graph) cudaGraphDestroy(graph);
+
+  for (int call = 0; call < 2; ++call) {  // the call that makes the copy, then one that reads it
+    const Outs got = run();
+    EXPECT_TRUE(same_bits(got.ql, ref.ql)) << "absorb, call " << call;
+    EXPECT_TRUE(same_bits(got.o, ref.o)) << "expand, call " << call;
+    EXPECT_TRUE(same_bits(got.kv, ref.kv)) << "linear, call " << call;
+  }
+  EXPECT_EQ(kernel_nodes([&] { absorbs(scratch_outs); }), absorb_nodes_off - 2);
+  EXPECT_EQ(kernel_nodes([&] { cuda::linear(keys, kv_b, nullptr, scratch_outs.kv); }), linear_nodes_off - 1);
+  // The capture's products, replayed, are the eager ones too.
+  Outs replayed = fresh();
+  ASSERT_EQ(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  absorbs(replayed);
+  ASSERT_EQ(cudaStreamEndCapture(cuda::stream(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, cuda::stream()), cudaSuccess);
+  EXPECT_TRUE(same_bits(replayed.ql, ref.ql)) << "absorb, replayed";
+  EXPECT_TRUE(same_bits(replayed.o, ref.o)) << "expand, replayed";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 struct RouterCase {

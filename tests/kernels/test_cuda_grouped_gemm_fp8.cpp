@@ -1,12 +1,14 @@
 // The FP8-block grouped GEMM (grouped_gemm_fp8, grouped_gemm.h) against a host reference on the
 // dequantised weights (bf16(float(e4m3) * scale), what weight_bf16 makes) in every row tile
-// (BM 16, 32, 64), SwiGLU and plain, BF16 and F32 output: ragged groups (empty experts,
+// (BM 16, 32, 64 on mma.sync; 64, 128 on wgmma where the GPU is a Hopper), SwiGLU and plain,
+// BF16 and F32 output: ragged groups (empty experts,
 // counts off BM, N and K off the tiles and the 128 scale blocks, odd N, rows read through a token
 // index, padded strides), checking that nothing outside the groups is written; the dense mode
 // (one group, no offsets, K split over the grid). Then its two users against the paths they
-// replace (MOESERVE_FP8_GROUPED=0): linear on FP8 blocks at 16, 64 and 256 rows (and the host
-// reference), and moe_experts at DeepSeek-V3's EP8 shard (32 experts, hidden 7168, intermediate
-// 2048, top-8) at 64 and 256 tokens, eagerly and replayed from a captured step with new ids.
+// replace (MOESERVE_FP8_GROUPED=0) and to the mma.sync shapes alone (MOESERVE_FP8_WGMMA=0):
+// linear on FP8 blocks at 16, 64, 256 and 512 rows (and the host reference), and moe_experts at
+// DeepSeek-V3's EP8 shard (32 experts, hidden 7168, intermediate 2048, top-8) at 64, 256 and
+// 1024 tokens, eagerly and replayed from a captured step with new ids.
 // FP8GroupedBench prints [bench] lines when MOESERVE_BENCH_FP8_GROUPED=1.
 #include <algorithm>
 #include <chrono>
@@ -27,7 +29,15 @@ namespace ms {
 namespace {
 using namespace test;
 
-constexpr int kBms[] = {16, 32, 64};
+// Every row tile: mma.sync's, then (on a Hopper: elsewhere their kernels trap) wgmma's.
+std::vector<cuda::Fp8RowTile> row_tiles() {
+  std::vector<cuda::Fp8RowTile> t = {{16, false}, {32, false}, {64, false}};
+  if (cuda::hopper()) t.insert(t.end(), {{64, true}, {128, true}});
+  return t;
+}
+std::string tile_name(const cuda::Fp8RowTile& t) {
+  return "bm " + std::to_string(t.bm) + (t.wgmma ? " wgmma" : "");
+}
 
 Tensor gpu_i32(const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty(DType::I32, {int64_t(v.size())});
@@ -41,10 +51,16 @@ Tensor pointer_array(const std::vector<const void*>& ps) {
   return h.to(Device::CUDA);
 }
 
-// MOESERVE_FP8_GROUPED for the scope.
+// MOESERVE_FP8_GROUPED (MOESERVE_FP8_WGMMA) for the scope.
 struct Fp8GroupedSwitch {
-  explicit Fp8GroupedSwitch(bool on) { setenv("MOESERVE_FP8_GROUPED", on ? "1" : "0", 1); }
-  ~Fp8GroupedSwitch() { unsetenv("MOESERVE_FP8_GROUPED"); }
+  explicit Fp8GroupedSwitch(bool on, const char* var = "MOESERVE_FP8_GROUPED") : var_(var) {
+    setenv(var, on ? "1" : "0", 1);
+  }
+  ~Fp8GroupedSwitch() { unsetenv(var_); }
+  const char* var_;
+};
+struct Fp8WgmmaSwitch : Fp8GroupedSwitch {
+  explicit Fp8WgmmaSwitch(bool on) : Fp8GroupedSwitch(on, "MOESERVE_FP8_WGMMA") {}
 };
 
 // splitmix64: fast random bytes for the large weights.
@@ -150,12 +166,12 @@ void run_case(const Case& c, bool swiglu) {
   double scale = 0;
   for (double v : want) scale = std::max(scale, std::fabs(v));
 
-  for (const int bm : kBms)
+  for (const cuda::Fp8RowTile& tile : row_tiles())
     for (const DType out_dtype : {DType::BF16, DType::F32}) {
-      const std::string at = what + " bm " + std::to_string(bm) + (out_dtype == DType::F32 ? " f32" : " bf16");
+      const std::string at = what + " " + tile_name(tile) + (out_dtype == DType::F32 ? " f32" : " bf16");
       const int64_t out_rows = std::max<int64_t>(rows, 1);
       Tensor out = poisoned(out_dtype, {out_rows, c_ld});
-      args.c = out.raw(), args.c_f32 = out_dtype == DType::F32, args.bm = bm;
+      args.c = out.raw(), args.c_f32 = out_dtype == DType::F32, args.bm = tile.bm, args.wgmma = tile.wgmma;
       cuda::grouped_gemm_fp8(args, swiglu);
       Tensor host = out.to(Device::CPU);
       const bool f32 = out_dtype == DType::F32;
@@ -206,6 +222,27 @@ TEST(CudaGroupedGemmFp8, DenseMatchesHost) {
   }
 }
 
+// The default row tile: wgmma's from mma.sync's BM 64 up, exactly on a Hopper with
+// MOESERVE_FP8_WGMMA not 0; MOESERVE_FP8_WGMMA=0 gives today's mma.sync choice.
+TEST(CudaGroupedGemmFp8, WgmmaTileChoice) {
+  MS_REQUIRE_CUDA();
+  if (std::getenv("MOESERVE_FP8_WGMMA")) GTEST_SKIP() << "checks the choice with MOESERVE_FP8_WGMMA unset";
+  const bool hopper = cuda::hopper();
+  EXPECT_EQ(cuda::grouped_gemm_fp8_wgmma_enabled(), hopper);
+  for (bool mean : {false, true})
+    for (int64_t rows : {1, 16, 21, 22, 32, 33, 42, 43, 64, 65, 128, 129, 256, 1024}) {
+      const int mma = cuda::grouped_gemm_fp8_bm(rows, mean);
+      const cuda::Fp8RowTile t = cuda::grouped_gemm_fp8_tile(rows, mean);
+      const std::string at = "rows " + std::to_string(rows) + (mean ? " mean" : "");
+      EXPECT_EQ(t.wgmma, hopper && mma == 64) << at;
+      EXPECT_EQ(t.bm, !t.wgmma ? mma : rows <= (mean ? 128 : 64) ? 64 : 128) << at;
+      Fp8WgmmaSwitch off(false);
+      EXPECT_FALSE(cuda::grouped_gemm_fp8_wgmma_enabled());
+      const cuda::Fp8RowTile o = cuda::grouped_gemm_fp8_tile(rows, mean);
+      EXPECT_TRUE(o.bm == mma && !o.wgmma) << at << " MOESERVE_FP8_WGMMA=0";
+    }
+}
+
 // ---- linear ----
 
 ops::Weight device_weight(const Fp8Mat& m, int64_t n, int64_t k) {
@@ -222,18 +259,22 @@ TEST(CudaGroupedGemmFp8, LinearMatchesHostAndOldPath) {
   const ops::Weight w = device_weight(m, N, K);
   Tensor bias_h = randn({N}, 0.5f);
   Tensor bias = bias_h.to(Device::CUDA);
-  for (int64_t T : {16, 64, 256}) {
+  for (int64_t T : {16, 64, 256, 512}) {
     Tensor x = randn({T, K});
     Tensor xg = gpu(x);
     for (bool with_bias : {false, true})
       for (DType dt : {DType::BF16, DType::F32}) {
         const std::string at = "linear T=" + std::to_string(T) + (with_bias ? " bias" : "") +
                                (dt == DType::F32 ? " f32" : " bf16");
-        Tensor got = poisoned(dt, {T, N}), old = poisoned(dt, {T, N});
+        Tensor got = poisoned(dt, {T, N}), old = poisoned(dt, {T, N}), mma = poisoned(dt, {T, N});
         cuda::linear(xg, w, with_bias ? &bias : nullptr, got);
         {
           Fp8GroupedSwitch off(false);
           cuda::linear(xg, w, with_bias ? &bias : nullptr, old);
+        }
+        {
+          Fp8WgmmaSwitch off(false);
+          cuda::linear(xg, w, with_bias ? &bias : nullptr, mma);
         }
         Tensor ref = Tensor::empty(DType::F32, {T, N});
         for (int64_t t = 0; t < T; ++t)
@@ -246,7 +287,10 @@ TEST(CudaGroupedGemmFp8, LinearMatchesHostAndOldPath) {
         const double between = rel_error(got.to_f32(), old.to_f32());
         EXPECT_LT(err, dt == DType::F32 ? 1e-5 : 4e-3) << at;
         EXPECT_LT(between, 4e-3) << at << " against MOESERVE_FP8_GROUPED=0";
-        std::printf("%s: rel error %.2e (old path %.2e, between %.2e)\n", at.c_str(), err, err_old, between);
+        const double to_mma = rel_error(got.to_f32(), mma.to_f32());
+        EXPECT_LT(to_mma, dt == DType::F32 ? 1e-5 : 4e-3) << at << " against MOESERVE_FP8_WGMMA=0";
+        std::printf("%s: rel error %.2e (old path %.2e, between %.2e, to MOESERVE_FP8_WGMMA=0 %.2e)\n", at.c_str(),
+                    err, err_old, between, to_mma);
       }
   }
 }
@@ -304,52 +348,62 @@ void random_route(int64_t T, Tensor& ids, Tensor& w) {
 TEST(CudaGroupedGemmFp8, MoeExpertsMatchOldPathAtV3Ep8) {
   MS_REQUIRE_CUDA();
   const V3Experts& ex = v3_experts();
-  for (int64_t T : {64, 256}) {
+  for (int64_t T : {64, 256, 1024}) {
     Tensor ids, w;
     random_route(T, ids, w);
     Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
     Tensor got = poisoned(DType::BF16, {T, kH}), old = poisoned(DType::BF16, {T, kH});
+    Tensor mma = poisoned(DType::BF16, {T, kH});
     cuda::moe_experts(x, idsg, wg, ex.gpu, got);
     {
       Fp8GroupedSwitch off(false);
       cuda::moe_experts(x, idsg, wg, ex.gpu, old);
     }
-    const double between = rel_error(got.to_f32(), old.to_f32());
+    {
+      Fp8WgmmaSwitch off(false);
+      cuda::moe_experts(x, idsg, wg, ex.gpu, mma);
+    }
+    const double between = rel_error(got.to_f32(), old.to_f32()), to_mma = rel_error(got.to_f32(), mma.to_f32());
     // BF16 intermediates on either side: the MoE tests' bound.
     EXPECT_LT(between, 1e-2) << "T=" << T;
-    std::printf("V3 EP8 T=%lld: rel difference to MOESERVE_FP8_GROUPED=0 %.2e\n", (long long)T, between);
+    EXPECT_LT(to_mma, 1e-2) << "T=" << T << " against MOESERVE_FP8_WGMMA=0";
+    std::printf("V3 EP8 T=%lld: rel difference to MOESERVE_FP8_GROUPED=0 %.2e, to MOESERVE_FP8_WGMMA=0 %.2e\n",
+                (long long)T, between, to_mma);
   }
 }
 
 TEST(CudaGroupedGemmFp8, MoeExpertsReplayedWithNewIds) {
   MS_REQUIRE_CUDA();
   const V3Experts& ex = v3_experts();
-  const int64_t T = 64;
-  Tensor ids, w;
-  random_route(T, ids, w);
-  Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
-  Tensor out = Tensor::empty(DType::BF16, {T, kH}, Device::CUDA);
-  auto body = [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); };
-  body();  // builds the expert table outside the capture
-  const StepShape step(T);
-  auto pool = ops::make_graph_pool(Device::CUDA);
-  auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
-  for (int rep = 0; rep < 3; ++rep) {
-    Tensor ids_new, w_new;
-    random_route(T, ids_new, w_new);
-    x.copy_from(gpu(randn({T, kH}))), idsg.copy_from(ids_new.to(Device::CUDA)), wg.copy_from(w_new.to(Device::CUDA));
-    Tensor want = poisoned(DType::BF16, {T, kH});
-    cuda::moe_experts(x, idsg, wg, ex.gpu, want);
-    Tensor old = poisoned(DType::BF16, {T, kH});
-    {
-      Fp8GroupedSwitch off(false);
-      cuda::moe_experts(x, idsg, wg, ex.gpu, old);
+  // 64 tokens: 16 rows an expert, mma.sync; 256: 64, wgmma on a Hopper.
+  for (const int64_t T : {64, 256}) {
+    Tensor ids, w;
+    random_route(T, ids, w);
+    Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
+    Tensor out = Tensor::empty(DType::BF16, {T, kH}, Device::CUDA);
+    auto body = [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); };
+    body();  // builds the expert table outside the capture
+    const StepShape step(T);
+    auto pool = ops::make_graph_pool(Device::CUDA);
+    auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
+    for (int rep = 0; rep < 3; ++rep) {
+      Tensor ids_new, w_new;
+      random_route(T, ids_new, w_new);
+      x.copy_from(gpu(randn({T, kH}))), idsg.copy_from(ids_new.to(Device::CUDA)), wg.copy_from(w_new.to(Device::CUDA));
+      Tensor want = poisoned(DType::BF16, {T, kH});
+      cuda::moe_experts(x, idsg, wg, ex.gpu, want);
+      Tensor old = poisoned(DType::BF16, {T, kH});
+      {
+        Fp8GroupedSwitch off(false);
+        cuda::moe_experts(x, idsg, wg, ex.gpu, old);
+      }
+      out.copy_from(poisoned(DType::BF16, {T, kH}));
+      graph->replay(step.arrays());
+      cudaStreamSynchronize(cuda::stream());
+      EXPECT_LT(rel_error(out.to_f32(), want.to_f32()), 1e-6) << "T=" << T << " replay " << rep;
+      EXPECT_LT(rel_error(out.to_f32(), old.to_f32()), 1e-2)
+          << "T=" << T << " replay " << rep << " against the old path";
     }
-    out.copy_from(poisoned(DType::BF16, {T, kH}));
-    graph->replay(step.arrays());
-    cudaStreamSynchronize(cuda::stream());
-    EXPECT_LT(rel_error(out.to_f32(), want.to_f32()), 1e-6) << "replay " << rep;
-    EXPECT_LT(rel_error(out.to_f32(), old.to_f32()), 1e-2) << "replay " << rep << " against the old path";
   }
 }
 
@@ -371,17 +425,19 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
     Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
     Tensor out = cuda::scratch(DType::BF16, {T, kH});
     const double flop = 2.0 * T * kTopK * 3 * kH * kI;
-    for (bool on : {true, false}) {
-      Fp8GroupedSwitch sw(on);
+    // Modes: grouped with wgmma (the Hopper default), grouped on mma.sync alone, the old path.
+    for (int mode : {2, 1, 0}) {
+      Fp8GroupedSwitch sw(mode > 0);
+      Fp8WgmmaSwitch wsw(mode == 2);
+      const char* name = mode == 2 ? "grouped" : mode == 1 ? "MOESERVE_FP8_WGMMA=0" : "MOESERVE_FP8_GROUPED=0";
       const double us = time_us(5, [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); });
-      std::printf("[bench] moe_experts V3-EP8 FP8 T=%lld (%lld rows an expert) MOESERVE_FP8_GROUPED=%d eager: %.3f ms, "
+      std::printf("[bench] moe_experts V3-EP8 FP8 T=%lld (%lld rows an expert) %s eager: %.3f ms, "
                   "%.0f GB/s of weights, %.0f TFLOP/s\n",
-                  (long long)T, (long long)(T * kTopK / kE), on ? 1 : 0, us / 1e3, bytes / us / 1e3, flop / us / 1e6);
+                  (long long)T, (long long)(T * kTopK / kE), name, us / 1e3, bytes / us / 1e3, flop / us / 1e6);
       if (T <= 256) {
         const double g = graphed_us(T, [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); }, 10, 20);
-        std::printf("[bench] moe_experts V3-EP8 FP8 T=%lld MOESERVE_FP8_GROUPED=%d graphed: %.3f ms, %.0f GB/s, "
-                    "%.0f TFLOP/s\n",
-                    (long long)T, on ? 1 : 0, g / 1e3, bytes / g / 1e3, flop / g / 1e6);
+        std::printf("[bench] moe_experts V3-EP8 FP8 T=%lld %s graphed: %.3f ms, %.0f GB/s, %.0f TFLOP/s\n",
+                    (long long)T, name, g / 1e3, bytes / g / 1e3, flop / g / 1e6);
       }
     }
     // The products alone on rows sorted on the host, every row tile.
@@ -402,13 +458,13 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
     dn.N = kH, dn.K = kI, dn.a = act.raw(), dn.a_ld = kI, dn.a_rows = nullptr, dn.w = table->down.w, dn.w2 = nullptr;
     dn.s = table->down.s, dn.s2 = nullptr, dn.w_ld = table->down.ld, dn.s_ld = table->down.scale_ld;
     dn.c = ye.raw(), dn.c_ld = kH;
-    for (int bm : kBms) {
-      gu.bm = dn.bm = bm;
+    for (const cuda::Fp8RowTile& tile : row_tiles()) {
+      gu.bm = dn.bm = tile.bm, gu.wgmma = dn.wgmma = tile.wgmma;
       const double t_gu = time_us(5, [&] { cuda::grouped_gemm_fp8(gu, true); });
       const double t_dn = time_us(5, [&] { cuda::grouped_gemm_fp8(dn, false); });
-      std::printf("[bench] grouped_gemm_fp8 V3-EP8 T=%lld bm %d: gate|up+silu %.3f ms (%.0f GB/s, %.0f TFLOP/s), "
+      std::printf("[bench] grouped_gemm_fp8 V3-EP8 T=%lld %s: gate|up+silu %.3f ms (%.0f GB/s, %.0f TFLOP/s), "
                   "down %.3f ms (%.0f GB/s, %.0f TFLOP/s)\n",
-                  (long long)T, bm, t_gu / 1e3, 2 * bytes / 3 / t_gu / 1e3, flop * 2 / 3 / t_gu / 1e6, t_dn / 1e3,
+                  (long long)T, tile_name(tile).c_str(), t_gu / 1e3, 2 * bytes / 3 / t_gu / 1e3, flop * 2 / 3 / t_gu / 1e6, t_dn / 1e3,
                   bytes / 3 / t_dn / 1e3, flop / 3 / t_dn / 1e6);
     }
   }
@@ -439,22 +495,23 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
     for (int64_t T : {16, 64, 256, 1024}) {
       Tensor x = gpu(randn({T, s.K})), out = cuda::scratch(DType::BF16, {T, s.N});
       const double flop = 2.0 * T * s.N * s.K;
-      for (bool on : {true, false}) {
-        Fp8GroupedSwitch sw(on);
+      for (int mode : {2, 1, 0}) {
+        Fp8GroupedSwitch sw(mode > 0);
+        Fp8WgmmaSwitch wsw(mode == 2);
+        const char* name = mode == 2 ? "default" : mode == 1 ? "MOESERVE_FP8_WGMMA=0" : "MOESERVE_FP8_GROUPED=0";
         const double us = time_us(10, [&] { cuda::linear(x, wt, nullptr, out); });
-        std::printf("[bench] linear FP8 %s T=%lld MOESERVE_FP8_GROUPED=%d: %.1f us, %.0f GB/s of weights, %.0f "
-                    "TFLOP/s\n",
-                    s.name, (long long)T, on ? 1 : 0, us, wbytes / us / 1e3, flop / us / 1e6);
+        std::printf("[bench] linear FP8 %s T=%lld %s: %.1f us, %.0f GB/s of weights, %.0f TFLOP/s\n", s.name,
+                    (long long)T, name, us, wbytes / us / 1e3, flop / us / 1e6);
       }
       cuda::GroupedGemmArgs g;
       g.N = s.N, g.K = s.K, g.a = x.raw(), g.a_ld = s.K, g.w_one = wt.w.raw(), g.w_ld = s.K;
       g.s_one = wt.scale_inv.data<float>(), g.s_ld = wt.scale_inv.strides()[0], g.max_rows = T;
       g.c = out.raw(), g.c_ld = s.N;
-      for (int bm : kBms) {
-        g.bm = bm;
+      for (const cuda::Fp8RowTile& tile : row_tiles()) {
+        g.bm = tile.bm, g.wgmma = tile.wgmma;
         const double us = time_us(10, [&] { cuda::grouped_gemm_fp8(g, false); });
-        std::printf("[bench] grouped_gemm_fp8 dense %s T=%lld bm %d: %.1f us, %.0f GB/s, %.0f TFLOP/s\n", s.name,
-                    (long long)T, bm, us, wbytes / us / 1e3, flop / us / 1e6);
+        std::printf("[bench] grouped_gemm_fp8 dense %s T=%lld %s: %.1f us, %.0f GB/s, %.0f TFLOP/s\n", s.name,
+                    (long long)T, tile_name(tile).c_str(), us, wbytes / us / 1e3, flop / us / 1e6);
       }
     }
   }

@@ -229,27 +229,6 @@ TEST(CudaMoeRoute, FusedSortMatchesAlignKernel) {
   }
 }
 
-// Kernel nodes of what `body` launches, captured (not run).
-template <class F>
-int kernel_nodes(F body) {
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  body();
-  EXPECT_EQ(cudaStreamEndCapture(cuda::stream(), &graph), cudaSuccess);
-  size_t n = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  int kernels = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-    kernels += type == cudaGraphNodeTypeKernel;
-  }
-  cudaGraphDestroy(graph);
-  return kernels;
-}
-
 // A MoE layer's routed experts for a routing case: gate / up [I, H], down [H, I] in BF16 for
 // experts [first, first + count) of all_experts(c) (count 0: all of them).
 struct LayerCase {

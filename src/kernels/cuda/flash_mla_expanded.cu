@@ -22,6 +22,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/gemm.h"
 
 namespace ms::cuda {
 namespace {
@@ -160,6 +161,9 @@ void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const Attenti
            "mla_prefill_expanded: the layout's queries do not match a batch of ", T);
   if (T == 0) return;
   if (capturing()) return absorbed(q, kv_cache, layout, kv_b, nope, v, scale, out);
+  // The absorbed form reads FP8 kv_b's kept BF16 copy, which a capture cannot make: this eager
+  // call (a captured verify step's warm-up) makes it. The GEMM below reads it too, at many keys.
+  if (kv_b.is_fp8() && keep_bf16()) (void)weight_bf16_kept(kv_b);
 
   // 1. The latent rows of every key, in the layout's order: key j of sequence s is row
   // kv_start[s] + j. 2. Their K_nope | V per head.

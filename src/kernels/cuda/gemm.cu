@@ -1,7 +1,10 @@
 #include "kernels/cuda/gemm.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 namespace ms::cuda {
@@ -276,6 +279,72 @@ Tensor weight_bf16(const ops::Weight& w) {
   }
   MS_CUDA_LAUNCHED("weight_to_bf16");
   return out;
+}
+
+namespace {
+
+struct KeptCopy {
+  ops::Weight source;  // held, with its scales: their memory stays theirs while the copy is used for them
+  Tensor bf16;
+};
+
+std::atomic<bool>& keep_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("MOESERVE_KEEP_BF16");
+    return !env || std::string(env) != "0";
+  }()};
+  return on;
+}
+
+// Kept copies by the weight's address (unique across GPUs); never freed. Guarded by kept_mu().
+std::map<const void*, std::vector<KeptCopy>>& kept() {
+  static auto* copies = new std::map<const void*, std::vector<KeptCopy>>();  // buffers may outlive static destruction
+  return *copies;
+}
+std::mutex& kept_mu() {
+  static std::mutex mu;
+  return mu;
+}
+
+// The copy made for this very view of an FP8 weight (the same address may be viewed with
+// another shape or other scales), or null. kept_mu() held.
+const Tensor* find_kept(const ops::Weight& w) {
+  auto it = kept().find(w.w.raw());
+  if (it == kept().end()) return nullptr;
+  for (const KeptCopy& k : it->second) {
+    const ops::Weight& s = k.source;
+    if (s.w.dtype() == w.w.dtype() && s.w.shape() == w.w.shape() && s.w.strides() == w.w.strides() &&
+        s.scale_inv.raw() == w.scale_inv.raw() && s.scale_inv.shape() == w.scale_inv.shape() &&
+        s.scale_inv.strides() == w.scale_inv.strides() && s.block_n == w.block_n && s.block_k == w.block_k)
+      return &k.bf16;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void set_keep_bf16(bool on) { keep_flag().store(on); }
+bool keep_bf16() { return keep_flag().load(); }
+
+Tensor weight_bf16_kept(const ops::Weight& w) {
+  if (!w.is_fp8() || !keep_bf16()) return weight_bf16(w);
+  check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
+  std::lock_guard<std::mutex> lock(kept_mu());
+  if (const Tensor* copy = find_kept(w)) return *copy;
+  MS_CHECK(!capturing(), "weight_bf16_kept: the BF16 copy of the FP8 weight ", w.w.describe(),
+           " is first needed inside a graph capture, which cannot fill it: run the step eagerly once first");
+  // From the shared cache (no capture pool is set outside a capture), held from now on.
+  Tensor copy = weight_bf16(w);
+  kept()[w.w.raw()].push_back({w, copy});
+  return copy;
+}
+
+Tensor weight_bf16_if_kept(const ops::Weight& w) {
+  if (w.is_fp8() && w.scale_inv.defined() && keep_bf16()) {
+    std::lock_guard<std::mutex> lock(kept_mu());
+    if (const Tensor* copy = find_kept(w)) return *copy;
+  }
+  return weight_bf16(w);
 }
 
 Tensor rows_bf16(const Tensor& x) {

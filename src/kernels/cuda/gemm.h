@@ -35,6 +35,23 @@ bool matmul_fp8_blocks(int64_t m, int64_t n, int64_t k, const void* a, int64_t l
 // BF16 already, else a scratch copy (fp8 dequantised with its block scales).
 Tensor weight_bf16(const ops::Weight& w);
 
+// weight_bf16 for a weight that every call reads whole and that never changes (MLA's kv_b, which
+// the absorbed decode multiplies by per head): FP8 blocks are dequantised once, by the first call,
+// into a BF16 copy (weight_bf16's values) that every later call returns; other dtypes go to
+// weight_bf16. The copy, and the weight it was made from (so that its memory cannot come back
+// for another weight at the same address), are kept for the life of the process: a captured
+// graph reads the copy's address. Cost, 2 bytes a weight on the weight's GPU: DeepSeek-V3's kv_b
+// (128 heads x 256 rows x 512) is 33.5 MB a layer, 2.05 GB for 61 layers, beside 16.7 MB of FP8
+// (SGLang keeps the same BF16 w_kc / w_vc). A graph capture cannot make it (nothing runs to fill
+// it): an eager call first (CudaGraphRunner's warm-up step) must.
+Tensor weight_bf16_kept(const ops::Weight& w);
+// The copy weight_bf16_kept made for w, else weight_bf16(w).
+Tensor weight_bf16_if_kept(const ops::Weight& w);
+// Whether copies are kept (default on; MOESERVE_KEEP_BF16=0 turns it off): off, weight_bf16_kept
+// is weight_bf16 and no kept copy is used, the behaviour tests compare with.
+void set_keep_bf16(bool on);
+bool keep_bf16();
+
 // BF16 rows of x: x itself when BF16 with contiguous rows, else a converted scratch copy.
 Tensor rows_bf16(const Tensor& x);
 

@@ -36,7 +36,8 @@ struct GroupedGemmArgs {
   // blocks, [ceil(N / 128), ceil(K / 128)] with row stride s_ld. offsets null: one group of rows
   // [0, max_rows) whose weights are w_one / w2_one with scales s_one / s2_one (host-held device
   // pointers: a dense layer needs no device arrays). c_f32: C is F32 instead of BF16. bm: rows a
-  // block tile (16, 32 or 64), 0 for grouped_gemm_fp8_bm's choice.
+  // block tile, 0 for grouped_gemm_fp8_tile's choice: 16, 32 or 64 on mma.sync, or with wgmma
+  // set 64 or 128 on Hopper's warpgroup MMAs (sm_90a only).
   const float* const* s = nullptr;
   const float* const* s2 = nullptr;
   const void* w_one = nullptr;
@@ -46,6 +47,7 @@ struct GroupedGemmArgs {
   int64_t s_ld = 0;
   bool c_f32 = false;
   int bm = 0;
+  bool wgmma = false;
 };
 
 // Whether the kernel takes these operands: K, the row strides of A and W multiples of 8
@@ -83,6 +85,14 @@ bool grouped_gemm_fp8_fits(int64_t max_rows, int experts, int bm);
 // average (experts, whose counts scatter around the mean; grouped_gemm_fp8.cu says why the
 // choice then leaves room above it).
 int grouped_gemm_fp8_bm(int64_t rows, bool mean);
+// On a Hopper with MOESERVE_FP8_WGMMA not "0" (read at every call), groups from 33 rows (a mean
+// of 22) take the wgmma shapes instead: BM 64 up to 64 rows (a mean of 42), 128 above.
+bool grouped_gemm_fp8_wgmma_enabled();
+struct Fp8RowTile {
+  int bm;
+  bool wgmma;
+};
+Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean);
 // MOESERVE_FP8_GROUPED=0 sends FP8 experts and linears back to the streaming GEMV and the
 // dequantise-then-cuBLASLt paths (read at every call, so a test or bench can compare both).
 bool grouped_gemm_fp8_enabled();

@@ -24,11 +24,11 @@
 // Row tiles: BM 16, 32 or 64 (grouped_gemm_fp8_bm picks from the rows a group), the warps all
 // side by side along N so that each weight is converted once per block. (A BM 128 tile, two warp
 // rows converting each weight twice, lost to 64 at every size measured, up to 1024 rows an expert.)
+// On a Hopper, where BM 64 would run, grouped_gemm_fp8_wgmma.cu's warpgroup-MMA shapes (BM 64 and
+// 128, each weight converted once a block into a swizzled BF16 tile) take over (grouped_gemm_fp8_tile).
 // A dense product (one group, offsets null) of few rows has too few N tiles to keep HBM busy
 // (7168 -> 2112 is 17 blocks of 128 columns), so K is split over grid.z until the grid covers
 // the SMs twice, the partial sums go to an F32 scratch and a second kernel adds them in order.
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -36,13 +36,13 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_fp8_impl.h"
 #include "kernels/cuda/grouped_tiles.cuh"
-#include "kernels/cuda/mma.h"
 
 namespace ms::cuda {
+namespace grouped_fp8 {
 namespace {
 
-constexpr int kBN = 128;     // weight rows a block tile (64 gate + 64 up columns with SwiGLU)
 constexpr int kThreads = 256;
 
 template <int BM, int BK, int STAGES, int WM, int WN, int MIN_BLOCKS>
@@ -62,38 +62,6 @@ struct F8Tile {
 using F8Tile16 = F8Tile<16, 128, 4, 16, 16, 2>;   // 100 KiB
 using F8Tile32 = F8Tile<32, 128, 3, 32, 16, 2>;   // 90 KiB
 using F8Tile64 = F8Tile<64, 64, 4, 64, 16, 2>;    // 96 KiB
-
-struct Params {
-  int N, K;
-  const bf16* a;
-  int64_t a_ld;
-  const int32_t* a_rows;
-  const uint8_t* const* w;
-  const uint8_t* const* w2;
-  const float* const* s;
-  const float* const* s2;
-  const uint8_t* w_one;
-  const uint8_t* w2_one;
-  const float* s_one;
-  const float* s2_one;
-  int64_t w_ld, s_ld;
-  const int32_t* offsets;  // null: one group of dense_rows rows
-  const int32_t* tile_start;
-  int experts, dense_rows;
-  void* c;
-  int64_t c_ld;
-  bool c_f32, pair_stores;
-  int k_split;      // K elements a grid.z slice covers (a multiple of BK)
-  int64_t c_split;  // elements between successive slices' outputs
-};
-
-// Two e4m3 (low byte first) times the scale, as a bf16 pair: e4m3 -> f16 is exact, so this is
-// bf16(float(e4m3) * s) for each.
-__device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t two, float s) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  return pack_bf16(f.x * s, f.y * s);
-}
 
 // One K tile of a warp's products over its first NM 16-row slices: as / bs point at the lane's
 // first A row (g) and B row (g) in the stage, column 8t.
@@ -132,26 +100,6 @@ __device__ __forceinline__ void warp_tile_rows(int slices, const bf16* as, const
   if constexpr (NM > 0) {
     if (slices >= NM) warp_tile<T, NM>(as, bs, sc, acc);
     else warp_tile_rows<T, NM - 1>(slices, as, bs, sc, acc);
-  }
-}
-
-__device__ __forceinline__ void store_pair(const Params& p, int64_t off, float lo, float hi, bool has_hi) {
-  if (p.c_f32) {
-    float* c = static_cast<float*>(p.c) + off;
-    if (p.pair_stores && has_hi) {
-      *reinterpret_cast<float2*>(c) = make_float2(lo, hi);
-    } else {
-      c[0] = lo;
-      if (has_hi) c[1] = hi;
-    }
-    return;
-  }
-  bf16* c = static_cast<bf16*>(p.c) + off;
-  if (p.pair_stores && has_hi) {
-    *reinterpret_cast<__nv_bfloat162*>(c) = __floats2bfloat162_rn(lo, hi);
-  } else {
-    c[0] = __float2bfloat16_rn(lo);
-    if (has_hi) c[1] = __float2bfloat16_rn(hi);
   }
 }
 
@@ -314,7 +262,7 @@ __global__ void sum_splits(const float* __restrict__ part, int splits, int64_t r
 }
 
 template <class T>
-void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
+void launch_mma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
   static PerDeviceOnce once;
   once([] {
     MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -322,10 +270,17 @@ void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
     MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(T::kSmemBytes)));
   });
+  launch(p, row_tiles, swiglu, max_rows,
+         Kernels{grouped_gemm_fp8_kernel<T, false>, grouped_gemm_fp8_kernel<T, true>, T::kBK, kThreads, T::kSmemBytes});
+}
+
+}  // namespace
+
+void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows, const Kernels& k) {
   const int64_t n_tiles = (p.N + (swiglu ? kBN / 2 : kBN) - 1) / (swiglu ? kBN / 2 : kBN);
-  const int KT = (p.K + T::kBK - 1) / T::kBK;
+  const int KT = (p.K + k.bk - 1) / k.bk;
   // Split K (dense plain products only: SwiGLU needs whole sums) until the grid covers the SMs
-  // twice; at least 4 K tiles a slice (64 KB of weights at BK 128), so each slice still fills
+  // twice; at least 4 K tiles a slice (64 KB of weights at BK 128, 32 at 64), so each slice fills
   // its pipeline. The partial sums are small next to the weights: 14 slices of 16 rows x 2112
   // are 1.9 MB against 15 MB.
   int splits = 1;
@@ -335,7 +290,7 @@ void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
   }
   const int kt_split = (KT + splits - 1) / splits;
   splits = (KT + kt_split - 1) / kt_split;
-  p.k_split = kt_split * T::kBK;
+  p.k_split = kt_split * k.bk;
   void* const c = p.c;
   const int64_t c_ld = p.c_ld;
   const bool c_f32 = p.c_f32;
@@ -345,8 +300,7 @@ void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
     p.c = part.raw(), p.c_ld = p.N, p.c_f32 = true, p.pair_stores = p.N % 2 == 0, p.c_split = max_rows * p.N;
   }
   const dim3 grid{unsigned(n_tiles), unsigned(row_tiles), unsigned(splits)};
-  if (swiglu) launch_pdl(grouped_gemm_fp8_kernel<T, true>, grid, dim3(kThreads), T::kSmemBytes, p);
-  else launch_pdl(grouped_gemm_fp8_kernel<T, false>, grid, dim3(kThreads), T::kSmemBytes, p);
+  launch_pdl(swiglu ? k.swiglu : k.plain, grid, dim3(k.threads), k.smem, p);
   if (splits == 1) return;
   const int threads = 256;
   if (c_f32)
@@ -358,7 +312,7 @@ void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
   MS_CUDA_LAUNCHED("sum_splits");
 }
 
-}  // namespace
+}  // namespace grouped_fp8
 
 bool grouped_gemm_fp8_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld) {
   return K % 16 == 0 && w_ld % 16 == 0 && w_ld >= K && a_ld % 8 == 0 && a_ld >= K &&
@@ -381,6 +335,24 @@ int grouped_gemm_fp8_bm(int64_t rows, bool mean) {
   return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
 }
 
+bool grouped_gemm_fp8_wgmma_enabled() {
+  const char* v = std::getenv("MOESERVE_FP8_WGMMA");
+  return hopper() && !(v && std::strcmp(v, "0") == 0);
+}
+
+// The wgmma shapes where mma.sync's BM 64 would run: that one is compute-bound from ~32 rows
+// (150-190 TFLOP/s), and wgmma's rate, its operands read from shared memory, leaves the
+// conversion (once a weight a block, overlapped with the previous tile's wgmmas) and HBM as the
+// limits. BM 128 converts each weight half as often as 64 but runs one block an SM. Measured on
+// the H200 (BENCHMARKS, session 8, V3's EP8 experts and dense FP8 linears): BM 64 wins up to a
+// mean of 64 rows an expert (1.02 ms against 1.18) and at 64 dense rows (20-200 us, 1.3-1.5x);
+// BM 128 from a mean of 256 (2.96 against 3.02 ms) and at 256 dense rows.
+Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean) {
+  const int bm = grouped_gemm_fp8_bm(rows, mean);
+  if (bm < 64 || !grouped_gemm_fp8_wgmma_enabled()) return {bm, false};
+  return {rows <= (mean ? 128 : 64) ? 64 : 128, true};
+}
+
 bool grouped_gemm_fp8_enabled() {
   const char* v = std::getenv("MOESERVE_FP8_GROUPED");
   return !(v && std::strcmp(v, "0") == 0);
@@ -389,20 +361,23 @@ bool grouped_gemm_fp8_enabled() {
 void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
   const bool dense = args.offsets == nullptr;
   const int E = dense ? 1 : args.experts;
-  const int bm = args.bm ? args.bm : dense ? grouped_gemm_fp8_bm(args.max_rows, false)
-                            : grouped_gemm_fp8_bm((args.max_rows + E - 1) / E, true);
+  const Fp8RowTile tile = args.bm ? Fp8RowTile{args.bm, args.wgmma}
+                         : dense   ? grouped_gemm_fp8_tile(args.max_rows, false)
+                                   : grouped_gemm_fp8_tile((args.max_rows + E - 1) / E, true);
+  const int bm = tile.bm;
   MS_CHECK(grouped_gemm_fp8_supported(args.K, args.w_ld, args.a, args.a_ld) && args.K > 0 && E > 0 && args.N > 0 &&
                args.N < (int64_t(1) << 30) && grouped_gemm_fp8_fits(args.max_rows, E, bm) && args.c &&
                args.c_ld >= args.N && args.s_ld >= (args.K + 127) / 128 &&
                (dense ? args.w_one && args.s_one && (!swiglu || (args.w2_one && args.s2_one))
                       : args.w && args.s && (!swiglu || (args.w2 && args.s2))) &&
-               (bm == 16 || bm == 32 || bm == 64),
+               (tile.wgmma ? (bm == 64 || bm == 128) && hopper() : bm == 16 || bm == 32 || bm == 64),
            "grouped_gemm_fp8: N ", args.N, " K ", args.K, " w_ld ", args.w_ld, " a_ld ", args.a_ld, " c_ld ",
-           args.c_ld, " s_ld ", args.s_ld, " experts ", args.experts, " bm ", bm);
+           args.c_ld, " s_ld ", args.s_ld, " experts ", args.experts, " bm ", bm, tile.wgmma ? " (wgmma)" : "");
   if (args.max_rows == 0) return;
   Tensor tiles;
   if (!dense) tiles = grouped_tile_table(args.offsets, E, bm);
 
+  using namespace grouped_fp8;
   Params p{};
   p.N = int(args.N), p.K = int(args.K);
   p.a = static_cast<const bf16*>(args.a), p.a_ld = args.a_ld, p.a_rows = args.a_rows;
@@ -417,10 +392,11 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
   p.pair_stores = args.c_ld % 2 == 0 && reinterpret_cast<uintptr_t>(args.c) % 8 == 0;
   // Grouped: sum over groups of ceil(rows_e / bm) <= this, the grid's y extent.
   const int64_t row_tiles = (args.max_rows + bm - 1) / bm + (dense ? 0 : E);
+  if (tile.wgmma) return launch_wgmma(p, row_tiles, swiglu, args.max_rows, bm);
   switch (bm) {
-    case 16: launch<F8Tile16>(p, row_tiles, swiglu, args.max_rows); break;
-    case 32: launch<F8Tile32>(p, row_tiles, swiglu, args.max_rows); break;
-    default: launch<F8Tile64>(p, row_tiles, swiglu, args.max_rows); break;
+    case 16: launch_mma<F8Tile16>(p, row_tiles, swiglu, args.max_rows); break;
+    case 32: launch_mma<F8Tile32>(p, row_tiles, swiglu, args.max_rows); break;
+    default: launch_mma<F8Tile64>(p, row_tiles, swiglu, args.max_rows); break;
   }
 }
 

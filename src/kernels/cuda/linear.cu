@@ -58,7 +58,9 @@ constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 8, kGemvMaxRowsFp8Old 
 // Measured on the H200 (BENCHMARKS, session 7, V3's dense FP8 linears): at 256 rows the other is
 // 2.2-2.3x faster; at 64 the two are about even (this one 126 us for o_proj 16384 -> 7168, 45 for
 // q_b, 25 for q_a|kv_a, 261 for the dense MLP's gate|up; the other, from its 256- and 1024-row
-// times, ~116, ~50, ~28, ~268). So 64.
+// times, ~116, ~50, ~28, ~268). So 64. Its wgmma shapes (grouped_gemm_fp8_wgmma_enabled) are
+// 1.2-1.3x faster at 64 rows but still lose at 256 (session 8: o_proj 245 us against 177, the
+// dense MLP's gate|up 503 against 390), so the bound stays 64 on a Hopper too.
 constexpr int64_t kFp8GroupedMaxRows = 64;
 
 bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
@@ -93,7 +95,7 @@ bool try_fp8_grouped(const Tensor& xb, const Weight& w, const Tensor* bias, Tens
       w.block_k != 128 || w.scale_inv.dtype() != DType::F32 || wt.strides()[1] != 1 ||
       reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || w.scale_inv.strides()[1] != 1 ||
       !grouped_gemm_fp8_supported(K, wt.strides()[0], xb.raw(), xb.strides()[0]) ||
-      !grouped_gemm_fp8_fits(T, 1, grouped_gemm_fp8_bm(T, false)))
+      !grouped_gemm_fp8_fits(T, 1, grouped_gemm_fp8_tile(T, false).bm))
     return false;
   check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
   GroupedGemmArgs g;
@@ -133,7 +135,7 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
     linear_fp8(xb, w, bias, out);
     return true;
   }
-  Tensor wb = weight_bf16(w);
+  Tensor wb = weight_bf16_if_kept(w);  // MLA's kv_b in an expanded prefill: its kept copy
   if (!bias) {
     gemm_xwT(xb, wb, out.raw(), out.dtype(), out.strides()[0]);
     return true;
@@ -156,6 +158,10 @@ bool linear_then_topk(const Tensor& x, const Weight& w, const Tensor* bias, Tens
   return linear_rows(x, w, bias, logits, &tail);
 }
 
+// Both absorptions read the whole of kv_b on every call (decode: 33.5 MB of BF16 a V3 layer for
+// a few rows), so FP8 blocks are dequantised once into a kept copy (weight_bf16_kept), not into
+// scratch at every call (~18 us a V3 layer a decode step on the H200).
+
 // Per head h, a strided batched product: q_latent[:, h] = q_nope[:, h] . W_uk[h], where W_uk[h]
 // is kv_b's rows [h(nope+v), h(nope+v)+nope). Column-major: D[L, T] = W_uk^T-as-stored[L, nope]
 // times q_nope[nope, T].
@@ -167,7 +173,7 @@ void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Ten
   check_device_tensor(q_latent, {DType::BF16}, "mla_absorb_q", "q_latent");
   MS_CHECK(q_nope.strides()[2] == 1 && q_latent.strides()[2] == 1, "mla_absorb_q: heads must be contiguous");
   if (T == 0) return;
-  Tensor wb = weight_bf16(kv_b);
+  Tensor wb = weight_bf16_kept(kv_b);
   const int64_t ws = wb.strides()[0];
   matmul(L, T, nope, MatRef{wb.raw(), ws, (nope + v) * ws, false},
          MatRef{q_nope.raw(), q_nope.strides()[0], q_nope.strides()[1], false}, q_latent.raw(), DType::BF16,
@@ -183,7 +189,7 @@ void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Ten
   check_device_tensor(out, {DType::BF16}, "mla_expand_v", "output");
   MS_CHECK(latent.strides()[2] == 1 && out.strides()[2] == 1, "mla_expand_v: heads must be contiguous");
   if (T == 0) return;
-  Tensor wb = weight_bf16(kv_b);
+  Tensor wb = weight_bf16_kept(kv_b);
   const int64_t ws = wb.strides()[0];
   const bf16* w_uv = wb.data<bf16>() + nope * ws;
   matmul(v, T, L, MatRef{w_uv, ws, (nope + v) * ws, true},

@@ -5,8 +5,8 @@
 // sync. More tokens (prefill) with BF16 weights sort the pairs on the device too and run each
 // projection as one grouped tensor-core GEMM over all experts (grouped_gemm.h), gate and up
 // ending in SiLU-and-mul; FP8-block weights in the default Fp8Mode::Dequant take its FP8 sibling
-// (grouped_gemm_fp8) from a mean of 8 rows an expert up to 384 (any count under capture), fewer
-// rows the streaming product. Otherwise (more rows, shapes those kernels do not take,
+// (grouped_gemm_fp8) from a mean of 8 rows an expert up to 160 (512 on its wgmma shapes; any
+// count under capture), fewer rows the streaming product. Otherwise (more rows, shapes those kernels do not take,
 // MOESERVE_GROUPED_GEMM=0 / MOESERVE_FP8_GROUPED=0) the pairs are sorted on the host and each
 // selected expert's projections run over its contiguous rows: cuBLASLt in BF16 (FP8 blocks
 // dequantised first), or, when fp8_mode() asks for it, the FP8 block-scaled product (fp8_gemm.h)
@@ -42,7 +42,11 @@ constexpr int64_t kGroupedGemmMaxMeanRowsWgmma = 1024, kGroupedGemmMaxMeanRows =
 // compute-bound at ~150 TFLOP/s). Measured on the H200 (BENCHMARKS, session 7): a mean of 64 rows
 // 1.30 ms against 3.44, of 256 rows 4.55 against 3.41; linearly between, they cross near 190.
 // Under graph capture the host path cannot run, so captures take this kernel at any size.
+// On its wgmma shapes (grouped_gemm_fp8_wgmma_enabled), session 8: a mean of 64 rows 1.20 ms, of
+// 256 3.02 ms against the host path's 3.43, of 1024 9.9 ms against 6.45; linearly between, they
+// cross near 340, so 320.
 constexpr int64_t kFp8GroupedMinMeanRows = 8, kFp8GroupedMaxMeanRows = 160;
+constexpr int64_t kFp8GroupedMaxMeanRowsWgmma = 320;
 namespace {
 
 // Expert parallelism (ExpertWeights::first_expert / total()) is being added to ops.h alongside
@@ -184,8 +188,8 @@ ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& wei
 }
 
 // The row tile for the mean rows a local expert gets: pairs / total, whichever rank it is.
-int fp8_tile_rows(int64_t pairs, int total) {
-  return grouped_gemm_fp8_bm(std::max<int64_t>(1, pairs / total), true);
+Fp8RowTile fp8_tile_rows(int64_t pairs, int total) {
+  return grouped_gemm_fp8_tile(std::max<int64_t>(1, pairs / total), true);
 }
 
 // Prefill with BF16 weights, and FP8-block weights from decode batches up, all on the device in
@@ -214,7 +218,9 @@ ExpertRows grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& wei
   dn.s = table.down.s, dn.s2 = nullptr, dn.s_ld = table.down.scale_ld;
   dn.c = ye.raw(), dn.c_ld = H;
   if (table.fp8) {
-    gu.bm = dn.bm = fp8_tile_rows(pairs, total);
+    const Fp8RowTile tile = fp8_tile_rows(pairs, total);
+    gu.bm = dn.bm = tile.bm;
+    gu.wgmma = dn.wgmma = tile.wgmma;
     grouped_gemm_fp8(gu, true);
     grouped_gemm_fp8(dn, false);
   } else {
@@ -296,12 +302,12 @@ bool fp8_grouped_takes(const ExpertTable& t, const Tensor& x, int64_t pairs, int
   const int64_t mean = pairs / total;
   const GemvWeights& gu = t.gate_up;
   const GemvWeights& dn = t.down;
-  return grouped_gemm_fp8_enabled() && mean >= kFp8GroupedMinMeanRows &&
-         (mean <= kFp8GroupedMaxMeanRows || capturing()) && t.hidden == x.size(1) && gu.block_n == 128 &&
-         gu.block_k == 128 && dn.block_n == 128 && dn.block_k == 128 &&
+  const int64_t max_mean = grouped_gemm_fp8_wgmma_enabled() ? kFp8GroupedMaxMeanRowsWgmma : kFp8GroupedMaxMeanRows;
+  return grouped_gemm_fp8_enabled() && mean >= kFp8GroupedMinMeanRows && (mean <= max_mean || capturing()) &&
+         t.hidden == x.size(1) && gu.block_n == 128 && gu.block_k == 128 && dn.block_n == 128 && dn.block_k == 128 &&
          grouped_gemm_fp8_supported(t.hidden, gu.ld, x.raw(), x.strides()[0]) &&
          grouped_gemm_fp8_supported(t.intermediate, dn.ld, nullptr, t.intermediate) &&
-         grouped_gemm_fp8_fits(pairs, t.experts, fp8_tile_rows(pairs, total));
+         grouped_gemm_fp8_fits(pairs, t.experts, fp8_tile_rows(pairs, total).bm);
 }
 
 }  // namespace
