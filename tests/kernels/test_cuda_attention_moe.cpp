@@ -246,12 +246,13 @@ TEST(CudaOps, DecodeAttentionBench) {
                   B, keys, order, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
     }
   }
-  // Rope + KV write: positions and slots are the step's arrays (a token's cache row its own).
-  for (auto [B, mla] : std::vector<std::pair<int, bool>>{{1, false}, {64, true}}) {
-    const int64_t pool = 4096;
+  // Rope + KV write: positions and slots are the step's arrays (a token's cache row its own);
+  // 8192 rows time a prefill's (memory round trips in flight, not launch latency).
+  for (auto [B, mla] : std::vector<std::pair<int, bool>>{{1, false}, {64, true}, {8192, false}, {8192, true}}) {
+    const int64_t pool = std::max<int64_t>(4096, 3 * int64_t(B));
     const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, 1}), int(B));
     std::vector<int32_t> positions(static_cast<size_t>(B)), locs(static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) positions[size_t(i)] = 1000 + 37 * i, locs[size_t(i)] = 3 * i;
+    for (int i = 0; i < B; ++i) positions[size_t(i)] = (1000 + 37 * i) % 8192, locs[size_t(i)] = 3 * i;
     double graphed = 0, eager = 0;
     if (!mla) {
       const int64_t Hq = 32, Hkv = 4, D = 128;

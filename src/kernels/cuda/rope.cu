@@ -45,33 +45,41 @@ __device__ __forceinline__ float as_stored(float v, bool round) {
 
 // A head in a lane's registers: its rope pairs and its unrotated dims 2 * half + lane + 32j
 // (zeros past the head).
+// P pairs and TL unrotated dims a lane at most: the kernels are instantiated per capacity, since
+// unused slots still cost registers (the loops' bounds are run-time) and registers bound how many
+// warps, i.e. how many memory round trips, an SM keeps in flight.
+template <int P = kMaxPairsPerLane, int TL = kMaxTailPerLane>
 struct HeadRegs {
-  float a[kMaxPairsPerLane], b[kMaxPairsPerLane], tail[kMaxTailPerLane];
+  static constexpr int kPairs = P, kTail = TL;
+  float a[P], b[P], tail[TL];
 };
 
-template <class T>
-__device__ __forceinline__ void load_head(const T* src, int D, int half, bool interleaved, int lane, HeadRegs& r) {
+template <class T, class H>
+__device__ __forceinline__ void load_head(const T* src, int D, int half, bool interleaved, int lane, H& r) {
 #pragma unroll
-  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+  for (int p = 0; p < H::kPairs; ++p) {
     const int i = lane + 32 * p;
     r.a[p] = i < half ? load_f(src + (interleaved ? 2 * i : i)) : 0.f;
     r.b[p] = i < half ? load_f(src + (interleaved ? 2 * i + 1 : i + half)) : 0.f;
   }
 #pragma unroll
-  for (int j = 0; j < kMaxTailPerLane; ++j) {
+  for (int j = 0; j < H::kTail; ++j) {
     const int e = 2 * half + lane + 32 * j;
     r.tail[j] = e < D ? load_f(src + e) : 0.f;
   }
 }
 
 // The cos/sin of a lane's pairs at one position.
+template <int P = kMaxPairsPerLane>
 struct RopeRegs {
-  float c[kMaxPairsPerLane], s[kMaxPairsPerLane];
+  static constexpr int kPairs = P;
+  float c[P], s[P];
 };
 
-__device__ __forceinline__ void load_cos_sin(const float* c, const float* s, int half, int lane, RopeRegs& r) {
+template <class R>
+__device__ __forceinline__ void load_cos_sin(const float* c, const float* s, int half, int lane, R& r) {
 #pragma unroll
-  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+  for (int p = 0; p < R::kPairs; ++p) {
     const int i = lane + 32 * p;
     r.c[p] = i < half ? c[i] : 0.f;
     r.s[p] = i < half ? s[i] : 0.f;
@@ -79,28 +87,29 @@ __device__ __forceinline__ void load_cos_sin(const float* c, const float* s, int
 }
 
 // RMSNorm of a head held by a warp (weights w in the same layout), each value as stored.
-template <class T>
-__device__ __forceinline__ void norm_head(HeadRegs& x, const HeadRegs& w, float eps, int D, bool round) {
+template <class T, class H>
+__device__ __forceinline__ void norm_head(H& x, const H& w, float eps, int D, bool round) {
   float ss = 0.f;
 #pragma unroll
-  for (int p = 0; p < kMaxPairsPerLane; ++p) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
+  for (int p = 0; p < H::kPairs; ++p) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
 #pragma unroll
-  for (int j = 0; j < kMaxTailPerLane; ++j) ss += x.tail[j] * x.tail[j];
+  for (int j = 0; j < H::kTail; ++j) ss += x.tail[j] * x.tail[j];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   const float inv = 1.0f / sqrtf(ss / float(D) + eps);
 #pragma unroll
-  for (int p = 0; p < kMaxPairsPerLane; ++p)
+  for (int p = 0; p < H::kPairs; ++p)
     x.a[p] = as_stored<T>(x.a[p] * inv * w.a[p], round), x.b[p] = as_stored<T>(x.b[p] * inv * w.b[p], round);
 #pragma unroll
-  for (int j = 0; j < kMaxTailPerLane; ++j) x.tail[j] = as_stored<T>(x.tail[j] * inv * w.tail[j], round);
+  for (int j = 0; j < H::kTail; ++j) x.tail[j] = as_stored<T>(x.tail[j] * inv * w.tail[j], round);
 }
 
 // Stores the roped pairs at dst[i], dst[i + half], and the unrotated dims when asked.
-template <class T>
-__device__ __forceinline__ void store_head(T* dst, const HeadRegs& x, const RopeRegs& cs, int D, int half,
-                                           bool tail, bool round, int lane) {
+template <class T, class H, class R>
+__device__ __forceinline__ void store_head(T* dst, const H& x, const R& cs, int D, int half, bool tail, bool round,
+                                           int lane) {
+  static_assert(H::kPairs == R::kPairs);
 #pragma unroll
-  for (int p = 0; p < kMaxPairsPerLane; ++p) {
+  for (int p = 0; p < H::kPairs; ++p) {
     const int i = lane + 32 * p;
     if (i < half) {
       store_f(dst + i, rounded(x.a[p] * cs.c[p] - x.b[p] * cs.s[p], round));
@@ -109,7 +118,7 @@ __device__ __forceinline__ void store_head(T* dst, const HeadRegs& x, const Rope
   }
   if (!tail) return;
 #pragma unroll
-  for (int j = 0; j < kMaxTailPerLane; ++j) {
+  for (int j = 0; j < H::kTail; ++j) {
     const int e = 2 * half + lane + 32 * j;
     if (e < D) store_f(dst + e, rounded(x.tail[j], round));
   }
@@ -133,7 +142,19 @@ struct QkNormArgs {  // null weights: no per-head norm
   float eps;
 };
 
-template <class T, class TW>
+// Register capacities of the GQA kernel: pairs, unrotated dims and value dims a lane.
+template <int P, int TL, int VL>
+struct GqaRegs {
+  using Head = HeadRegs<P, TL>;
+  using Rope = RopeRegs<P>;
+  static constexpr int kValues = VL;
+};
+using GqaRegsWide = GqaRegs<kMaxPairsPerLane, kMaxTailPerLane, kMaxValuePerLane>;
+// Heads of up to 128 dims with at least half of them rotary (Qwen, Llama): 40-odd registers
+// instead of ~110, so an SM holds 4x the warps; a prefill of 8k tokens is ~300k head rows.
+using GqaRegs128 = GqaRegs<2, 2, 4>;
+
+template <class T, class TW, class RG>
 __global__ void __launch_bounds__(kHeadWarps * 32)
     rope_store_kv_kernel(T* q, Strided3 qs, const T* k, Strided3 ks, const T* v, Strided3 vs, T* kc, Strided3 kcs,
                          T* vc, Strided3 vcs, int64_t tokens, int hq, int hkv, int D, int Dv, int half,
@@ -152,19 +173,19 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
   // overlaps the norm's reduction.
   const int pos = positions[t];
   const int64_t slot = is_q ? 0 : slots[t];
-  HeadRegs x, w;
+  typename RG::Head x, w;
   const TW* nw = is_q ? norm.q : norm.k;
   if (nw) load_head(nw, D, half, interleaved, lane, w);
   pdl_wait();  // q, k and v are the projection's, just computed
   const T* src = is_q ? q + t * qs.s0 + h * qs.s1 : k + t * ks.s0 + kh * ks.s1;
   load_head(src, D, half, interleaved, lane, x);
   const T* vsrc = v + t * vs.s0 + kh * vs.s1;
-  float vr[kMaxValuePerLane];
+  float vr[RG::kValues];
   if (!is_q) {
 #pragma unroll
-    for (int j = 0; j < kMaxValuePerLane; ++j) vr[j] = lane + 32 * j < Dv ? load_f(vsrc + lane + 32 * j) : 0.f;
+    for (int j = 0; j < RG::kValues; ++j) vr[j] = lane + 32 * j < Dv ? load_f(vsrc + lane + 32 * j) : 0.f;
   }
-  RopeRegs cs;
+  typename RG::Rope cs;
   load_cos_sin(cos + int64_t(pos) * half, sin + int64_t(pos) * half, half, lane, cs);
   if (nw) norm_head<T>(x, w, norm.eps, D, round);
   __syncwarp();  // in place: every lane has read its pairs before any lane writes (interleaved pairs cross lanes)
@@ -176,9 +197,9 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
   store_head(kc + slot * kcs.s0 + kh * kcs.s1, x, cs, D, half, true, round, lane);
   T* vdst = vc + slot * vcs.s0 + kh * vcs.s1;
 #pragma unroll
-  for (int j = 0; j < kMaxValuePerLane; ++j)
+  for (int j = 0; j < RG::kValues; ++j)
     if (lane + 32 * j < Dv) store_f(vdst + lane + 32 * j, vr[j]);
-  const int done = 32 * kMaxValuePerLane;
+  const int done = 32 * RG::kValues;
   if (Dv > done) copy_lanes(vsrc + done, vdst + done, Dv - done, false, lane);
 }
 
@@ -202,8 +223,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32;
   pdl_trigger();  // as in rope_store_kv_kernel
   const int pos = positions[t];
-  RopeRegs r;
-  HeadRegs x;
+  RopeRegs<> r;
+  HeadRegs<> x;
   if (blockIdx.y > 0) {
     const int h = (int(blockIdx.y) - 1) * kWarps + int(threadIdx.x) / 32;
     if (h >= heads) return;
@@ -306,10 +327,12 @@ void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeA
   if (T == 0) return;
   Tensor pos = upload_i32(r.positions), sl = upload_i32(slots);
   const bool round = round_bf16 && q.dtype() == DType::F32;
+  const bool narrow = r.rot_dim / 2 <= 32 * 2 && D - r.rot_dim <= 32 * 2 && Dv <= 32 * 4;
   MS_FLOAT_DISPATCH(q.dtype(), TX, MS_FLOAT_DISPATCH(qk_norm ? qk_norm->q.dtype() : DType::F32, TW, {
     const QkNormArgs<TW> norm{qk_norm ? qk_norm->q.data<TW>() : nullptr, qk_norm ? qk_norm->k.data<TW>() : nullptr,
                               qk_norm ? qk_norm->eps : 0.f};
-    launch_pdl(rope_store_kv_kernel<TX, TW>, dim3(blocks_for(T * (hq + hkv), kHeadWarps)), dim3(kHeadWarps * 32), 0,
+    auto kernel = narrow ? rope_store_kv_kernel<TX, TW, GqaRegs128> : rope_store_kv_kernel<TX, TW, GqaRegsWide>;
+    launch_pdl(kernel, dim3(blocks_for(T * (hq + hkv), kHeadWarps)), dim3(kHeadWarps * 32), 0,
                q.data<TX>(), qs, k.data<TX>(), ks, v.data<TX>(), vs, k_cache.data<TX>(), kcs, v_cache.data<TX>(),
                vcs, T, hq, hkv, int(D), int(Dv), r.rot_dim / 2, pos.data<int32_t>(), sl.data<int32_t>(),
                r.cos.data<float>(), r.sin.data<float>(), r.interleaved, round, norm);
