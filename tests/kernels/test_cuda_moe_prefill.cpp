@@ -22,6 +22,10 @@
 namespace ms::cuda {
 void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe);
 void combine_expert_rows(const Tensor& ye, const Tensor& row_of, const Tensor& weights, Tensor& out);
+struct Permuted {
+  Tensor offsets, active, n_active, token_of_row, row_of;
+};
+Permuted permute_on_device(const Tensor& ids, int first, int E);
 }  // namespace ms::cuda
 
 namespace ms {
@@ -256,6 +260,65 @@ void sorted_rows(const Tensor& ids, int E, std::vector<int32_t>& token_of_row, s
   for (int64_t p = 0; p < T * K; ++p) {
     const int64_t r = next[size_t(ids.data<int32_t>()[p])]++;
     token_of_row[size_t(r)] = int32_t(p / K), row_of[size_t(p)] = int32_t(r);
+  }
+}
+
+// The device sort of (token, slot) pairs by expert, by one block (decode-sized) and over many
+// blocks (prefill-sized, from 4097 pairs): offsets, the active experts in order, every local pair
+// on a row of its expert's range that names its token, each row used once, other ranks' pairs
+// -1; twice in a row, as the many-block sort resets its own counter.
+TEST(CudaMoePrefill, PermuteOnDeviceSortsEveryPair) {
+  MS_REQUIRE_CUDA();
+  struct Case {
+    int64_t T, K;
+    int E, first, id_range;
+    bool skewed;
+  };
+  for (const Case c : {Case{600, 6, 64, 0, 64, false}, Case{8192, 8, 128, 0, 128, false},
+                       Case{5000, 8, 32, 32, 128, false}, Case{3000, 6, 64, 0, 64, true},
+                       Case{700, 6, 64, 0, 64, false}}) {
+    const std::string at = std::to_string(c.T) + "x" + std::to_string(c.K) + " over " + std::to_string(c.E) +
+                           " from " + std::to_string(c.first) + (c.skewed ? " skewed" : "");
+    Tensor ids = Tensor::empty(DType::I32, {c.T, c.K});
+    uint64_t st = 0x9e3779b97f4a7c15ull + uint64_t(c.T);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j < c.K; ++j) {
+        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+        ids.data<int32_t>()[t * c.K + j] = c.skewed && j < 4 ? int32_t(3 + j) : int32_t(st % uint64_t(c.id_range));
+      }
+    const Tensor dids = ids.to(Device::CUDA);
+    for (int round = 0; round < 2; ++round) {
+      const cuda::Permuted p = cuda::permute_on_device(dids, c.first, c.E);
+      const Tensor off = p.offsets.to(Device::CPU), act = p.active.to(Device::CPU), na = p.n_active.to(Device::CPU);
+      const Tensor tor = p.token_of_row.to(Device::CPU), ro = p.row_of.to(Device::CPU);
+      std::vector<int64_t> count(size_t(c.E), 0);
+      for (int64_t i = 0; i < c.T * c.K; ++i) {
+        const int e = ids.data<int32_t>()[i] - c.first;
+        if (e >= 0 && e < c.E) ++count[size_t(e)];
+      }
+      const int32_t* o = off.data<int32_t>();
+      ASSERT_EQ(o[0], 0) << at;
+      std::vector<int32_t> active;
+      for (int e = 0; e < c.E; ++e) {
+        ASSERT_EQ(o[e + 1] - o[e], count[size_t(e)]) << at << ": expert " << e;
+        if (count[size_t(e)] > 0) active.push_back(e);
+      }
+      ASSERT_EQ(na.data<int32_t>()[0], int32_t(active.size())) << at;
+      for (size_t a = 0; a < active.size(); ++a) ASSERT_EQ(act.data<int32_t>()[a], active[a]) << at << ": active " << a;
+      std::vector<char> used(size_t(o[c.E]), 0);
+      for (int64_t i = 0; i < c.T * c.K; ++i) {
+        const int e = ids.data<int32_t>()[i] - c.first;
+        const int32_t r = ro.data<int32_t>()[i];
+        if (e < 0 || e >= c.E) {
+          ASSERT_EQ(r, -1) << at << ": pair " << i;
+          continue;
+        }
+        ASSERT_TRUE(r >= o[e] && r < o[e + 1]) << at << ": pair " << i << " on row " << r;
+        ASSERT_EQ(tor.data<int32_t>()[r], int32_t(i / c.K)) << at << ": row " << r;
+        ASSERT_FALSE(used[size_t(r)]) << at << ": row " << r << " twice";
+        used[size_t(r)] = 1;
+      }
+    }
   }
 }
 
