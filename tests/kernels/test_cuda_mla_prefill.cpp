@@ -1,12 +1,17 @@
 // MLA prefill in the expanded form (flash_mla_expanded.cu) against the CPU op, which composes
 // the absorbed ops: DeepSeek-V2-Lite's shape (16 heads, 512 + 64 latent, nope 128, v 128) and a
 // V3-like 128 heads, BF16 and FP8-block kv_b, single prompts and batches of ragged sequences
-// with cached prefixes (later chunks of a prompt), so both block heights run; the tiny test
-// models' shape takes the general kernel over explicitly built keys. Also which steps the layer
-// sends there. MlaPrefillBench times absorbed against expanded when MOESERVE_BENCH_MLA_PREFILL=1.
+// with cached prefixes (later chunks of a prompt), so both block heights run, each on the
+// dispatch, on mma.sync and (on a Hopper) on wgmma (flash_mla_expanded_wgmma.cu); the attention
+// alone on both kernels against the CPU's over explicitly built keys, at prompt lengths around
+// the blocks and tiles; MOESERVE_MLA_WGMMA=0 in the dispatch; the tiny test models' shape takes
+// the general kernel over explicitly built keys. Also which steps the layer sends there.
+// MlaPrefillBench times absorbed against expanded, MlaExpandedAttentionBench the attention on
+// both kernels, when MOESERVE_BENCH_MLA_PREFILL=1.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda_test_util.h"
@@ -14,9 +19,26 @@
 #include "kernels/cuda/cuda_common.h"
 #include "layers/attention.h"
 
+// From kernels/cuda/flash_prefill.h, whose launch structs need the CUDA headers' bf16.
+namespace ms::cuda {
+void mla_prefill_expanded_on(const Tensor& q, const Tensor& kv_cache, const ops::AttentionLayout& layout,
+                             const ops::Weight& kv_b, int nope, int v, float scale, Tensor& out, bool wgmma);
+void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rope, const ops::AttentionLayout& layout,
+                            float scale, Tensor& out, bool wgmma);
+}  // namespace ms::cuda
+
 namespace ms {
 namespace {
 using namespace test;
+
+// The ways a case runs: the op's dispatch, then each kernel explicitly (wgmma on a Hopper).
+enum class Path { Dispatch, MmaSync, Wgmma };
+std::vector<Path> paths() {
+  std::vector<Path> r = {Path::Dispatch, Path::MmaSync};
+  if (cuda::hopper()) r.push_back(Path::Wgmma);
+  return r;
+}
+std::string describe(Path r) { return r == Path::Dispatch ? "dispatch" : r == Path::MmaSync ? "mma.sync" : "wgmma"; }
 
 using Seqs = std::vector<std::pair<int, int>>;  // (queries, keys) per sequence
 
@@ -76,12 +98,17 @@ void check(const Shape3& s, bool fp8, const std::vector<Seqs>& prompts) {
     Tensor q = randn({T, s.H, s.nope + s.R});
     Tensor ref = Tensor::empty(DType::F32, {T, s.H, s.v});
     cpu::mla_prefill_expanded(q, cache, layout, kv_b.cpu, s.nope, s.v, 0.06f, ref);
-    Tensor out = poisoned(DType::BF16, {T, s.H, s.v});
-    cuda::mla_prefill_expanded(gpu(q), cg, layout, kv_b.gpu, s.nope, s.v, 0.06f, out);
-    const std::string what = std::to_string(s.H) + " heads, nope " + std::to_string(s.nope) +
-                             (fp8 ? ", fp8 kv_b" : ", bf16 kv_b") + ", q/k per sequence" + describe(seqs);
-    EXPECT_LT(rel_error(out, ref), 1e-2) << what;
-    EXPECT_LT(worst_row_error(out, ref), 3e-2) << what;
+    const Tensor qg = gpu(q);
+    for (Path run : paths()) {
+      Tensor out = poisoned(DType::BF16, {T, s.H, s.v});
+      if (run == Path::Dispatch) cuda::mla_prefill_expanded(qg, cg, layout, kv_b.gpu, s.nope, s.v, 0.06f, out);
+      else cuda::mla_prefill_expanded_on(qg, cg, layout, kv_b.gpu, s.nope, s.v, 0.06f, out, run == Path::Wgmma);
+      const std::string what = std::to_string(s.H) + " heads, nope " + std::to_string(s.nope) +
+                               (fp8 ? ", fp8 kv_b, " : ", bf16 kv_b, ") + describe(run) + ", q/k per sequence" +
+                               describe(seqs);
+      EXPECT_LT(rel_error(out, ref), 1e-2) << what;
+      EXPECT_LT(worst_row_error(out, ref), 3e-2) << what;
+    }
   }
 }
 
@@ -101,6 +128,76 @@ TEST(CudaMlaPrefill, V2LiteMatchesAbsorbedCpu) {
 TEST(CudaMlaPrefill, V3HeadsMatchAbsorbedCpu) {
   MS_REQUIRE_CUDA();
   for (bool fp8 : {false, true}) check({128, 512, 64, 128, 128}, fp8, {{{130, 200}, {70, 70}}, {{256, 256}}});
+}
+
+// The attention alone (mla_expanded_attention) on both kernels against the CPU's over keys
+// built explicitly (K_nope | k_rope per head), keys contiguous in the layout's order: prompt
+// lengths around the 64- and 128-row blocks and the 64-key tiles, a batch with cached prefixes,
+// chunks whose queries start mid-sequence. q is a head slice of wider rows and rope a column
+// slice of the latent rows, as the op passes them; one case has a sharp softmax (q x 4).
+TEST(CudaMlaPrefill, AttentionKernelsMatchCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t H = 16, nope = 128, R = 64, v = 128, L = 512;
+  const std::vector<std::pair<Seqs, float>> cases = {
+      {{{1, 1}}, 1.f}, {{{16, 16}}, 1.f}, {{{63, 63}}, 1.f}, {{{64, 64}}, 1.f}, {{{65, 65}}, 1.f},
+      {{{127, 127}}, 1.f}, {{{128, 128}}, 1.f}, {{{129, 129}}, 1.f}, {{{200, 200}}, 4.f}, {{{1000, 1000}}, 1.f},
+      {{{100, 300}, {64, 64}, {1, 50}, {257, 1000}, {16, 16}, {130, 130}}, 1.f},
+      {{{130, 1200}}, 1.f}, {{{512, 2048}}, 1.f}, {{{77, 141}}, 1.f},
+  };
+  for (const auto& [seqs, q_scale] : cases) {
+    int keys_total = 0;
+    for (auto [nq, nk] : seqs) keys_total += nk;
+    const auto layout = make_layout(seqs, keys_total, false);  // slot j is row j, as the kernels read keys
+    const int64_t T = layout.q_start.back(), K = layout.kv_start.back();
+    const Tensor kv = randn({K, H * (nope + v)}), lat = randn({K, L + R});
+    const Tensor q_rows = randn({T, H + 2, nope + R}, q_scale), q = q_rows.slice(1, 0, H);
+    Tensor keys = Tensor::empty(DType::F32, {K, H, nope + R});
+    for (int64_t j = 0; j < K; ++j)
+      for (int64_t h = 0; h < H; ++h) {
+        float* dst = keys.data<float>() + (j * H + h) * (nope + R);
+        std::memcpy(dst, kv.data<float>() + j * H * (nope + v) + h * (nope + v), nope * sizeof(float));
+        std::memcpy(dst + nope, lat.data<float>() + j * (L + R) + L, R * sizeof(float));
+      }
+    const Tensor values = kv.view({K, H, nope + v}).slice(2, nope, nope + v).clone();
+    Tensor ref = Tensor::empty(DType::F32, {T, H, v});
+    cpu::attention(q, keys, values, layout, 0.072f, ref);
+    const Tensor qg = gpu(q_rows).slice(1, 0, H), kvg = gpu(kv), latg = gpu(lat);
+    for (Path run : paths()) {
+      if (run == Path::Dispatch) continue;  // the op's choice, checked through the op above
+      Tensor out = poisoned(DType::BF16, {T, H, v});
+      cuda::mla_expanded_attention(qg, kvg, latg.slice(1, L, L + R), layout, 0.072f, out, run == Path::Wgmma);
+      const std::string what = describe(run) + ", q x " + std::to_string(q_scale) + ", q/k per sequence" +
+                               describe(seqs);
+      EXPECT_LT(rel_error(out, ref), 1e-2) << what;
+      EXPECT_LT(worst_row_error(out, ref), 3e-2) << what;
+    }
+  }
+}
+
+// The op's dispatch: wgmma on a Hopper, mma.sync elsewhere and with MOESERVE_MLA_WGMMA=0 (read
+// per call), bit for bit what the chosen kernel gives.
+TEST(CudaMlaPrefill, DispatchFollowsEnv) {
+  MS_REQUIRE_CUDA();
+  const Shape3 s{16, 512, 64, 128, 128};
+  const KvB kv_b = make_kv_b(s, false);
+  const auto layout = make_layout({{300, 300}, {100, 200}}, 1024);
+  const int64_t T = layout.q_start.back();
+  const Tensor cache = gpu(randn({1024, s.L + s.R})), q = gpu(randn({T, s.H, s.nope + s.R}));
+  auto run = [&](int kernel) {  // -1: the dispatch; 0 mma.sync; 1 wgmma
+    Tensor out = poisoned(DType::BF16, {T, s.H, s.v});
+    if (kernel < 0) cuda::mla_prefill_expanded(q, cache, layout, kv_b.gpu, s.nope, s.v, 0.06f, out);
+    else cuda::mla_prefill_expanded_on(q, cache, layout, kv_b.gpu, s.nope, s.v, 0.06f, out, kernel == 1);
+    return out.to_vector();
+  };
+  const char* old = std::getenv("MOESERVE_MLA_WGMMA");
+  const std::string saved = old ? old : "";
+  unsetenv("MOESERVE_MLA_WGMMA");
+  const auto mma = run(0);
+  EXPECT_TRUE(run(-1) == (cuda::hopper() ? run(1) : mma)) << "default dispatch";
+  setenv("MOESERVE_MLA_WGMMA", "0", 1);
+  EXPECT_TRUE(run(-1) == mma) << "MOESERVE_MLA_WGMMA=0";
+  if (old) setenv("MOESERVE_MLA_WGMMA", saved.c_str(), 1);
+  else unsetenv("MOESERVE_MLA_WGMMA");
 }
 
 // The tiny fixtures' shape (kv_lora 64, rope 16, nope 32, v 32): the general kernel.
@@ -204,6 +301,61 @@ TEST(CudaMlaPrefill, MlaPrefillBench) {
                 "expanded %.3f ms (%.0f TFLOP/s), %.2fx\n",
                 c.name, (long long)H, c.new_tokens, c.prefix, absorbed_ms, absorbed_flop / absorbed_ms / 1e9,
                 expanded_ms, expanded_flop / expanded_ms / 1e9, absorbed_ms / expanded_ms);
+  }
+}
+
+// A [rows, cols] device tensor of bf16 normals, its first 512 rows repeated: timing inputs of a
+// gigabyte without drawing a quarter of a billion numbers on the host.
+Tensor gpu_random_rows(int64_t rows, int64_t cols) {
+  const int64_t period = std::min<int64_t>(rows, 512);
+  const Tensor seed = randn({period, cols});
+  Tensor host = Tensor::empty(DType::F32, {rows, cols});
+  for (int64_t r = 0; r < rows; r += period)
+    std::memcpy(host.data<float>() + r * cols, seed.data<float>(), size_t(std::min(period, rows - r) * cols) * 4);
+  return gpu(host);
+}
+
+// The expanded form's attention alone (mla_expanded_attention, keys already expanded) on mma.sync
+// and (on a Hopper) wgmma: causal prompts of 4096 and 8192 tokens at V2-Lite's 16 heads and V3's
+// 128 (128-row blocks), and 64 prompts of 100 tokens (64-row blocks). TFLOP/s counts
+// 2 H (192 + 128) a visible (query, key) pair. Opt-in: MOESERVE_BENCH_MLA_PREFILL=1.
+TEST(CudaMlaPrefill, MlaExpandedAttentionBench) {
+  MS_REQUIRE_CUDA();
+  const char* env = std::getenv("MOESERVE_BENCH_MLA_PREFILL");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_MLA_PREFILL=1 to time MLA prefill";
+  const int64_t Hmax = 128, Tmax = 8192, nope = 128, R = 64, v = 128;
+  // The largest case's inputs; smaller ones are views (the kernels take row strides).
+  const Tensor q_all = gpu_random_rows(Tmax, Hmax * (nope + R)).view({Tmax, Hmax, nope + R});
+  const Tensor kv_all = gpu_random_rows(Tmax, Hmax * (nope + v)), rope_all = gpu_random_rows(Tmax, R);
+  struct Case { int64_t H; Seqs seqs; std::string what; };
+  const std::vector<Case> cases = {
+      {16, {{4096, 4096}}, "V2-Lite, 4096 tokens"}, {16, {{8192, 8192}}, "V2-Lite, 8192 tokens"},
+      {128, {{4096, 4096}}, "V3, 4096 tokens"},     {128, {{8192, 8192}}, "V3, 8192 tokens"},
+      {16, Seqs(64, {100, 100}), "V2-Lite, 64 x 100 tokens"},
+  };
+  for (const Case& c : cases) {
+    int keys = 0;
+    double pairs = 0;  // (query, visible key) pairs
+    for (auto [nq, nk] : c.seqs) keys += nk, pairs += double(nq) * (nk - nq) + double(nq) * (nq + 1) / 2;
+    const auto layout = make_layout(c.seqs, keys, false);
+    const int64_t T = layout.q_start.back();
+    const Tensor q = q_all.slice(0, 0, T).slice(1, 0, c.H), kv = kv_all.slice(0, 0, keys).slice(1, 0, c.H * (nope + v));
+    const Tensor rope = rope_all.slice(0, 0, keys);
+    Tensor out = poisoned(DType::BF16, {T, c.H, v});
+    const double flop = 2.0 * c.H * (nope + R + v) * pairs;
+    std::string line = "[bench] MLA expanded attention " + c.what + ", " + std::to_string(c.H) + " heads:";
+    double base = 0;
+    for (bool wgmma : {false, true}) {
+      if (wgmma && !cuda::hopper()) break;
+      const double ms = time_ms([&] { cuda::mla_expanded_attention(q, kv, rope, layout, 0.06f, out, wgmma); }, 10);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " %s %.3f ms (%.0f TFLOP/s)%s", wgmma ? "wgmma" : "mma.sync", ms, flop / ms / 1e9,
+                    wgmma ? "" : ",");
+      line += buf;
+      if (wgmma) std::snprintf(buf, sizeof buf, ", %.2fx", base / ms), line += buf;
+      base = ms;
+    }
+    std::printf("%s\n", line.c_str());
   }
 }
 

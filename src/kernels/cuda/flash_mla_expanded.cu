@@ -11,13 +11,16 @@
 // and 128-dim values: a block of WARPS warps takes 16 * WARPS queries of one sequence and one
 // head; each 64-key tile brings the head's K_nope and V from the GEMM's rows and the shared
 // k_rope from the gathered latents, by cp.async into two stages (84 KB), no slot indirection (the
-// keys are contiguous now). Shapes other than 128 / 64 /
+// keys are contiguous now). On a Hopper the same tiles run on warpgroup MMAs instead
+// (flash_mla_expanded_wgmma.cu) unless MOESERVE_MLA_WGMMA=0. Shapes other than 128 / 64 /
 // 128 (the tiny test models) build the 192-dim-style keys explicitly and take cuda::attention's
 // general kernel, so the layer's choice is the same on every model.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string_view>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_prefill.h"
@@ -33,18 +36,8 @@ constexpr int kKElems = kKeys * kKStride, kStageElems = kKElems + kKeys * kVStri
 constexpr size_t kSmemBytes = 2 * kStageElems * sizeof(bf16);  // two stages of K and V: 84 KB
 constexpr int kChunks = (kNope + kRope + kDv) / 8;           // 16-byte pieces of one key's row
 
-struct Params {
-  const bf16* q; int64_t q_s0, q_s1;  // [T, H, 192]
-  const bf16* kv; int64_t kv_s0;      // [K, H * 256]: per head K_nope then V
-  const bf16* rope; int64_t rope_s0;  // [K, 64] (the gathered latent rows' roped part)
-  bf16* out; int64_t o_s0, o_s1;      // [T, H, 128]
-  const int4* tiles;                  // {first query, rows, first key index, keys seen by the first row}
-  int heads;                          // block b takes tile b / heads and head b % heads
-  float scale_log2;
-};
-
 template <int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) mla_mha_prefill_kernel(Params p) {
+__global__ void __launch_bounds__(WARPS * 32) mla_mha_prefill_kernel(MlaExpandedParams p) {
   constexpr int kThreads = WARPS * 32, kPieces = kKeys * kChunks / kThreads;
   static_assert(kKeys * kChunks % kThreads == 0);
   extern __shared__ float4 smem4[];
@@ -106,7 +99,7 @@ __global__ void __launch_bounds__(WARPS * 32) mla_mha_prefill_kernel(Params p) {
 }
 
 template <int WARPS>
-void launch(const Params& p, unsigned blocks) {
+void launch(const MlaExpandedParams& p, unsigned blocks) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
     MS_CUDA(cudaFuncSetAttribute(mla_mha_prefill_kernel<WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -134,6 +127,11 @@ bool tensor_core_shapes(const Tensor& q, int nope, int v, int64_t R, const Tenso
   return nope == kNope && v == kDv && R == kRope && pairs(q) && pairs(out);
 }
 
+// The wgmma kernel copies q by 16-byte cp.async too, where mma.sync reads it a word at a time.
+bool wgmma_q(const Tensor& q) {
+  return reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && q.strides()[0] % 8 == 0 && q.strides()[1] % 8 == 0;
+}
+
 // The absorbed form, as MlaAttention ran it before (captured steps have no host layout to tile).
 void absorbed(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b, int nope,
               int v, float scale, Tensor& out) {
@@ -146,8 +144,8 @@ void absorbed(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& la
 
 }  // namespace
 
-void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
-                          int nope, int v, float scale, Tensor& out) {
+void mla_prefill_expanded_on(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
+                             int nope, int v, float scale, Tensor& out, bool wgmma) {
   const int64_t T = q.size(0), H = q.size(1), R = q.size(2) - nope, L = kv_cache.size(1) - R;
   MS_CHECK(q.dim() == 3 && kv_cache.dim() == 2 && R > 0 && L > 0 && out.dim() == 3 && out.size(0) == T &&
                out.size(1) == H && out.size(2) == v && kv_b.in_features() == L &&
@@ -186,7 +184,41 @@ void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const Attenti
     return cuda::attention(q, keys, values, own, scale, out);
   }
 
-  // 3. Flash attention: blocks of 128 rows where sequences are long enough to fill them.
+  // 3. Flash attention over them.
+  mla_expanded_attention(q, kv, lat.slice(1, L, L + R), layout, scale, out, wgmma);
+}
+
+void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
+                          int nope, int v, float scale, Tensor& out) {
+  // The Hopper kernel unless MOESERVE_MLA_WGMMA=0 (read per call, so a bench can compare).
+  const char* env = std::getenv("MOESERVE_MLA_WGMMA");
+  const bool wgmma = hopper() && !(env && std::string_view(env) == "0") && wgmma_q(q);
+  mla_prefill_expanded_on(q, kv_cache, layout, kv_b, nope, v, scale, out, wgmma);
+}
+
+void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rope, const AttentionLayout& layout,
+                            float scale, Tensor& out, bool wgmma) {
+  const int64_t T = q.size(0), H = q.size(1), K = kv.size(0);
+  check_device_tensor(q, {DType::BF16}, "mla_prefill_expanded", "q");
+  check_device_tensor(out, {DType::BF16}, "mla_prefill_expanded", "output");
+  check_device_tensor(kv, {DType::BF16}, "mla_prefill_expanded", "keys' K_nope | V rows");
+  check_device_tensor(rope, {DType::BF16}, "mla_prefill_expanded", "keys' rope rows");
+  // The keys come by 16-byte cp.async.
+  auto rows16 = [](const Tensor& t) {
+    return t.dim() == 2 && reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0 && t.strides()[0] % 8 == 0 &&
+           t.strides()[1] == 1;
+  };
+  MS_CHECK(q.dim() == 3 && q.size(2) == kDk && out.dim() == 3 && out.size(0) == T && out.size(1) == H &&
+               out.size(2) == kDv && tensor_core_shapes(q, kNope, kDv, kRope, out) && rows16(kv) &&
+               kv.size(1) == H * (kNope + kDv) && rows16(rope) && rope.size(0) == K && rope.size(1) == kRope,
+           "mla_prefill_expanded: attention shapes ", q.describe(), " ", kv.describe(), " ", rope.describe(), " ",
+           out.describe());
+  MS_CHECK(!wgmma || wgmma_q(q), "mla_prefill_expanded: the wgmma kernel copies q by 16 bytes: ", q.describe());
+  MS_CHECK(layout.q_start.back() == T && layout.kv_start.size() == layout.q_start.size() &&
+               layout.kv_start.back() <= K,
+           "mla_prefill_expanded: the layout does not match ", T, " queries over ", K, " keys");
+
+  // Blocks of 128 rows where sequences are long enough to fill them.
   const int block_rows = T >= 128 * int64_t(std::max(1, layout.num_seqs())) ? 128 : 64;
   std::vector<std::array<int32_t, 4>> tiles;
   for (int s = 0; s < layout.num_seqs(); ++s) {
@@ -203,12 +235,13 @@ void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const Attenti
   const int64_t blocks = int64_t(tiles.size()) * H;
   MS_CHECK(blocks < (int64_t(1) << 31), "mla_prefill_expanded: ", blocks, " blocks");
   Tensor d_tiles = upload_i32(flat);
-  const Params p{q.data<bf16>(), q.strides()[0], q.strides()[1],
-                 kv.data<bf16>(), kv.strides()[0],
-                 rope, lat.strides()[0],
-                 out.data<bf16>(), out.strides()[0], out.strides()[1],
-                 reinterpret_cast<const int4*>(d_tiles.raw()), int(H), scale * float(M_LOG2E)};
-  if (block_rows == 128) launch<8>(p, unsigned(blocks));
+  const MlaExpandedParams p{q.data<bf16>(), q.strides()[0], q.strides()[1],
+                            kv.data<bf16>(), kv.strides()[0],
+                            rope.data<bf16>(), rope.strides()[0],
+                            out.data<bf16>(), out.strides()[0], out.strides()[1],
+                            reinterpret_cast<const int4*>(d_tiles.raw()), int(H), scale * float(M_LOG2E)};
+  if (wgmma) mla_expanded_wgmma(p, unsigned(blocks), block_rows);
+  else if (block_rows == 128) launch<8>(p, unsigned(blocks));
   else launch<4>(p, unsigned(blocks));
 }
 

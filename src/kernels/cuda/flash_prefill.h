@@ -31,6 +31,18 @@ bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Ten
 void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
                        const ops::AttentionLayout& layout, float scale, Tensor& out);
 
+// MLA prefill in the expanded form (flash_mla_expanded.cu): cuda::mla_prefill_expanded with its
+// attention on the Hopper kernel (flash_mla_expanded_wgmma.cu, sm_90a; q 16-byte aligned) or on
+// mma.sync. The op takes wgmma on a Hopper where q allows it, unless MOESERVE_MLA_WGMMA=0 (read
+// per call); tests and the bench run both.
+void mla_prefill_expanded_on(const Tensor& q, const Tensor& kv_cache, const ops::AttentionLayout& layout,
+                             const ops::Weight& kv_b, int nope, int v, float scale, Tensor& out, bool wgmma);
+// Its attention alone, at DeepSeek's 128 / 64 / 128: q [T, H, 192] over keys whose per-head
+// K_nope | V rows are kv [K, H * 256] and whose shared k_rope rows are rope [K, 64] (key j of
+// sequence s is row kv_start[s] + j); out [T, H, 128].
+void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rope, const ops::AttentionLayout& layout,
+                            float scale, Tensor& out, bool wgmma);
+
 // Decode's launch of the MLA kernel over device arrays (split-KV): query t sees keys
 // slots[kv_begin[t] + j], j < visible[t]; split z of `splits` takes j in [z * len, (z + 1) * len)
 // with len = split_len, or (split_len 0) visible[t] / splits rounded up to 32. One split writes
@@ -83,6 +95,20 @@ struct FlashParams {
   int heads, group;   // block b takes tile b / heads and query head b % heads
   float scale_log2;
 };
+// The launch of the expanded MLA prefill kernels (flash_mla_expanded.cu, mma.sync;
+// flash_mla_expanded_wgmma.cu). Keys are contiguous rows, no slot indirection.
+struct MlaExpandedParams {
+  const bf16* q; int64_t q_s0, q_s1;  // [T, H, 192]
+  const bf16* kv; int64_t kv_s0;      // [K, H * 256]: per head K_nope then V
+  const bf16* rope; int64_t rope_s0;  // [K, 64] (the gathered latent rows' roped part)
+  bf16* out; int64_t o_s0, o_s1;      // [T, H, 128]
+  const int4* tiles;                  // {first query, rows, first key index, keys seen by the first row}
+  int heads;                          // block b takes tile b / heads and head b % heads
+  float scale_log2;
+};
+// The wgmma kernel over `blocks` = tiles x heads blocks of block_rows (64 or 128) queries.
+void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows);
+
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {
