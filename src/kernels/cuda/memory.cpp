@@ -213,7 +213,12 @@ struct Runtime {
   // so a larger request leaves the old one allocated for the graphs that use it.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  std::shared_ptr<Buffer> counters;  // arrival_counters()
 };
+
+// Arrival counters a GPU: the split-KV kernels count one per (query, head group) and split only
+// while those are fewer than two blocks a multiprocessor, so 4096 (16 KB) leaves ample room.
+constexpr int64_t kArrivalCounters = 4096;
 
 constexpr int kMaxDevices = 64;
 
@@ -259,6 +264,7 @@ Runtime* make_runtime(int device) {
   r->hopper = major == 9 && minor == 0;
   r->allocator = new CachingAllocator(r->stream);
   r->staging = new Staging(r->stream);
+  r->counters = r->allocator->allocate(size_t(kArrivalCounters) * sizeof(unsigned));  // zeroed on the stream
   static std::once_flag registered;
   std::call_once(registered, [] { register_device_memory(Device::CUDA, new CurrentDeviceMemory()); });
   return r;
@@ -314,6 +320,10 @@ void* lt_workspace(size_t bytes) {
     r.workspace_bytes = bytes;
   }
   return r.workspace;
+}
+
+unsigned* arrival_counters(int64_t n) {
+  return n <= kArrivalCounters ? static_cast<unsigned*>(runtime().counters->data) : nullptr;
 }
 
 std::shared_ptr<ops::GraphPool> make_graph_pool() { return std::make_shared<DeviceGraphPool>(runtime().allocator); }
