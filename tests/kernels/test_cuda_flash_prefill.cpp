@@ -2,17 +2,21 @@
 // lengths fall around the 64- and 128-row blocks and the 64-key tiles, batches of sequences with
 // a cached prefix, chunked prefill whose queries start mid-sequence, GQA groups of 8, 7 and 1,
 // and queries strided as the fused q/k/v projection leaves them. Both block heights run on both
-// kernels (mma.sync, and wgmma on a Hopper: flash_prefill_wgmma.cu), and the dispatch through
-// cuda::attention. Head dims other than 128 (DeepSeek's 192-dim keys with
-// 128-dim values) are not the kernel's: they keep the CUDA-core kernel, checked here too; MLA
-// prefill runs in the absorbed form (flash_mla.cu) and is checked at the V2-Lite shape.
-// PrefillAttentionBench times 4096- and 8192-token prompts when MOESERVE_BENCH_PREFILL=1.
+// kernels (mma.sync, and wgmma on a Hopper: flash_prefill_wgmma.cu, its 128-row blocks in every
+// variant), and the dispatch through cuda::attention. Head dims other than 128 (DeepSeek's
+// 192-dim keys with 128-dim values) are not the kernel's: they keep the CUDA-core kernel, checked
+// here too; MLA prefill runs in the absorbed form (flash_mla.cu) and is checked at the V2-Lite
+// shape.
+// PrefillAttentionBench times 4096- and 8192-token prompts when MOESERVE_BENCH_PREFILL=1, each
+// wgmma variant side by side.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "cuda_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -24,8 +28,10 @@ bool flash_prefill_supported(const Tensor& q, const Tensor& k_cache, const Tenso
 void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
 bool flash_prefill_wgmma_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out);
+std::vector<std::string> flash_prefill_wgmma_variants();
 void flash_prefill_wgmma_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                              const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
+                              const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows,
+                              std::string_view variant = {});
 }  // namespace ms::cuda
 
 namespace ms {
@@ -52,25 +58,42 @@ double worst_row_error(const Tensor& out, const Tensor& ref) {
   return worst;
 }
 
-// The kernels a case runs: the dispatch (rows 0), then each kernel at both block heights.
+// The wgmma variants the cases run: all, or those MOESERVE_FLASH_WGMMA_VARIANTS names
+// (comma-separated), to leave out one that fails or hangs.
+std::vector<std::string> variants() {
+  std::vector<std::string> all = cuda::flash_prefill_wgmma_variants(), picked;
+  const char* env = std::getenv("MOESERVE_FLASH_WGMMA_VARIANTS");
+  if (!env) return all;
+  const std::string list = "," + std::string(env) + ",";
+  for (const std::string& v : all)
+    if (list.find("," + v + ",") != std::string::npos) picked.push_back(v);
+  return picked;
+}
+
+// The kernels a case runs: the dispatch (rows 0), then each kernel at both block heights, the
+// wgmma one's 128-row blocks in each variant.
 struct Kernel {
   bool wgmma;
   int rows;
+  std::string variant;
 };
 std::vector<Kernel> kernels() {
-  std::vector<Kernel> ks = {{false, 0}, {false, 64}, {false, 128}};
-  if (cuda::hopper()) ks.insert(ks.end(), {{true, 64}, {true, 128}});
+  std::vector<Kernel> ks = {{false, 0, ""}, {false, 64, ""}, {false, 128, ""}};
+  if (!cuda::hopper()) return ks;
+  ks.push_back({true, 64, ""});
+  for (const std::string& v : variants()) ks.push_back({true, 128, v});
   return ks;
 }
 void run_kernel(const Kernel& k, const Tensor& q, const Tensor& kc, const Tensor& vc,
                 const ops::AttentionLayout& layout, float scale, Tensor& out) {
   if (k.rows == 0) cuda::attention(q, kc, vc, layout, scale, out);
-  else if (k.wgmma) cuda::flash_prefill_wgmma_rows(q, kc, vc, layout, scale, out, k.rows);
+  else if (k.wgmma) cuda::flash_prefill_wgmma_rows(q, kc, vc, layout, scale, out, k.rows, k.variant);
   else cuda::flash_prefill_rows(q, kc, vc, layout, scale, out, k.rows);
 }
 std::string describe(const Kernel& k) {
   if (k.rows == 0) return "dispatch";
-  return std::string(k.wgmma ? "wgmma" : "mma.sync") + " " + std::to_string(k.rows) + "-row blocks";
+  return std::string(k.wgmma ? "wgmma" : "mma.sync") + " " + std::to_string(k.rows) + "-row blocks" +
+         (k.variant.empty() ? "" : " (" + k.variant + ")");
 }
 
 const std::vector<std::vector<std::pair<int, int>>> kPrompts = {
@@ -117,6 +140,33 @@ TEST(CudaFlashPrefill, MatchesCpu) {
   }
 }
 
+// MOESERVE_FLASH_WGMMA_VARIANT picks the variant of 128-row blocks where the call names none
+// (the dispatch's case); an unknown name fails before any work.
+TEST(CudaFlashPrefill, VariantFromEnvironment) {
+  MS_REQUIRE_CUDA();
+  if (!cuda::hopper()) GTEST_SKIP() << "the wgmma kernel needs a Hopper GPU";
+  const int64_t Hq = 32, Hkv = 4, D = 128, pool = 512;
+  Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D}), q = randn({300, Hq, D});
+  Tensor kg = gpu(kc), vg = gpu(vc), qg = gpu(q);
+  const auto layout = make_layout({{300, 300}}, int(pool));
+  Tensor ref = Tensor::empty(DType::F32, {300, Hq, D});
+  cpu::attention(q, kc, vc, layout, 0.088f, ref);
+  const char* saved = std::getenv("MOESERVE_FLASH_WGMMA_VARIANT");
+  const std::string restore = saved ? saved : "";
+  for (const std::string& v : variants()) {
+    setenv("MOESERVE_FLASH_WGMMA_VARIANT", v.c_str(), 1);
+    Tensor out = poisoned(DType::BF16, {300, Hq, D});
+    cuda::attention(qg, kg, vg, layout, 0.088f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << v;
+    EXPECT_LT(worst_row_error(out, ref), kRowTol) << v;
+  }
+  setenv("MOESERVE_FLASH_WGMMA_VARIANT", "no-such-variant", 1);
+  Tensor out = poisoned(DType::BF16, {300, Hq, D});
+  EXPECT_THROW(cuda::flash_prefill_wgmma_rows(qg, kg, vg, layout, 0.088f, out, 128), Error);
+  if (saved) setenv("MOESERVE_FLASH_WGMMA_VARIANT", restore.c_str(), 1);
+  else unsetenv("MOESERVE_FLASH_WGMMA_VARIANT");
+}
+
 // DeepSeek's unabsorbed shape (192-dim q/k, 128-dim v) is not the tensor-core kernel's; the
 // dispatch must leave it to the CUDA-core kernel, which still matches.
 TEST(CudaFlashPrefill, OtherHeadDimsKeepTheGeneralKernel) {
@@ -157,9 +207,11 @@ TEST(CudaFlashPrefill, MlaPrefillMatchesCpu) {
 }
 
 // One causal prompt of T tokens: the Qwen3-30B-A3B shape (32/4 heads of 128) through both block
-// heights of both kernels (wgmma on a Hopper) and the dispatch (MOESERVE_FLASH_WGMMA=0 keeps it
-// on mma.sync), and DeepSeek-V2-Lite's absorbed MLA (16 heads, 576-dim keys, 512-dim
-// values; flash_mla.cu) for comparison. TFLOP/s counts the causal triangle's mma work only.
+// heights of both kernels (wgmma on a Hopper, its 128-row blocks in each variant, printed as
+// `[bench] variant=<name> T=<tokens> ms=<> tflops=<>` lines to pick the default from) and the
+// dispatch (MOESERVE_FLASH_WGMMA=0 keeps it on mma.sync, MOESERVE_FLASH_WGMMA_VARIANT picks), and
+// DeepSeek-V2-Lite's absorbed MLA (16 heads, 576-dim keys, 512-dim values; flash_mla.cu) for
+// comparison. TFLOP/s counts the causal triangle's mma work only.
 // Opt-in (timing, not a check): MOESERVE_BENCH_PREFILL=1.
 TEST(CudaFlashPrefill, PrefillAttentionBench) {
   MS_REQUIRE_CUDA();
@@ -175,8 +227,12 @@ TEST(CudaFlashPrefill, PrefillAttentionBench) {
       const double flop = 4.0 * Hq * D * pairs;
       for (const Kernel& kern : kernels()) {
         const double ms = time_ms([&] { run_kernel(kern, q, k, v, layout, 0.088f, out); }, 20);
-        std::printf("[bench] prefill GQA 32/4 heads x 128, %d tokens, %s: %.3f ms, %.0f TFLOP/s\n", T,
-                    describe(kern).c_str(), ms, flop / ms / 1e9);
+        if (!kern.variant.empty())
+          std::printf("[bench] variant=%s T=%d ms=%.3f tflops=%.0f\n", kern.variant.c_str(), T, ms, flop / ms / 1e9);
+        else
+          std::printf("[bench] prefill GQA 32/4 heads x 128, %d tokens, %s: %.3f ms, %.0f TFLOP/s\n", T,
+                      describe(kern).c_str(), ms, flop / ms / 1e9);
+        std::fflush(stdout);  // lines so far survive a variant that hangs
       }
     }
     {

@@ -6,6 +6,10 @@
 #pragma once
 #include "kernels/cuda/cuda_common.h"
 
+#include <string>
+#include <string_view>
+#include <vector>
+
 namespace ms::cuda {
 
 // Whether the tensor-core kernel takes these shapes (head dims, strides and alignment).
@@ -20,10 +24,14 @@ void flash_prefill_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_
                         const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
 // The Hopper kernel (flash_prefill_wgmma.cu, sm_90a): the same contract on warpgroup MMAs,
 // blocks of 64 or 128 rows. flash_prefill takes it on a Hopper where it is supported (queries
-// 16-byte aligned too), unless MOESERVE_FLASH_WGMMA=0 (read per call).
+// 16-byte aligned too), unless MOESERVE_FLASH_WGMMA=0 (read per call). 128-row blocks run one
+// of several variants (flash_prefill_wgmma_variants(), the default first): `variant`, or when
+// empty MOESERVE_FLASH_WGMMA_VARIANT (read per call), or the default; 64-row blocks have one.
 bool flash_prefill_wgmma_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out);
+std::vector<std::string> flash_prefill_wgmma_variants();
 void flash_prefill_wgmma_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                              const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
+                              const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows,
+                              std::string_view variant = {});
 
 bool flash_mla_supported(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const Tensor& out);
 
@@ -114,6 +122,10 @@ struct MlaExpandedParams {
 // The wgmma kernel over `blocks` = tiles x heads blocks of block_rows (64 or 128) queries.
 void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows);
 
+// The warp-specialized 128-row kernels (flash_prefill_wgmma_ws.cu): a producer warpgroup and
+// two consumers, the consumers' products in ping-pong or not; variants of flash_prefill_wgmma.cu.
+void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
+void flash_prefill_wgmma_pingpong(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {
