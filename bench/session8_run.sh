@@ -3,6 +3,8 @@
 # directories under .b4/ (ignored). One tree ($SRC) is built; "before" sides are the same binary
 # with the environment switches that restore the old choices, so before and after share a
 # machine, a build and the models.
+# PHASE=2: $SRC = the merged tree, $BEFORE_SRC = the session's start (d2480e8); tests, kernel timings,
+#   before/after bench-one-batch (see the branch below).
 # PHASE=1: $SRC = main + bench/gpu_pending.patch. Every single-GPU test (the FP8 tests also with
 #   MOESERVE_FP8_WGMMA=0), the FP8 product bench, DeepSeek-V3 FP8 EP8 layers (L = 2, 5) with the
 #   patch's switches on / off, then where the time goes: nsys (or ncu) kernel sums of Qwen3 and
@@ -30,14 +32,15 @@ model() {  # the random model $1 (shape $2, $3 layers, then extra flags) in .b4/
 # bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
 # ("name" or "name:VAR=v,VAR=v": the after binary with those variables set).
 bench_sides() {
-  local name=$1 run b i o side label env; shift
+  local name=$1 run b i o side label env bin; shift
   for run in "$@"; do
     read -r b i o <<< "$run"
     for side in $SIDES; do
       [ $(left) -gt 25 ] || return
       label=${side%%:*} env=""; [ "$side" != "$label" ] && env=${side#*:} && env=${env//,/ }
+      bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
       echo "== $label $name B=$b I=$i O=$o" >> $L/bench.log
-      env $env timeout $(( $(left) - 10 )) $B bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
+      env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
         --input-len $i --output-len $o --result-file "$OUT/bench-$label.jsonl" >> $L/bench.log 2>&1
       log "$label $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
     done
@@ -64,17 +67,25 @@ profile() {
   fi
 }
 
-[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
+# Builds $SRC's moeserve and GPU tests into /tmp/b (and $BEFORE_SRC's moeserve into /tmp/before
+# meanwhile, when set), making the models with the first moeserve built.
+for s in $SRC ${BEFORE_SRC:-}; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 log "nsys=${NSYS:-none} ncu=${NCU:-none}"
 TESTS=$(gpu_tests_of $SRC)
-configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve >> $L/build.log 2>&1
+if [ -n "${BEFORE_SRC:-}" ]; then
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
+  BB=$!
+fi
+configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j12 --target moeserve >> $L/build.log 2>&1
 log "moeserve built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
-cmake --build /tmp/b -j14 --target $TESTS >> $L/build.log 2>&1 &
+cmake --build /tmp/b -j12 --target $TESTS >> $L/build.log 2>&1 &
 TB=$!
 model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
 for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done
 wait $TB; log "tests built rc=$?"
+[ -z "${BEFORE_SRC:-}" ] || { wait $BB; log "before built rc=$?"; }
 
 if [ $PHASE = 1 ]; then
   run_gpu_tests /tmp/b $TESTS
@@ -86,5 +97,23 @@ if [ $PHASE = 1 ]; then
   profile qwen3-p8k qwen3 1 8192 1
   profile v2lite-p8k v2lite 1 8192 1
   profile v2lite-b1 v2lite 1 4096 8
+elif [ $PHASE = 2 ]; then
+  # The merged helpers' kernels and the lead's: every GPU test (the prefill attention first, its
+  # new variants under a timeout of their own), their timings, then before ($BEFORE_SRC) / after.
+  timeout 150 /tmp/b/tests/test_cuda_flash_prefill > $L/test_cuda_flash_prefill.log 2>&1
+  log "test_cuda_flash_prefill rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/test_cuda_flash_prefill.log | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure' $L/test_cuda_flash_prefill.log | head -12 >> "$OUT/summary.log"
+  run_gpu_tests /tmp/b $TESTS
+  opt_in_bench test_cuda_flash_prefill MOESERVE_BENCH_PREFILL=1 '*Bench*'
+  opt_in_bench test_cuda_mla_prefill MOESERVE_BENCH_MLA_PREFILL=1 'CudaMlaPrefill.MlaExpandedAttentionBench'
+  opt_in_bench test_cuda_attention_moe MOESERVE_BENCH_DECODE_ATTN=1 'CudaOps.DecodeMergeBench'
+  opt_in_bench test_cuda_attention_moe MOESERVE_BENCH_ATTENTION=1 'CudaOps.DecodeAttentionBench' _attn
+  SIDES="before after"
+  bench_sides qwen3 "1 8192 2"
+  SIDES="after:MOESERVE_FLASH_WGMMA_VARIANT=n128 after:MOESERVE_FLASH_WGMMA_VARIANT=n128pp" bench_sides qwen3 "1 8192 2"
+  bench_sides v2lite "1 8192 2"
+  bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="before after noside:MOESERVE_SIDE_STREAM=0" bench_sides v2lite "1 4096 16" "64 256 16"
+  for l in 2 5; do bench_sides v3ep8-$l "64 512 16" "256 128 16" "64 1536 16" "1 4096 16"; done
 fi
 log done
