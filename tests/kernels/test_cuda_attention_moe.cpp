@@ -3,9 +3,7 @@
 // eager and replayed from a captured step), the MLA absorptions (bf16 and fp8 kv_b; an fp8 kv_b
 // dequantised once, bit for bit as at every call), router
 // top-k in every routing variant (ids must be identical), and the routed experts (bf16 and fp8
-// weights). Decode runs under every split-KV merge (the merge kernel, the fused merge where it
-// pays, the fused merge everywhere). DecodeAttentionBench times decode attention when
-// MOESERVE_BENCH_ATTENTION=1, DecodeMergeBench the merges when MOESERVE_BENCH_DECODE_ATTN=1.
+// weights). DecodeAttentionBench times decode attention when MOESERVE_BENCH_ATTENTION=1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -67,42 +65,6 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     batch_of(64, 256, 9),
 };
 
-// The split-KV merges (MOESERVE_DECODE_FUSED_MERGE): the default (fused where the last block's
-// reads are few), the merge kernel, and the fused merge of every split-KV decode (up to 66 GQA
-// and 132 MLA splits on a 132-SM H200, merged by one block).
-const char* const kMergeModes[] = {"1", "0", "all"};
-struct MergeMode {
-  explicit MergeMode(const char* mode) { setenv("MOESERVE_DECODE_FUSED_MERGE", mode, 1); }
-  ~MergeMode() { unsetenv("MOESERVE_DECODE_FUSED_MERGE"); }
-};
-// Fused and kernel merges take the same partials in another order: a few outputs round apart.
-constexpr double kMergeTol = 2e-3;
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
-
-// `run(out)` under every merge mode, each output against the CPU's `ref`, fused (all) against the
-// merge kernel, and the fused merge run again: the counters its first run left must be zeros for
-// the second to write the same bits (a counter left over would make no block, or the wrong
-// one, merge).
-template <class F>
-void check_merges(const Tensor& ref, Shape shape, F run, const std::string& what) {
-  std::vector<Tensor> outs;
-  for (const char* mode : kMergeModes) {
-    MergeMode m(mode);
-    outs.push_back(poisoned(DType::BF16, shape));
-    run(outs.back());
-    EXPECT_LT(rel_error(outs.back(), ref), kBf16Tol) << what << ", merge mode " << mode;
-  }
-  EXPECT_LT(rel_error(outs[2], outs[1]), kMergeTol) << what << ": fused vs kernel merge";
-  MergeMode m("all");
-  Tensor again = poisoned(DType::BF16, shape);
-  run(again);
-  EXPECT_TRUE(same_bits(again, outs[2])) << what << ": a second fused run differs";
-}
-
 // Query heads per KV head: 8 (Qwen3-30B-A3B), 7 (Qwen2-57B-A14B), 16 (every row of the tensor-core
 // decode tile) and 1 (multi-head).
 TEST(CudaOps, GqaAttentionMatchesCpu) {
@@ -116,10 +78,10 @@ TEST(CudaOps, GqaAttentionMatchesCpu) {
       const int64_t T = layout.q_start.back();
       Tensor q = randn({T, Hq, D}), ref = Tensor::empty(DType::F32, {T, Hq, D});
       cpu::attention(q, kc, vc, layout, 0.088f, ref);
-      Tensor qg = gpu(q);
-      check_merges(ref, {T, Hq, D}, [&](Tensor& out) { cuda::attention(qg, kg, vg, layout, 0.088f, out); },
-                   std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, " + std::to_string(seqs.size()) +
-                       " sequences, " + std::to_string(T) + " queries");
+      Tensor out = poisoned(DType::BF16, {T, Hq, D});
+      cuda::attention(gpu(q), kg, vg, layout, 0.088f, out);
+      EXPECT_LT(rel_error(out, ref), kBf16Tol) << Hq << "/" << Hkv << " heads, " << seqs.size() << " sequences, "
+                                               << T << " queries";
     }
   }
 }
@@ -138,10 +100,9 @@ TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
     Tensor qr = qfull.slice(2, 128, 128 + R);
     Tensor ref = Tensor::empty(DType::F32, {T, H, L});
     cpu::mla_attention(ql, qr, cache, layout, 0.06f, ref);
-    Tensor qlg = gpu(ql), qrg = gpu(qfull).slice(2, 128, 128 + R);
-    check_merges(ref, {T, H, L}, [&](Tensor& out) { cuda::mla_attention(qlg, qrg, cg, layout, 0.06f, out); },
-                 std::to_string(H) + " heads, " + std::to_string(seqs.size()) + " sequences, " + std::to_string(T) +
-                     " queries");
+    Tensor out = poisoned(DType::BF16, {T, H, L});
+    cuda::mla_attention(gpu(ql), gpu(qfull).slice(2, 128, 128 + R), cg, layout, 0.06f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << H << " heads, " << seqs.size() << " sequences, " << T << " queries";
   }
 }
 
@@ -149,8 +110,7 @@ TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
 // over them (split_len 0), so a replay with other lengths (shorter, equal to max_kv, a single
 // key) leaves some splits empty and others partly filled. GQA 32/4 and MLA 16 heads in one step,
 // captured at 4096 keys (22 and 44 splits on a 132-SM H200: the merge of many splits) and at 256
-// (4 splits each: the one-pass merge), under every merge mode; each step is replayed twice, and
-// the second replay must write the same bits (the fused merge's counters are zeros again).
+// (4 splits each: the one-pass merge).
 TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
   const int64_t D = 128, Hq = 32, Hkv = 4, H = 16, L = 512, R = 64, pool = 13000, T = 3;
@@ -161,42 +121,28 @@ TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
   const std::vector<int32_t> ids(T, 0), positions(T, 0), locs(T, 0);
   using Seqs = std::vector<std::pair<int, int>>;
   for (const int max_kv : {4096, 256}) {
+    Tensor out = poisoned(DType::BF16, {T, Hq, D}), mla_out = poisoned(DType::BF16, {T, H, L});
     const auto captured = make_layout({{1, max_kv}, {1, max_kv / 4}, {1, 33}}, int(pool));
-    std::vector<ops::AttentionLayout> layouts;
-    std::vector<Tensor> refs, mla_refs;
+    auto body = [&] {
+      cuda::attention(qg, kg, vg, captured, 0.088f, out);
+      cuda::mla_attention(qlg, qrg, cg, captured, 0.06f, mla_out);
+    };
+    body();  // eagerly first, as the runner does: shared-memory limits, allocations
+    auto graph_pool = ops::make_graph_pool(Device::CUDA);
+    auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, positions, locs, &captured}, 3 * max_kv, max_kv,
+                                   *graph_pool, body);
     for (const Seqs& seqs : std::vector<Seqs>{{{1, 50}, {1, max_kv}, {1, max_kv / 2}},
                                               {{1, max_kv}, {1, max_kv}, {1, max_kv}},
                                               {{1, 1}, {1, 17}, {1, 65}}}) {
-      layouts.push_back(make_layout(seqs, int(pool)));
-      refs.push_back(Tensor::empty(DType::F32, {T, Hq, D})), mla_refs.push_back(Tensor::empty(DType::F32, {T, H, L}));
-      cpu::attention(q, kc, vc, layouts.back(), 0.088f, refs.back());
-      cpu::mla_attention(ql, qr, cache, layouts.back(), 0.06f, mla_refs.back());
-    }
-    for (const char* mode : kMergeModes) {
-      MergeMode merge(mode);
-      Tensor out = poisoned(DType::BF16, {T, Hq, D}), mla_out = poisoned(DType::BF16, {T, H, L});
-      auto body = [&] {
-        cuda::attention(qg, kg, vg, captured, 0.088f, out);
-        cuda::mla_attention(qlg, qrg, cg, captured, 0.06f, mla_out);
-      };
-      body();  // eagerly first, as the runner does: shared-memory limits, allocations
-      auto graph_pool = ops::make_graph_pool(Device::CUDA);
-      auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, positions, locs, &captured}, 3 * max_kv,
-                                     max_kv, *graph_pool, body);
-      for (size_t i = 0; i < layouts.size(); ++i) {
-        const ops::StepArrays arrays{ids, positions, locs, &layouts[i]};
-        graph->replay(arrays);
-        const Tensor first = out.to(Device::CPU), mla_first = mla_out.to(Device::CPU);
-        graph->replay(arrays);
-        const auto& kv = layouts[i].kv_start;
-        const std::string keys = "merge mode " + std::string(mode) + ", captured at " + std::to_string(max_kv) +
-                                 ", keys " + std::to_string(kv[1] - kv[0]) + " " + std::to_string(kv[2] - kv[1]) +
-                                 " " + std::to_string(kv[3] - kv[2]);
-        EXPECT_LT(rel_error(out, refs[i]), kBf16Tol) << "GQA, " << keys;
-        EXPECT_LT(rel_error(mla_out, mla_refs[i]), kBf16Tol) << "MLA, " << keys;
-        EXPECT_TRUE(same_bits(out, first)) << "GQA, " << keys << ": the second replay differs";
-        EXPECT_TRUE(same_bits(mla_out, mla_first)) << "MLA, " << keys << ": the second replay differs";
-      }
+      const auto layout = make_layout(seqs, int(pool));
+      graph->replay(ops::StepArrays{ids, positions, locs, &layout});
+      Tensor ref = Tensor::empty(DType::F32, {T, Hq, D}), mla_ref = Tensor::empty(DType::F32, {T, H, L});
+      cpu::attention(q, kc, vc, layout, 0.088f, ref);
+      cpu::mla_attention(ql, qr, cache, layout, 0.06f, mla_ref);
+      const std::string keys = "captured at " + std::to_string(max_kv) + ", keys " + std::to_string(seqs[0].second) +
+                               " " + std::to_string(seqs[1].second) + " " + std::to_string(seqs[2].second);
+      EXPECT_LT(rel_error(out, ref), kBf16Tol) << "GQA, " << keys;
+      EXPECT_LT(rel_error(mla_out, mla_ref), kBf16Tol) << "MLA, " << keys;
     }
   }
 }
@@ -332,46 +278,6 @@ TEST(CudaOps, DecodeAttentionBench) {
       std::printf("[bench] mla_rope_store (16 heads, latent 512 + 64), B=%d: %.2f us graphed, %.2f us eager\n", B,
                   graphed, eager);
     }
-  }
-}
-
-// The split-KV merge: µs a decode attention call, replayed from graphs of 20 calls with the step's
-// own layout staged (time_calls; the cache copies exceed L2 as above), under each merge mode: the
-// merge kernel (0), the default (1: fused where the last block reads at most 384 KB of partials)
-// and the fused merge forced (all). Qwen3-30B-A3B (32/4 heads of 128) and DeepSeek-V2-Lite's MLA
-// (16 heads, latent 512 + 64), batch 1 at 4096 keys and batch 64 at 256: on a 132-SM H200, GQA
-// 33 splits (135 KB of partials a KV head) and 1 (no merge: the modes are the same kernel), MLA
-// 64 splits (2 MB a head group: the default keeps the merge kernel) and 2 (64 KB). Opt-in
-// (timing, not a check): MOESERVE_BENCH_DECODE_ATTN=1.
-TEST(CudaOps, DecodeMergeBench) {
-  MS_REQUIRE_CUDA();
-  const char* env = std::getenv("MOESERVE_BENCH_DECODE_ATTN");
-  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_DECODE_ATTN=1 to time the split-KV merges";
-  for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 4096}, {64, 256}})
-  for (bool mla : {false, true}) {
-    const int64_t slots = int64_t(B) * keys;
-    const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, keys}), int(slots));
-    const int64_t Hq = mla ? 16 : 32, Hkv = 4, D = 128, L = 512, R = 64;
-    const double bytes = double(slots) * (mla ? (L + R) * 2 : Hkv * D * 2 * 2);
-    const int views = std::max(2, int(std::ceil(160e6 / bytes)));
-    std::vector<Tensor> c, k, v;
-    if (mla) c = bench_caches(views, slots, {L + R});
-    else k = bench_caches(views, slots, {Hkv, D}), v = bench_caches(views, slots, {Hkv, D});
-    Tensor q = gpu(randn({B, Hq, D})), ql = gpu(randn({B, Hq, L}, 0.3f)), qr = gpu(randn({B, Hq, R}));
-    Tensor out = poisoned(DType::BF16, {B, Hq, mla ? L : D});
-    std::string line;
-    for (const char* mode : kMergeModes) {
-      MergeMode merge(mode);
-      const double us = time_calls(layout, keys, [&](int i) {
-        if (mla) cuda::mla_attention(ql, qr, c[size_t(i % views)], layout, 0.06f, out);
-        else cuda::attention(q, k[size_t(i % views)], v[size_t(i % views)], layout, 0.088f, out);
-      }).first;
-      char part[48];
-      std::snprintf(part, sizeof part, ", merge %s %.2f us", mode, us);
-      line += part;
-    }
-    std::printf("[bench] decode merge, %s, B=%d, %d keys%s\n", mla ? "MLA 16 heads" : "GQA 32/4 heads", B, keys,
-                line.c_str());
   }
 }
 

@@ -5,11 +5,8 @@
 // to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
 // partial softmaxes (split-KV). GQA with 128-dim heads and MLA over the 512 + 64 latent run on
 // the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
-// flash-attention kernels, decode as split-KV partials that the decode kernel's last block
-// merges itself (fused_merge) or the merge here does; this kernel takes the rest.
+// flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -342,32 +339,6 @@ void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
   launch_all(p, kv_heads, op);
 }
 
-// A fused merge's partials are read by one block a (query, head group): bytes at ~64 a clock,
-// one multiprocessor's share of L2, ~110 GB/s. 384 KB is ~3.5 us there, about what the merge
-// kernel costs on its own (5.4 us for batch-1 GQA's 540 KB of partials), so past it the merge
-// kernel, which spreads the reads over the GPU, is kept: batch-1 MLA at 4k keys (64 splits of
-// 32 KB, 2 MB for one block) is such a case; batch-1 GQA (33 splits of 8 heads, 135 KB) and
-// batch-64 MLA (2 splits, 64 KB) are not.
-constexpr int64_t kFusedMergeBytes = 384 << 10;
-// The merging block's shared memory holds 12 bytes a (row, split) (merge_split_rows): at most the
-// GQA kernel's 96 KB ring. 16 rows of 132 splits (batch-1 MLA at 8k+ keys on an H200) take 25 KB.
-constexpr int64_t kMergeSmemBytes = 96 << 10;
-
-// The counters of the fused merge (one per query and head group), or null for the merge kernel:
-// MOESERVE_DECODE_FUSED_MERGE=0 keeps the merge kernel, =all fuses every split-KV decode of the
-// tensor-core kernels; unset (or 1) fuses those under kFusedMergeBytes. Read per call, so that
-// a test or bench compares both in one process.
-unsigned* fused_merge(const AttnParams& p, int kv_heads) {
-  if (p.splits == 1 || !(p.mla_tc || p.gqa_tc)) return nullptr;
-  const char* env = std::getenv("MOESERVE_DECODE_FUSED_MERGE");
-  const std::string_view mode = env ? env : "1";
-  if (mode == "0") return nullptr;
-  const int64_t groups = p.mla_tc ? p.hq / 16 : kv_heads, rows = p.hq / groups;
-  if (int64_t(p.splits) * rows * 12 > kMergeSmemBytes) return nullptr;
-  if (mode != "all" && int64_t(p.splits) * rows * p.dv * 4 > kFusedMergeBytes) return nullptr;
-  return arrival_counters(int64_t(p.T) * groups);
-}
-
 // Launches the attention kernel for p's value width and merges the splits.
 void launch_all(AttnParams p, int kv_heads, const char* op) {
   Tensor part_acc, part_ml;
@@ -376,19 +347,17 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
     part_ml = scratch(DType::F32, {p.splits, p.T, p.hq, 2});
     p.part_acc = part_acc.data<float>(), p.part_ml = part_ml.data<float>();
   }
-  unsigned* counters = fused_merge(p, kv_heads);
   if (p.mla_tc) {
     flash_mla(MlaLaunch{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
-                        p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, counters, p.T, p.hq, p.splits, p.split_len,
-                        p.scale});
+                        p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale});
   } else if (p.gqa_tc) {
     flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
-                                 p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, counters, p.T,
-                                 p.hq, kv_heads, p.splits, p.split_len, p.scale});
+                                 p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
+                                 kv_heads, p.splits, p.split_len, p.scale});
   } else {
     launch_kernel(p, kv_heads, op);
   }
-  if (p.splits > 1 && !counters) launch_combine(p);
+  if (p.splits > 1) launch_combine(p);
 }
 
 // The CUDA-core kernel for p's value width.

@@ -59,12 +59,6 @@ class PerDeviceOnce {
 // fully written), from the caching allocator.
 Tensor scratch(DType dtype, Shape shape);
 
-// `n` zeroed counters of this GPU, for kernels whose blocks count themselves in and leave every
-// counter at 0 when the grid ends (the split-KV decode kernels' fused merge): one buffer per GPU,
-// made with its runtime (never inside a capture) and never moved, so captured launches keep its
-// address. Null when `n` exceeds it (the caller takes a path without counters).
-unsigned* arrival_counters(int64_t n);
-
 // A device I32 copy of host metadata, staged through pinned memory (stream-ordered).
 Tensor upload_i32(std::span<const int32_t> host);
 // Whether this thread's stream is being captured into a CUDA graph (no host syncs allowed).

@@ -12,10 +12,6 @@
 // memory (piece c of lane l at [c][l]: conflict-free), keeping kStages - 1 steps (16 KB a warp)
 // in flight while it computes one; the slot indices of a step are loaded one step before its
 // copies are issued. A lane reads back only what it copied itself, so the ring needs no barrier.
-//
-// With more than one split and counters, the split block of a (query, KV head) that finishes last
-// merges the splits' partials into the output (split_arrive_last, merge_split_rows, in the
-// ring's shared memory), so no merge kernel follows.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/mma.h"
 
@@ -156,7 +152,7 @@ __device__ void merge_warps(float* smem, const GqaDecodeLaunch& p, int t, int kv
 
 __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
   extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
-  pdl_trigger();  // the kernel after this may launch: its pdl_wait waits for this whole grid
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
   const int kv0 = p.kv_begin[t], visible = p.visible[t];
@@ -219,11 +215,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   }
   __syncthreads();  // every warp is done with its ring: the merge reuses it
   merge_warps(reinterpret_cast<float*>(ring), p, t, kvh, o, m, l);
-  if (p.splits == 1 || !p.counters || !split_arrive_last(p.counters + t * p.Hkv + kvh, p.splits)) return;
-  // 8 heads (Qwen3): 256 float4 pieces, two a thread.
-  merge_split_rows<kD, 2>(p.part_acc, p.part_ml, p.splits, int64_t(p.T) * p.Hq, int64_t(t) * p.Hq + kvh * group, group,
-                          p.out + int64_t(t) * p.o_s0 + int64_t(kvh * group) * p.o_s1, p.o_s1,
-                          reinterpret_cast<float*>(ring));
 }
 
 }  // namespace
@@ -245,9 +236,7 @@ bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor
 // in flight at once (128: the ring's two steps ahead for each of 4 warps): past that, more
 // splits put no more bytes in flight, only more partials to write and merge. Batch-1 decode at
 // 4k keys (4 KV heads) takes 32 splits of 128 keys so, not 64 of 64: the same 64 KB in flight
-// an SM, half the partials (0.5 MB) and half the merge. The fused merge does not make more
-// splits cheaper: the last block of a KV head reads every split's partial (4 KB for 8 heads)
-// alone, 135 KB at 33 splits, so doubling them would double that tail on one multiprocessor.
+// an SM, half the partials (0.5 MB) and half the merge.
 int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible) {
   const int64_t blocks = T * Hkv, sms = sm_count();
   const int64_t most = std::min<int64_t>(2 * sms / blocks, (max_visible + 63) / 64);

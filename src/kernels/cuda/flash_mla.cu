@@ -10,10 +10,6 @@
 // block's keys read once) keeps two tiles (72 KB) in flight while it computes one; prefill,
 // whose blocks reread the same keys from L2 and are compute-bound, keeps one stage and four
 // blocks a multiprocessor.
-//
-// Split-KV decode with counters: the split block of a (query, head group) that finishes last
-// merges the splits' partials into the output (split_arrive_last, merge_split_rows, in the
-// ring's shared memory), so no merge kernel follows.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/mma.h"
 
@@ -47,7 +43,7 @@ __device__ __forceinline__ void issue_tile(bf16* buf, const bf16* kv, int64_t kv
 template <int STAGES>
 __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   extern __shared__ float4 smem4[];
-  pdl_trigger();  // the kernel after this may launch: its pdl_wait waits for this whole grid
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   bf16* ring = reinterpret_cast<bf16*>(smem4);                        // [STAGES][kKeys][kStride]
   float* sp = reinterpret_cast<float*>(ring + STAGES * kKeys * kStride);  // [kWarps][kHeads][kKeys]
   bf16* pb = reinterpret_cast<bf16*>(sp + kWarps * kHeads * kKeys);  // [kHeads][kPStride]
@@ -194,11 +190,6 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
     if (warp == 0 && qd == 0)  // an empty split reports m = -inf, l = 0 and zeros
       p.part_ml[2 * row] = alpha_s[g + 8 * r] * float(M_LN2), p.part_ml[2 * row + 1] = l_s[g + 8 * r];
   }
-  if (p.splits == 1 || !p.counters || !split_arrive_last(p.counters + t * (p.H / kHeads) + blockIdx.y, p.splits))
-    return;
-  // 16 heads of 512: 2048 float4 pieces, 16 a thread, 8 at a time.
-  merge_split_rows<kL, 8>(p.part_acc, p.part_ml, p.splits, int64_t(p.T) * p.H, int64_t(t) * p.H + h0, kHeads,
-                          p.out + int64_t(t) * p.o_s0 + int64_t(h0) * p.o_s1, p.o_s1, reinterpret_cast<float*>(smem4));
 }
 
 template <int STAGES>
@@ -244,7 +235,7 @@ void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tenso
               kv_cache.data<bf16>(), kv_cache.strides()[0],
               out.data<bf16>(), out.strides()[0], out.strides()[1],
               d_slots.data<int32_t>(), d_ranges.data<int32_t>(), d_ranges.data<int32_t>() + T,
-              nullptr, nullptr, nullptr, T, int(q_latent.size(1)), 1, 1 << 30, scale};
+              nullptr, nullptr, T, int(q_latent.size(1)), 1, 1 << 30, scale};
   launch<1>(l);
 }
 
@@ -252,10 +243,7 @@ void flash_mla(const MlaLaunch& l) { launch<kDecodeStages>(l); }
 
 // One resident block a multiprocessor (the decode ring's 119 KB), with two tiles in flight,
 // rounded down so that the launch is one wave; at least 64 keys a split, so that a split's
-// partial (32 KB of f32 for 16 heads) stays well under the 72 KB of keys it reads. Unchanged by
-// the fused merge, whose last block reads every split's 32 KB alone: where that is too much
-// (batch 1 at 4k keys: 64 splits, 2 MB) attention.cu keeps the merge kernel, which spreads those
-// reads over the GPU, rather than take fewer splits, each streaming more keys on fewer SMs.
+// partial (32 KB of f32 for 16 heads) stays well under the 72 KB of keys it reads.
 int flash_mla_decode_splits(int64_t T, int64_t H, int max_visible) {
   const int64_t blocks = T * (H / kHeads), want = sm_count();
   return int(std::max<int64_t>(1, std::min<int64_t>(want / blocks, (max_visible + 63) / 64)));

@@ -230,12 +230,7 @@ struct Runtime {
   // so a larger request leaves the old one allocated for the graphs that use it.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  std::shared_ptr<Buffer> counters;  // arrival_counters()
 };
-
-// Arrival counters a GPU: the split-KV kernels count one per (query, head group) and split only
-// while those are fewer than two blocks a multiprocessor, so 4096 (16 KB) leaves ample room.
-constexpr int64_t kArrivalCounters = 4096;
 
 constexpr int kMaxDevices = 64;
 
@@ -281,9 +276,6 @@ Runtime* make_runtime(int device) {
   r->hopper = major == 9 && minor == 0;
   r->allocator = new CachingAllocator();
   r->staging = new Staging();
-  // Zeroed on this runtime's stream directly: stream() would look for the runtime being made.
-  r->counters = r->allocator->allocate_uninit(size_t(kArrivalCounters) * sizeof(unsigned));
-  MS_CUDA(cudaMemsetAsync(r->counters->data, 0, size_t(kArrivalCounters) * sizeof(unsigned), r->stream));
   static std::once_flag registered;
   std::call_once(registered, [] { register_device_memory(Device::CUDA, new CurrentDeviceMemory()); });
   return r;
@@ -395,10 +387,6 @@ void* lt_workspace(size_t bytes) {
     r.workspace_bytes = bytes;
   }
   return r.workspace;
-}
-
-unsigned* arrival_counters(int64_t n) {
-  return n <= kArrivalCounters ? static_cast<unsigned*>(runtime().counters->data) : nullptr;
 }
 
 std::shared_ptr<ops::GraphPool> make_graph_pool() { return std::make_shared<DeviceGraphPool>(runtime().allocator); }
