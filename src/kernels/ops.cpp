@@ -1,10 +1,6 @@
 // Device dispatch of the op interface. CPU tensors go to kernels/cpu; CUDA tensors to
 // kernels/cuda when the CUDA backend is compiled in.
 #include "kernels/ops.h"
-
-#include <cstdlib>
-#include <string>
-
 #include "kernels/step_graph.h"
 
 #include "core/check.h"
@@ -130,51 +126,6 @@ void sample_rows_into(const Tensor& logits, std::span<const RowSampling> rows, T
                ids.size(0) == logits.size(0) && ids.is_contiguous(),
            "sample_rows_into: ids ", ids.describe(), " for logits ", logits.describe());
   MS_DISPATCH(logits, sample_rows_into(logits, rows, ids));
-}
-
-#if MOESERVE_WITH_CUDA
-namespace {
-bool side_stream_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_SIDE_STREAM");
-    return !env || std::string(env) != "0";
-  }();
-  return on;
-}
-}  // namespace
-#endif
-
-SideStream::SideStream(Device device) {
-#if MOESERVE_WITH_CUDA
-  if (device == Device::CUDA && side_stream_enabled()) ::ms::cuda::side_fork(), forked_ = true;
-#else
-  (void)device;
-#endif
-}
-
-SideStream::~SideStream() {
-  try {
-    join();
-  } catch (...) {  // an unwinding step: the error that unwinds it is the one to report
-  }
-}
-
-void SideStream::enter() {
-#if MOESERVE_WITH_CUDA
-  if (forked_) ::ms::cuda::side_switch(true);
-#endif
-}
-
-void SideStream::leave() {
-#if MOESERVE_WITH_CUDA
-  if (forked_) ::ms::cuda::side_switch(false);
-#endif
-}
-
-void SideStream::join() {
-#if MOESERVE_WITH_CUDA
-  if (forked_) forked_ = false, ::ms::cuda::side_join();
-#endif
 }
 
 std::unique_ptr<HostReadback> make_host_readback(Device device, int64_t capacity) {

@@ -28,37 +28,6 @@ struct Weight {
   bool is_fp8() const { return w.dtype() == DType::F8_E4M3; }
 };
 
-// Work that may overlap the rest of a step (SGLang's alternate stream; a MoE layer's shared
-// expert at decode sizes): construct it, issue the side's ops inside run(), then the main line's,
-// then join() before the side's results are read (the destructor joins too). On the GPU the
-// side's ops go to a second stream that starts after everything issued before the constructor,
-// and blocks freed meanwhile are not reused until the join; on the CPU, or with
-// MOESERVE_SIDE_STREAM=0, run() just runs them in place.
-class SideStream {
- public:
-  explicit SideStream(Device device);
-  ~SideStream();
-  SideStream(const SideStream&) = delete;
-  SideStream& operator=(const SideStream&) = delete;
-  template <class F>
-  void run(F&& f) {
-    enter();
-    try {
-      f();
-    } catch (...) {
-      leave();
-      throw;
-    }
-    leave();
-  }
-  void join();
-
- private:
-  void enter();
-  void leave();
-  bool forked_ = false;
-};
-
 // out[T, N] = x[T, K] . w^T (+ bias[N]). x and out are F32, contiguous in the last dim.
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
 

@@ -1,7 +1,5 @@
 #include "layers/moe.h"
 
-#include <optional>
-
 #include "core/check.h"
 #include "parallel/groups.h"
 
@@ -72,28 +70,14 @@ Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
   return out;
 }
 
-// At decode sizes the shared expert's products and the routing + routed experts each leave most
-// of the GPU idle (a few blocks streaming weights, chains of small kernels), so the shared expert
-// runs beside them on a side stream (as SGLang does); a prefill's products fill the GPU alone.
-constexpr int64_t kSharedBesideMaxTokens = 128;
-
 void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
                                  Tensor& out) const {
-  Tensor shared, gate;
-  auto shared_expert = [&] {
-    shared = w_.shared.forward(x, ctx);
-    if (w_.shared_gate.defined()) gate = w_.shared_gate(x);
-  };
-  std::optional<ops::SideStream> side;
-  if (w_.shared.defined() && x.size(0) <= kSharedBesideMaxTokens) {
-    side.emplace(x.device());
-    side->run(shared_expert);
-  }
   Tensor ids, weights;
   route_traced(x, ctx, ids, weights);
   const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
-  if (side) side->join();
-  else if (w_.shared.defined()) shared_expert();
+  Tensor shared, gate;
+  if (w_.shared.defined()) shared = w_.shared.forward(x, ctx);
+  if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
   ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
                                 ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);
 }

@@ -18,12 +18,6 @@ using ops::Weight;
 // creating that GPU's stream, cuBLASLt handle and caching allocator on first use and
 // registering Device::CUDA's memory with core. Idempotent; throws when the GPU cannot be used.
 void init(int gpu = -1);
-// ops::SideStream: side_fork starts this thread's side stream after everything the main stream
-// holds, side_switch sends the next ops to it (true) or back to the main one, side_join makes the
-// main stream wait for it. The kernels' stream() is whichever is current.
-void side_fork();
-void side_switch(bool on);
-void side_join();
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);

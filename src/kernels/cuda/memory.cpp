@@ -3,9 +3,7 @@
 // metadata. A thread works on its CUDA current device (rank threads bind theirs with init(gpu));
 // core's Device::CUDA memory forwards to that device's runtime. Every op is stream-ordered on
 // its device's stream, so a freed block can be handed to the next allocation at once: any later
-// use is queued after the earlier ones. The exception is a side region (ops::SideStream): while
-// one is open, ops may run on a second stream concurrently with the main one, so blocks given
-// back meanwhile wait until the regions close (the main stream has then waited for the side).
+// use is queued after the earlier ones.
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -61,9 +59,11 @@ thread_local DeviceGraphPool* t_capture_pool = nullptr;
 // and the allocation retried once.
 class CachingAllocator final : public DeviceMemory {
  public:
+  explicit CachingAllocator(cudaStream_t stream) : stream_(stream) {}
+
   std::shared_ptr<Buffer> allocate(size_t bytes) override {
     auto buf = allocate_uninit(bytes);
-    if (bytes) MS_CUDA(cudaMemsetAsync(buf->data, 0, bytes, cuda::stream()));
+    if (bytes) MS_CUDA(cudaMemsetAsync(buf->data, 0, bytes, stream_));
     return buf;
   }
 
@@ -78,7 +78,7 @@ class CachingAllocator final : public DeviceMemory {
     buf->data = ptr;
     buf->bytes = bytes;
     buf->device = Device::CUDA;
-    buf->keep_alive = std::shared_ptr<void>(ptr, [this, size, pool](void* p) { give_back(p, size, pool); });
+    buf->keep_alive = std::shared_ptr<void>(ptr, [this, size, pool](void* p) { give_back(p, size, pool.get()); });
     return buf;
   }
 
@@ -90,27 +90,14 @@ class CachingAllocator final : public DeviceMemory {
     pool.retired = true;
   }
 
-  // Side regions (ops::SideStream) on this GPU: blocks given back while any is open are reused
-  // only once all have closed, when every stream's use of them is ordered before what follows.
-  void open_side_region() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++side_regions_;
-  }
-  void close_side_region() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--side_regions_ > 0) return;
-    for (auto& d : deferred_) (d.pool && !d.pool->retired ? d.pool->free : free_).emplace(d.size, d.p);
-    deferred_.clear();
-  }
-
   void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
     cudaMemcpyKind kind = dst_device == Device::CUDA
                               ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                               : cudaMemcpyDeviceToHost;
     // Host-to-device from pageable memory returns once the source is staged; device-to-host
     // must be complete before the caller reads the host copy.
-    MS_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, cuda::stream()));
-    if (kind == cudaMemcpyDeviceToHost) MS_CUDA(cudaStreamSynchronize(cuda::stream()));
+    MS_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+    if (kind == cudaMemcpyDeviceToHost) MS_CUDA(cudaStreamSynchronize(stream_));
   }
 
   bool memory_info(size_t* free_bytes, size_t* total_bytes) override {
@@ -162,28 +149,21 @@ class CachingAllocator final : public DeviceMemory {
     return p;
   }
 
-  void give_back(void* p, size_t size, const std::shared_ptr<PoolBlocks>& pool) {
+  void give_back(void* p, size_t size, PoolBlocks* pool) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (side_regions_ > 0) deferred_.push_back({p, size, pool});
-    else (pool && !pool->retired ? pool->free : free_).emplace(size, p);
+    (pool && !pool->retired ? pool->free : free_).emplace(size, p);
   }
 
   void release_cache() {
-    MS_CUDA(cudaDeviceSynchronize());
+    MS_CUDA(cudaStreamSynchronize(stream_));
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [size, p] : free_) MS_CUDA(cudaFree(p));
     free_.clear();
   }
 
-  struct Deferred {
-    void* p;
-    size_t size;
-    std::shared_ptr<PoolBlocks> pool;
-  };
+  cudaStream_t stream_;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;  // cached blocks by their real size, for everyone
-  int side_regions_ = 0;
-  std::vector<Deferred> deferred_;
 };
 
 DeviceGraphPool::~DeviceGraphPool() { owner->retire(*blocks); }
@@ -192,6 +172,8 @@ DeviceGraphPool::~DeviceGraphPool() { owner->retire(*blocks); }
 // read it has finished (its event), so uploads never wait on the whole stream.
 class Staging {
  public:
+  explicit Staging(cudaStream_t stream) : stream_(stream) {}
+
   void upload(void* dst, const void* src, size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[next_++ % kSlots];
@@ -203,8 +185,8 @@ class Staging {
       MS_CUDA(cudaMallocHost(&s.host, s.capacity));
     }
     std::memcpy(s.host, src, bytes);
-    MS_CUDA(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream()));
-    MS_CUDA(cudaEventRecord(s.event, stream()));
+    MS_CUDA(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream_));
+    MS_CUDA(cudaEventRecord(s.event, stream_));
   }
 
  private:
@@ -214,6 +196,7 @@ class Staging {
     cudaEvent_t event = nullptr;
   };
   static constexpr int kSlots = 32;
+  cudaStream_t stream_;
   std::mutex mu_;
   Slot slots_[kSlots];
   uint64_t next_ = 0;
@@ -274,8 +257,8 @@ Runtime* make_runtime(int device) {
   MS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   MS_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   r->hopper = major == 9 && minor == 0;
-  r->allocator = new CachingAllocator();
-  r->staging = new Staging();
+  r->allocator = new CachingAllocator(r->stream);
+  r->staging = new Staging(r->stream);
   static std::once_flag registered;
   std::call_once(registered, [] { register_device_memory(Device::CUDA, new CurrentDeviceMemory()); });
   return r;
@@ -310,63 +293,7 @@ int current_device() {
   return device;
 }
 
-namespace {
-
-// This thread's side stream on each GPU and the events that fork it from and join it to the
-// main stream: per thread, since rank threads may share a GPU (and so its main stream).
-struct SideStreams {
-  struct Side {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-  };
-  std::array<Side, kMaxDevices> sides;
-  int open_device = -1;  // the GPU whose side region is open, -1 none
-  bool on_side = false;  // ops go to the side stream
-  ~SideStreams() {
-    for (Side& s : sides)
-      if (s.stream) cudaEventDestroy(s.fork), cudaEventDestroy(s.join), cudaStreamDestroy(s.stream);
-  }
-};
-thread_local SideStreams t_side;
-
-}  // namespace
-
-cudaStream_t stream() {
-  Runtime& r = runtime();
-  return t_side.on_side ? t_side.sides[size_t(current_device())].stream : r.stream;
-}
-
-void side_fork() {
-  Runtime& r = runtime();
-  MS_CHECK(t_side.open_device < 0, "side regions do not nest");
-  const int device = current_device();
-  SideStreams::Side& s = t_side.sides[size_t(device)];
-  if (!s.stream) {
-    MS_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-    MS_CUDA(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
-    MS_CUDA(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming));
-  }
-  r.allocator->open_side_region();
-  t_side.open_device = device;
-  MS_CUDA(cudaEventRecord(s.fork, r.stream));
-  MS_CUDA(cudaStreamWaitEvent(s.stream, s.fork, 0));
-}
-
-void side_switch(bool on) {
-  MS_CHECK(t_side.open_device == current_device(), "side_switch outside a side region");
-  t_side.on_side = on;
-}
-
-void side_join() {
-  Runtime& r = runtime();
-  MS_CHECK(t_side.open_device == current_device(), "side_join outside a side region");
-  SideStreams::Side& s = t_side.sides[size_t(t_side.open_device)];
-  t_side.on_side = false;
-  t_side.open_device = -1;
-  MS_CUDA(cudaEventRecord(s.join, s.stream));
-  MS_CUDA(cudaStreamWaitEvent(r.stream, s.join, 0));
-  r.allocator->close_side_region();
-}
+cudaStream_t stream() { return runtime().stream; }
 cublasLtHandle_t lt_handle() { return runtime().lt; }
 int sm_count() { return runtime().sms; }
 bool hopper() { return runtime().hopper; }
