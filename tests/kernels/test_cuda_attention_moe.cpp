@@ -313,6 +313,11 @@ TEST(CudaOps, MlaAbsorbAndExpandMatchCpu) {
 }
 
 // Bit-for-bit equality of device tensors.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
 // An FP8 kv_b is dequantised once, into a kept BF16 copy (cuda::weight_bf16_kept): the
 // absorptions, and a many-row linear through it (the expanded prefill's keys), give exactly what
 // they give dequantising into scratch at every call (keeping off), the first call and the later
