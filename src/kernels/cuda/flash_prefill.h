@@ -117,10 +117,9 @@ struct MlaExpandedParams {
 // The wgmma kernel over `blocks` = tiles x heads blocks of block_rows (64 or 128) queries.
 void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows);
 
-// The warp-specialized 128-row kernels (flash_prefill_wgmma_ws.cu): a producer warpgroup and
-// two consumers, the consumers' products in ping-pong or not; variants of flash_prefill_wgmma.cu.
+// The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
+// consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.
 void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
-void flash_prefill_wgmma_pingpong(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {

@@ -36,10 +36,9 @@
 // Every warpgroup runs every tile, also the last diagonal one that may lie wholly past its rows
 // (all masked: p = 0): a warpgroup-uniform branch around wgmmas makes ptxas serialize them.
 //
-// Variants of the 128-row blocks, picked per call (flash_prefill.h; the bench times each): "n64"
-// above, the default; "n128", the same with 128-key tiles (S as m64n128k16, P V over 128 keys);
-// "n128peel", that with the last P V after the loop; "n128ws" / "n128pp", flash_prefill_wgmma_ws.cu's
-// warp-specialized kernel on 128-key tiles without and with the consumers' ping-pong.
+// The 128-row blocks take flash_prefill_wgmma_ws.cu's warp-specialized kernel by default ("n128ws":
+// a producer warpgroup, 128-key tiles, 1.38x this kernel at 8k tokens on the H200);
+// MOESERVE_FLASH_WGMMA_VARIANT=n64 keeps this one for them too. 64-row blocks always run here.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -52,17 +51,14 @@ namespace {
 
 using namespace wg;
 
-constexpr int kD = 128;
+constexpr int kD = 128, kKeys = 64;
+constexpr int kHalfBytes = kKeys * kRowBytes;  // 64 keys x 64 dims: one swizzled column block
+constexpr int kTileBytes = 2 * kHalfBytes;     // 64 keys x 128 dims of K (or V)
 
-// KEYS keys a tile (64 or 128); PEEL: the last tile's P V runs after the loop instead of an
-// iteration whose S product over a stale stage is discarded (see the loop).
-template <int WG, int STAGES, int MIN_BLOCKS, int KEYS = 64, bool PEEL = false>
+template <int WG, int STAGES, int MIN_BLOCKS>
 struct WgFlash {
-  static constexpr int kStages = STAGES, kMinBlocks = MIN_BLOCKS, kKeys = KEYS;
-  static constexpr bool kPeel = PEEL;
+  static constexpr int kStages = STAGES, kMinBlocks = MIN_BLOCKS;
   static constexpr int kThreads = 128 * WG, kRows = 64 * WG;
-  static constexpr int kHalfBytes = KEYS * kRowBytes;  // KEYS keys x 64 dims: one swizzled column block
-  static constexpr int kTileBytes = 2 * kHalfBytes;    // KEYS keys x 128 dims of K (or V)
   static constexpr int kQHalf = kRows * kRowBytes, kQBytes = 2 * kQHalf;  // Q: two column blocks
   static constexpr int kStageBytes = 2 * kTileBytes;                      // K, then V
   static constexpr size_t kSmemBytes = kQBytes + size_t(STAGES) * kStageBytes + kAtomBytes;  // + alignment slack
@@ -71,25 +67,16 @@ struct WgFlash {
   static constexpr int kRowsPass = kThreads / 16, kPieces = kKeys / kRowsPass, kQPieces = kRows / kRowsPass;
   static_assert(kAhead >= 1, "at least one tile of copies ahead");
   static_assert(kRowsPass % 8 == 0, "a thread's rows share one swizzle phase");
-  static_assert(KEYS == 64 || KEYS == 128, "S is one m64n64 or m64n128 product per 16 dims");
   static_assert(kSmemBytes * MIN_BLOCKS <= 227 * 1024, "shared memory of the blocks an SM");
 };
 // 161 KB, one block an SM (8 warps); two tiles of copies ahead.
 using Wg128 = WgFlash<2, 4, 1>;
 // 113 KB, two blocks an SM; one tile ahead.
 using Wg64 = WgFlash<1, 3, 2>;
-// 128-key tiles: each m64n128k16 of S reads Q's 2 KB once for 128 keys where two m64n64k16 read
-// it twice (shared-memory bytes per S flop 3/4 of n64's), and the loop's fences, waits, barrier
-// and max/sum shuffles come half as often. S 64 + O 64 + P 32 registers a thread, so two
-// warpgroups of 128 rows and one block an SM; 225 KB: three stages of 64 KB, one tile (the same
-// 64 KB as Wg128's two) of copies ahead.
-using Wg128K128 = WgFlash<2, 3, 1, 128>;
-using Wg128K128Peel = WgFlash<2, 3, 1, 128, true>;
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flash_prefill_wgmma_kernel(const FlashParams p) {
-  constexpr int kStages = T::kStages, kAhead = T::kAhead, kRowsPass = T::kRowsPass, kKeys = T::kKeys;
-  constexpr int kHalfBytes = T::kHalfBytes, kTileBytes = T::kTileBytes;
+  constexpr int kStages = T::kStages, kAhead = T::kAhead, kRowsPass = T::kRowsPass;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // [Q: 2 column blocks of kRows rows][stage: K column blocks 0, 1; V column blocks 0, 1], 1024-aligned.
   const uint32_t misalign = uint32_t(__cvta_generic_to_shared(smem_raw)) % kAtomBytes;
@@ -176,8 +163,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flash_prefill_wgmm
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t q_off = (kk / 4) * T::kQHalf + (kk % 4) * 32, k_off = (kk / 4) * kHalfBytes + (kk % 4) * 32;
-      if constexpr (kKeys == 64) wgmma_bf16_n64(s_acc, q_desc + (q_off >> 4), smem_desc(k_addr + k_off), kk > 0);
-      else wgmma_bf16_n128(s_acc, q_desc + (q_off >> 4), smem_desc(k_addr + k_off), kk > 0);
+      wgmma_bf16_n64(s_acc, q_desc + (q_off >> 4), smem_desc(k_addr + k_off), kk > 0);
     }
     wgmma_commit();
   };
@@ -193,48 +179,35 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flash_prefill_wgmm
   // then P V of tile t; the softmax of tile t + 1 runs while P V does, and only the rescale of
   // o and the new P wait for it. Nothing stays in flight from one iteration to the next (ptxas
   // serializes the wgmmas of a loop whose carried accumulators are moved while one is).
-  // P V of the last tile: without kPeel, one more iteration whose S product runs over a stale
-  // stage and is discarded (a branch around it would serialize the wgmmas too); with kPeel, after
-  // the loop, which saves that product (1 / ntiles of S: ~1.5% of all products, 128-key tiles, 8k).
-  auto pv = [&](int t) {
-    const uint32_t v_addr = kv_addr + (t % kStages) * T::kStageBytes + kTileBytes;
-    // Keys [16 kk, +16) of V start 16 rows (2048 bytes) on; dims 64.. are the next column block.
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_bf16_rs_nmajor128(o_acc, pa[kk], smem_desc_nmajor(v_addr + kk * 16 * kRowBytes, kHalfBytes));
-    wgmma_commit();
-  };
-  for (int t = 0; t < ntiles - int(T::kPeel); ++t) {
+  for (int t = 0; t < ntiles; ++t) {
+    // Past the last tile the S product runs over a stale stage and is discarded: a branch around
+    // it would serialize the wgmmas too.
     tile_ready(t + 1);
     // P and o are written before scores' wgmma.fence, which orders them before P V reads them.
     fence_operands(o_acc);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
     scores(t + 1);
-    pv(t);
+    const uint32_t v_addr = kv_addr + (t % kStages) * T::kStageBytes + kTileBytes;
+    // Keys [16 kk, +16) of V start 16 rows (2048 bytes) on; dims 64.. are the next column block.
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_bf16_rs_nmajor128(o_acc, pa[kk], smem_desc_nmajor(v_addr + kk * 16 * kRowBytes, kHalfBytes));
+    wgmma_commit();
     wgmma_wait<1>();  // S of tile t + 1 (committed first)
     fence_operands(s_acc);
     const int k1 = (t + 1) * kKeys;
-    if (T::kPeel || t + 1 < ntiles)
+    if (t + 1 < ntiles)
       flash_softmax_probs<kKeys>(s, k1 + kKeys > warp_full, k1, seen, p.scale_log2, lane, m, l, alpha);
     wgmma_wait<0>();  // P V of tile t
     fence_operands(o_acc);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
-    if (T::kPeel || t + 1 < ntiles) {
+    if (t + 1 < ntiles) {
       flash_rescale<kD>(o, alpha);
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
     }
-  }
-  if constexpr (T::kPeel) {
-    fence_operands(o_acc);
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
-    wgmma_fence();
-    pv(ntiles - 1);
-    wgmma_wait<0>();
-    fence_operands(o_acc);
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
   flash_store_rows<kD>(o, l, row, rows,
@@ -257,11 +230,7 @@ struct Variant {
   std::string_view name;
   void (*launch)(const FlashParams&, unsigned);
 };
-constexpr Variant kVariants[] = {{"n64", launch<Wg128>},
-                                 {"n128", launch<Wg128K128>},
-                                 {"n128peel", launch<Wg128K128Peel>},
-                                 {"n128ws", flash_prefill_wgmma_ws},
-                                 {"n128pp", flash_prefill_wgmma_pingpong}};
+constexpr Variant kVariants[] = {{"n128ws", flash_prefill_wgmma_ws}, {"n64", launch<Wg128>}};
 
 const Variant& variant_named(std::string_view name) {
   if (name.empty()) {

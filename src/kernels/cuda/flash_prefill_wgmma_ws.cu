@@ -1,6 +1,6 @@
-// The warp-specialized variants of flash_prefill_wgmma.cu's 128-row, 128-key-tile kernel
-// ("n128ws", "n128pp"): the same contract, tiles, shared layout, slot gather, causal rule and
-// products, but the copies leave the consumers. A block has three warpgroups: warpgroup 0 only
+// The warp-specialized kernel for flash_prefill_wgmma.cu's 128-row blocks ("n128ws", the
+// default on a Hopper): the same contract, tiles, slot gather, causal rule and products, on
+// 128-key tiles, but the copies leave the consumers. A block has three warpgroups: warpgroup 0 only
 // gathers K and V by slot (cp.async, 16 bytes a thread a row chunk) into three 64 KB stages;
 // warpgroups 1 and 2 own 64 query rows each and only compute.
 //
@@ -14,16 +14,15 @@
 // registers from the producer (56) to the consumers (224): 128 x 56 + 256 x 224 = 64512 of the
 // 65536 a multiprocessor has, the same as the launch's 168 x 384.
 //
-// Consumers: the n128peel loop (S of tile t + 1 issued before P V of tile t, the last P V after
-// the loop; a stale product past the last tile would wait for a stage nobody fills). cp.async
-// writes are generic-proxy and wgmma reads async-proxy: a consumer fences (fence.proxy.async)
-// after its full wait, before its products.
-// PINGPONG ("n128pp", FA3's inter-warpgroup schedule): the two consumers take turns to issue
-// their products, through named barriers 1 and 2 (bar.sync by the one whose turn it is, bar.arrive
-// by the other after it issued), so that one's softmax runs while the other's products occupy
-// the tensor cores. Each consumer has ntiles + 1 turns (S of tile 0, ntiles - 1 iterations, the
-// last P V); consumer 1 opens consumer 0's first turn and skips its own last hand-over, so every
-// bar.sync meets exactly one bar.arrive of the other.
+// 128-key tiles: each m64n128k16 of S reads Q's 2 KB once for 128 keys (n64 reads it twice), and
+// the per-tile waits, fences and max / sum shuffles come half as often.
+// Consumers: S of tile t + 1 issued before P V of tile t, the last P V after the loop (a stale
+// product past the last tile would wait for a stage nobody fills). cp.async writes are
+// generic-proxy and wgmma reads async-proxy: a consumer fences (fence.proxy.async) after its
+// full wait, before its products.
+// Measured on the H200 (BENCHMARKS, session 8; Qwen3's 32 / 4 heads, causal): 522 TFLOP/s at
+// 8192 tokens against 379 for the single-role 64-key kernel; FA3's ping-pong of the two
+// consumers on named barriers measured 476 and was dropped.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -46,7 +45,7 @@ constexpr int kRowsPass = 128 / 16, kPieces = kKeys / kRowsPass;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "the register file");
 
-// ---- mbarriers, named barriers and setmaxnreg (this kernel's alone; sm_90a as MS_WGMMA_ASM) ----
+// ---- mbarriers and setmaxnreg (this kernel's alone; sm_90a as MS_WGMMA_ASM) ----
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   MS_WGMMA_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -65,12 +64,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  MS_WGMMA_ASM("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  MS_WGMMA_ASM("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 template <int REGS>
 __device__ __forceinline__ void set_max_regs_dec() {
   MS_WGMMA_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
@@ -80,7 +73,6 @@ __device__ __forceinline__ void set_max_regs_inc() {
   MS_WGMMA_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
-template <bool PINGPONG>
 __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(const FlashParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // [Q: 2 column blocks of 128 rows][stage: K column blocks 0, 1; V column blocks 0, 1][barriers], 1024-aligned.
@@ -143,14 +135,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
   const int cw = wg - 1;  // this consumer's 64 rows: cw * 64..
   // warp: of the block's 128 rows (consumer 0 has warps 0-3), as in the single-role kernel.
   const int warp = tid / 32 - 4, lane = tid % 32, g = lane / 4, qd = lane % 4;
-  // The ping-pong turns: barrier 1 + c is consumer c's.
-  auto my_turn = [&] {
-    if constexpr (PINGPONG) named_sync(1 + cw, 256);
-  };
-  auto hand_over = [&] {
-    if constexpr (PINGPONG) named_arrive(2 - cw, 256);
-  };
-  if (cw == 1) hand_over();
 
   // This lane's two rows (g and g + 8 of the warp's 16); rows past the tile mask like its last.
   const int row[2] = {warp * 16 + g, warp * 16 + g + 8};
@@ -189,10 +173,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
   };
   float alpha[2];
   wait_full(0);
-  my_turn();
   wgmma_fence();
   scores(0);
-  hand_over();
   wgmma_wait<0>();
   fence_operands(s_acc);
   flash_softmax_probs<kKeys>(s, kKeys > warp_full, 0, seen, p.scale_log2, lane, m, l, alpha);
@@ -200,7 +182,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
   for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
   for (int t = 0; t < ntiles - 1; ++t) {
     wait_full(t + 1);
-    my_turn();
     // P and o are written before the wgmma.fence, which orders them before P V reads them.
     fence_operands(o_acc);
 #pragma unroll
@@ -208,7 +189,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
     wgmma_fence();
     scores(t + 1);
     pv(t);
-    hand_over();
     wgmma_wait<1>();  // S of tile t + 1 (committed first)
     fence_operands(s_acc);
     const int k1 = (t + 1) * kKeys;
@@ -222,33 +202,27 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
   }
-  my_turn();
   fence_operands(o_acc);
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
   wgmma_fence();
   pv(ntiles - 1);
-  if (cw == 0) hand_over();  // consumer 1 has no turn left to open
   wgmma_wait<0>();
   fence_operands(o_acc);
   flash_store_rows<kD>(o, l, row, rows,
                         [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
-template <bool PINGPONG>
-void launch(const FlashParams& p, unsigned blocks) {
-  static PerDeviceOnce smem_limit;
-  smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(flash_prefill_wgmma_ws_kernel<PINGPONG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(kSmemBytes)));
-  });
-  flash_prefill_wgmma_ws_kernel<PINGPONG><<<blocks, kThreads, kSmemBytes, stream()>>>(p);
-  MS_CUDA_LAUNCHED("flash_prefill_wgmma_ws_kernel");
-}
-
 }  // namespace
 
-void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) { launch<false>(p, blocks); }
-void flash_prefill_wgmma_pingpong(const FlashParams& p, unsigned blocks) { launch<true>(p, blocks); }
+void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) {
+  static PerDeviceOnce smem_limit;
+  smem_limit([] {
+    MS_CUDA(cudaFuncSetAttribute(flash_prefill_wgmma_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kSmemBytes)));
+  });
+  flash_prefill_wgmma_ws_kernel<<<blocks, kThreads, kSmemBytes, stream()>>>(p);
+  MS_CUDA_LAUNCHED("flash_prefill_wgmma_ws_kernel");
+}
 
 }  // namespace ms::cuda
