@@ -31,6 +31,7 @@ struct AttnParams {
   float scale;
   bool k_wide, v_wide;                           // rows of keys / values allow 16-byte loads
   bool mla_tc;                                   // MLA on the tensor cores (flash_mla.cu)
+  bool mla_wgmma;                                // ... on Hopper's warpgroup MMAs (flash_mla_wgmma.cu)
   bool gqa_tc;                                   // GQA decode on the tensor cores (flash_decode.cu)
 };
 
@@ -299,7 +300,7 @@ void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 // memory; the CUDA-core kernel's fill the GPU twice, at least 64 keys each.
 int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
   if (p.gqa_tc) return flash_decode_splits(p.T, kv_heads, max_visible);
-  if (p.mla_tc) return flash_mla_decode_splits(p.T, p.hq, max_visible);
+  if (p.mla_tc) return (p.mla_wgmma ? flash_mla_wgmma_decode_splits : flash_mla_decode_splits)(p.T, p.hq, max_visible);
   p.warps = std::min(p.group, 16);
   p.hgroups = (p.group + p.warps - 1) / p.warps;
   const int64_t blocks = int64_t(p.T) * kv_heads * p.hgroups, want = 2 * int64_t(sm_count());
@@ -348,8 +349,9 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
     p.part_acc = part_acc.data<float>(), p.part_ml = part_ml.data<float>();
   }
   if (p.mla_tc) {
-    flash_mla(MlaLaunch{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
-                        p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale});
+    const MlaLaunch l{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
+                      p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale};
+    p.mla_wgmma ? flash_mla_wgmma(l) : flash_mla(l);
   } else if (p.gqa_tc) {
     flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
                                  p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
@@ -438,6 +440,7 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   p.v = nullptr, p.dv = int(L);
   p.k_wide = wide_rows(kv_cache, L + R);
   p.mla_tc = flash_mla_supported(q_latent, q_rope, kv_cache, out);
+  p.mla_wgmma = p.mla_tc && use_flash_mla_wgmma(q_latent, q_rope, kv_cache, out);
   p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
   p.T = int(T), p.hq = int(H), p.group = int(H), p.scale = scale;
   run(p, 1, kv_cache.size(0), layout, "mla_attention");

@@ -69,6 +69,13 @@ struct MlaLaunch {
 void flash_mla(const MlaLaunch& l);
 // Splits of the keys for decode: enough blocks for one a multiprocessor, at least 64 keys each.
 int flash_mla_decode_splits(int64_t T, int64_t H, int max_visible);
+// The Hopper decode kernel (flash_mla_wgmma.cu, sm_90a): the same launch contract, 64 heads a
+// block on warpgroup MMAs. Whether decode takes it: a Hopper, heads a multiple of 64, queries
+// 16-byte aligned, unless MOESERVE_MLA_DECODE_WGMMA=0 (read per call).
+bool use_flash_mla_wgmma(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const Tensor& out);
+void flash_mla_wgmma(const MlaLaunch& l);
+// Its splits: one block a multiprocessor, at least 128 keys each.
+int flash_mla_wgmma_decode_splits(int64_t T, int64_t H, int max_visible);
 
 // GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the same split
 // and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
