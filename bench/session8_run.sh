@@ -3,6 +3,7 @@
 # directories under .b4/ (ignored). One tree ($SRC) is built; "before" sides are the same binary
 # with the environment switches that restore the old choices, so before and after share a
 # machine, a build and the models.
+# PHASE=3: the final tree against the session's start, V3 also at 1536 keys (see the branch).
 # PHASE=2: $SRC = the merged tree, $BEFORE_SRC = the session's start (d2480e8); tests, kernel timings,
 #   before/after bench-one-batch (see the branch below).
 # PHASE=1: $SRC = main + bench/gpu_pending.patch. Every single-GPU test (the FP8 tests also with
@@ -115,5 +116,19 @@ elif [ $PHASE = 2 ]; then
   bench_sides qwen3 "1 4096 16" "64 256 16"
   SIDES="before after noside:MOESERVE_SIDE_STREAM=0" bench_sides v2lite "1 4096 16" "64 256 16"
   for l in 2 5; do bench_sides v3ep8-$l "64 512 16" "256 128 16" "64 1536 16" "1 4096 16"; done
+elif [ $PHASE = 3 ]; then
+  # The final tree: the new MLA decode kernel's tests and timing first, every GPU test, then
+  # before / after (and after without the MLA decode kernel: "nomladec").
+  timeout 120 /tmp/b/tests/test_cuda_mla_decode_wgmma > $L/test_cuda_mla_decode_wgmma.log 2>&1
+  log "test_cuda_mla_decode_wgmma rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/test_cuda_mla_decode_wgmma.log | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|Expected|Which is|actual' $L/test_cuda_mla_decode_wgmma.log | head -12 >> "$OUT/summary.log"
+  opt_in_bench test_cuda_mla_decode_wgmma MOESERVE_BENCH_MLA_DECODE=1 'CudaOps.MlaDecodeWgmmaBench'
+  run_gpu_tests /tmp/b $TESTS
+  opt_in_bench test_cuda_flash_prefill MOESERVE_BENCH_PREFILL=1 '*Bench*'
+  SIDES="before after"
+  bench_sides qwen3 "1 8192 2" "1 4096 16" "64 256 16"
+  bench_sides v2lite "1 8192 2" "1 4096 16" "64 256 16"
+  SIDES="before after nomladec:MOESERVE_MLA_DECODE_WGMMA=0"
+  for l in 2 5; do bench_sides v3ep8-$l "64 512 16" "64 1536 16" "256 1536 8" "256 128 16" "1 4096 16"; done
 fi
 log done
