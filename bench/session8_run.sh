@@ -3,6 +3,7 @@
 # directories under .b4/ (ignored). One tree ($SRC) is built; "before" sides are the same binary
 # with the environment switches that restore the old choices, so before and after share a
 # machine, a build and the models.
+# PHASE=4: V3 (L = 2) decode at 1..32 queries, 1536 keys, with and without the MLA decode kernel.
 # PHASE=3: the final tree against the session's start, V3 also at 1536 keys (see the branch).
 # PHASE=2: $SRC = the merged tree, $BEFORE_SRC = the session's start (d2480e8); tests, kernel timings,
 #   before/after bench-one-batch (see the branch below).
@@ -74,6 +75,14 @@ for s in $SRC ${BEFORE_SRC:-}; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 log "nsys=${NSYS:-none} ncu=${NCU:-none}"
 TESTS=$(gpu_tests_of $SRC)
+if [ $PHASE = 4 ]; then  # moeserve and one model only: where the MLA decode kernel starts to pay
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve >> $L/build.log 2>&1
+  log "moeserve built rc=$?"
+  model v3ep8-2 deepseek-v3 2 --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32
+  SIDES="after nomladec:MOESERVE_MLA_DECODE_WGMMA=0"
+  bench_sides v3ep8-2 "1 1536 16" "4 1536 16" "8 1536 16" "16 1536 16" "32 1536 16"
+  log done; exit 0
+fi
 if [ -n "${BEFORE_SRC:-}" ]; then
   mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
   (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &
