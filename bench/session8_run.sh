@@ -3,6 +3,7 @@
 # directories under .b4/ (ignored). One tree ($SRC) is built; "before" sides are the same binary
 # with the environment switches that restore the old choices, so before and after share a
 # machine, a build and the models.
+# PHASE=5: the grouped GEMM's tiles (test, bench) and the 8k prefills with $WS_SIDES' tile choices.
 # PHASE=4: V3 (L = 2) decode at 1..32 queries, 1536 keys, with and without the MLA decode kernel.
 # PHASE=3: the final tree against the session's start, V3 also at 1536 keys (see the branch).
 # PHASE=2: $SRC = the merged tree, $BEFORE_SRC = the session's start (d2480e8); tests, kernel timings,
@@ -75,6 +76,19 @@ for s in $SRC ${BEFORE_SRC:-}; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 log "nsys=${NSYS:-none} ncu=${NCU:-none}"
 TESTS=$(gpu_tests_of $SRC)
+if [ $PHASE = 5 ]; then  # the grouped GEMM's warp-specialized tiles: test, bench, 8k prefills
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve test_cuda_grouped_gemm >> $L/build.log 2>&1
+  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 & 
+  timeout 90 /tmp/b/tests/test_cuda_grouped_gemm > $L/test_cuda_grouped_gemm.log 2>&1
+  log "test_cuda_grouped_gemm rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/test_cuda_grouped_gemm.log | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure' $L/test_cuda_grouped_gemm.log | head -12 >> "$OUT/summary.log"
+  opt_in_bench test_cuda_grouped_gemm MOESERVE_BENCH_GROUPED=1 'CudaGroupedGemm.GroupedGemmBench'
+  wait
+  SIDES="after ${WS_SIDES:-}"
+  bench_sides qwen3 "1 8192 2"; bench_sides v2lite "1 8192 2"
+  log done; exit 0
+fi
 if [ $PHASE = 4 ]; then  # moeserve and one model only: where the MLA decode kernel starts to pay
   configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve >> $L/build.log 2>&1
   log "moeserve built rc=$?"
