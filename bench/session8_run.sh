@@ -77,12 +77,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/su
 log "nsys=${NSYS:-none} ncu=${NCU:-none}"
 TESTS=$(gpu_tests_of $SRC)
 if [ $PHASE = 5 ]; then  # the grouped GEMM's warp-specialized tiles: test, bench, 8k prefills
-  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve test_cuda_grouped_gemm >> $L/build.log 2>&1
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve test_cuda_grouped_gemm test_cuda_flash_prefill >> $L/build.log 2>&1
   log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 & 
   timeout 90 /tmp/b/tests/test_cuda_grouped_gemm > $L/test_cuda_grouped_gemm.log 2>&1
   log "test_cuda_grouped_gemm rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/test_cuda_grouped_gemm.log | tr '\n' ' ')"
   grep -E '^\[  FAILED|Failure' $L/test_cuda_grouped_gemm.log | head -12 >> "$OUT/summary.log"
+  timeout 60 /tmp/b/tests/test_cuda_flash_prefill --gtest_filter='CudaFlashPrefill.MatchesCpu:CudaFlashPrefill.VariantFromEnvironment' > $L/test_cuda_flash_prefill.log 2>&1
+  log "test_cuda_flash_prefill rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/test_cuda_flash_prefill.log | tr '\n' ' ')"
   opt_in_bench test_cuda_grouped_gemm MOESERVE_BENCH_GROUPED=1 'CudaGroupedGemm.GroupedGemmBench'
   wait
   SIDES="after ${WS_SIDES:-}"
