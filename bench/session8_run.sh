@@ -85,10 +85,10 @@ if [ $PHASE = 5 ]; then  # the grouped GEMM's warp-specialized tiles: test, benc
   grep -E '^\[  FAILED|Failure' $L/test_cuda_grouped_gemm.log | head -12 >> "$OUT/summary.log"
   timeout 60 /tmp/b/tests/test_cuda_flash_prefill --gtest_filter='CudaFlashPrefill.MatchesCpu:CudaFlashPrefill.VariantFromEnvironment' > $L/test_cuda_flash_prefill.log 2>&1
   log "test_cuda_flash_prefill rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/test_cuda_flash_prefill.log | tr '\n' ' ')"
-  opt_in_bench test_cuda_grouped_gemm MOESERVE_BENCH_GROUPED=1 'CudaGroupedGemm.GroupedGemmBench'
   wait
   SIDES="after ${WS_SIDES:-}"
   bench_sides qwen3 "1 8192 2"; bench_sides v2lite "1 8192 2"
+  opt_in_bench test_cuda_grouped_gemm MOESERVE_BENCH_GROUPED=1 'CudaGroupedGemm.GroupedGemmBench'
   log done; exit 0
 fi
 if [ $PHASE = 4 ]; then  # moeserve and one model only: where the MLA decode kernel starts to pay
