@@ -154,7 +154,36 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_wgmma
   fence_operands(acc);
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
-  store_wgmma_tile<kBN, SWIGLU>(p, acc, m0, m_end, blockIdx.x, tid);
+  // Thread (g, t) of its warp holds rows g and g + 8 of the warp's 16, columns 8 i + 2 t, + 1.
+  const int lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int row0 = m0 + wg * 64 + ((tid % 128) / 32) * 16 + g;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + h * 8;
+    if (r >= m_end) continue;
+    bf16* crow = p.c + int64_t(r) * p.c_ld;
+    if constexpr (SWIGLU) {
+#pragma unroll
+      for (int i = 0; i < kBN / 16; ++i) {
+        const int col = blockIdx.x * (kBN / 2) + i * 8 + 2 * t;
+        if (col >= p.N) continue;
+        float v[2];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const float gate = acc[4 * i + 2 * h + q], up = acc[4 * (i + kBN / 16) + 2 * h + q];
+          v[q] = gate / (1.0f + expf(-gate)) * up;
+        }
+        store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i) {
+        const int col = blockIdx.x * kBN + i * 8 + 2 * t;
+        if (col >= p.N) continue;
+        store_pair(crow + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], p.pair_stores, col + 1 < p.N);
+      }
+    }
+  }
 }
 
 template <class T>

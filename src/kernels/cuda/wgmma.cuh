@@ -1,7 +1,6 @@
-// The Hopper warpgroup MMA (wgmma) building blocks shared by grouped_gemm_wgmma(_ws).cu and
-// flash_prefill_wgmma(_ws).cu: the 128-byte swizzled shared-memory tiles, their descriptors, the
-// fences, the wgmma shapes the kernels use, and the warp-specialized kernels' mbarriers and
-// register moves. sm_90a only (see MS_WGMMA_ASM).
+// The Hopper warpgroup MMA (wgmma) building blocks shared by grouped_gemm_wgmma.cu and
+// flash_prefill_wgmma.cu: the 128-byte swizzled shared-memory tiles, their descriptors, the
+// fences and the wgmma shapes the kernels use. sm_90a only (see MS_WGMMA_ASM).
 #pragma once
 #include <cstdint>
 
@@ -72,40 +71,6 @@ template <int N>
 __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
-// ---- mbarriers and setmaxnreg: the warp-specialized kernels' hand-over of stages ----
-// (flash_prefill_wgmma_ws.cu, grouped_gemm_wgmma_ws.cu; sm_90a as the wgmmas.)
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  MS_WGMMA_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  MS_WGMMA_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// One arrival when all of this thread's earlier cp.async copies have landed (noinc: the
-// barrier's count includes these arrivals).
-__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
-  MS_WGMMA_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  MS_WGMMA_ASM(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// A warpgroup's registers a thread, down or up (multiples of 8 in [24, 256]). A block's
-// warpgroups must not ask for more than the launch gave them all (the kernel's count x threads),
-// or the increase waits forever.
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_dec() {
-  MS_WGMMA_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_inc() {
-  MS_WGMMA_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
 // d (64 x N, this thread's N / 2 sums) += A (64 x 16 at descriptor a) * B (N x 16 at b)^T, both
