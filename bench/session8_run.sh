@@ -3,7 +3,8 @@
 # directories under .b4/ (ignored). One tree ($SRC) is built; "before" sides are the same binary
 # with the environment switches that restore the old choices, so before and after share a
 # machine, a build and the models.
-# PHASE=5: the grouped GEMM's tiles (test, bench) and the 8k prefills with $WS_SIDES' tile choices.
+# PHASE=5: the grouped GEMM's tiles (test, bench) and the 8k prefills with $WS_SIDES' tile choices
+#   (run on 55d79e8, whose warp-specialized tiles lost and were reverted in e69b1da).
 # PHASE=4: V3 (L = 2) decode at 1..32 queries, 1536 keys, with and without the MLA decode kernel.
 # PHASE=3: the final tree against the session's start, V3 also at 1536 keys (see the branch).
 # PHASE=2: $SRC = the merged tree, $BEFORE_SRC = the session's start (d2480e8); tests, kernel timings,
