@@ -66,24 +66,7 @@ __global__ void __launch_bounds__(kSortThreads)
     counts[e] = run;
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int base = 0, abase = 0;
-    for (int c = 0; c < E; c += 32) {
-      const int e = c + lane, cnt = e < E ? counts[e] : 0;
-      int incl = cnt;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      const unsigned has = __ballot_sync(0xffffffffu, cnt > 0);
-      if (e < E) counts[e] = out.offsets[e] = base + incl - cnt;
-      if (cnt > 0) out.active[abase + __popc(has & ((1u << lane) - 1))] = e;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-      abase += __popc(has);
-    }
-    if (lane == 0) out.offsets[E] = base, *out.n_active = abase;
-  }
+  if (threadIdx.x < 32) scan_expert_counts(counts, out, counts, int(threadIdx.x));  // counts become first rows
   __syncthreads();
   for (int i = threadIdx.x; i < nb * E; i += blockDim.x) hist[i] += counts[i % E];
   if (threadIdx.x == 0) g_sort_blocks_done = 0;

@@ -183,6 +183,29 @@ __device__ __forceinline__ void topk_row(const TL* row, const TopkParams& p, int
   if (lane == 0 && p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
 }
 
+// By one warp (lane = its lane): the exclusive scan of counts[0, out.experts) 32 experts a step
+// into out.offsets (and first_row, which may be counts itself: each lane reads its expert's count
+// before it writes there), the experts with rows in order into out.active, and their number.
+__device__ __forceinline__ void scan_expert_counts(const int32_t* counts, const SortedPairs& out, int32_t* first_row,
+                                                   int lane) {
+  const int E = out.experts;
+  int base = 0, abase = 0;
+  for (int c = 0; c < E; c += 32) {
+    const int e = c + lane, cnt = e < E ? counts[e] : 0;
+    int incl = cnt;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const unsigned has = __ballot_sync(0xffffffffu, cnt > 0);
+    if (e < E) out.offsets[e] = first_row[e] = base + incl - cnt;
+    if (cnt > 0) out.active[abase + __popc(has & ((1u << lane) - 1))] = e;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+    abase += __popc(has);
+  }
+  if (lane == 0) out.offsets[E] = base, *out.n_active = abase;
+}
+
 // Called by every thread of one block (it has block-wide barriers): the pairs ids [pairs / K, K]
 // sorted by expert into `out` for experts [first, first + out.experts). Counts of each expert,
 // their scan by warp 0 (32 experts a step) into row offsets and the list of experts with rows,
@@ -200,24 +223,7 @@ __device__ __forceinline__ void sort_pairs_by_expert(const int32_t* ids, int pai
     if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int base = 0, abase = 0;
-    for (int c = 0; c < E; c += 32) {
-      const int e = c + lane, cnt = e < E ? counts[e] : 0;
-      int incl = cnt;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      const unsigned has = __ballot_sync(0xffffffffu, cnt > 0);
-      if (e < E) out.offsets[e] = cursor[e] = base + incl - cnt;
-      if (cnt > 0) out.active[abase + __popc(has & ((1u << lane) - 1))] = e;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-      abase += __popc(has);
-    }
-    if (lane == 0) out.offsets[E] = base, *out.n_active = abase;
-  }
+  if (threadIdx.x < 32) scan_expert_counts(counts, out, cursor, int(threadIdx.x));
   __syncthreads();
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     const int e = ids[i] - first;
