@@ -60,6 +60,16 @@ inline Tensor poisoned(DType dtype, Shape shape) {
 }
 
 // Rows [r0, r0 + n) and columns [c0, c0 + w) of a 2-D device tensor, as a contiguous F32 host copy.
+// Elements of a and b (same dtype and size, either device) whose bits differ.
+inline int64_t bit_mismatches(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  const size_t es = dtype_size(a.dtype());
+  int64_t n = 0;
+  for (int64_t i = 0; i < ha.numel(); ++i)
+    n += std::memcmp(static_cast<const char*>(ha.raw()) + es * i, static_cast<const char*>(hb.raw()) + es * i, es) != 0;
+  return n;
+}
+
 inline Tensor host_block(const Tensor& dev, int64_t c0, int64_t w) {
   Tensor h = dev.to_f32();
   return h.slice(1, c0, c0 + w).clone();

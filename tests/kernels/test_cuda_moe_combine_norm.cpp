@@ -95,15 +95,6 @@ void fused(const Inputs& in, const ops::ExpertWeights& ex, const Tensor& norm_w,
   ops::moe_combine_add_rms_norm(rows, shared_of(in), gate_of(in), false, residual, norm_w, kEps, h);
 }
 
-int64_t bit_mismatches(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  const size_t es = dtype_size(a.dtype());
-  int64_t n = 0;
-  for (int64_t i = 0; i < ha.numel(); ++i)
-    n += std::memcmp(static_cast<const char*>(ha.raw()) + es * i, static_cast<const char*>(hb.raw()) + es * i, es) != 0;
-  return n;
-}
-
 TEST(CudaMoeCombineNorm, FusedMatchesUnfused) {
   MS_REQUIRE_CUDA();
   for (const auto& c : kCases) {

@@ -104,16 +104,6 @@ void unfused(const Tensor& x, const Router& r, const ops::RouterParams& p, Tenso
 
 void poison(Tensor& t) { MS_CUDA(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), cuda::stream())); }
 
-// Number of elements whose bits differ.
-int64_t bit_mismatches(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  const size_t es = dtype_size(a.dtype());
-  int64_t n = 0;
-  for (int64_t i = 0; i < ha.numel(); ++i)
-    n += std::memcmp(static_cast<const char*>(ha.raw()) + es * i, static_cast<const char*>(hb.raw()) + es * i, es) != 0;
-  return n;
-}
-
 TEST(CudaMoeRoute, FusedMatchesUnfusedInEveryVariant) {
   MS_REQUIRE_CUDA();
   for (const auto& c : kCases) {
