@@ -77,3 +77,12 @@ bench_before_after() {
     done
   done
 }
+# The random model $1 (shape $2, $3 layers, then extra flags) made by $B into .b4/models unless
+# there, linked as /tmp/$1; the caller defines $B, $L and left() (seconds of its budget left).
+model() {
+  local name=$1 shape=$2 layers=$3; shift 3
+  [ -e .b4/models/$name/config.json ] || timeout $(( $(left) - 20 )) $B make-random-model --shape $shape --layers $layers \
+    "$@" .b4/models/$name > $L/make-$name.log 2>&1
+  log "model $name rc=$? $(du -sh .b4/models/$name | cut -f1)"
+  ln -sfn $ROOT/.b4/models/$name /tmp/$name
+}

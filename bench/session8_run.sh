@@ -26,13 +26,6 @@ B=/tmp/b/moeserve
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 
-model() {  # the random model $1 (shape $2, $3 layers, then extra flags) in .b4/models, linked as /tmp/$1
-  local name=$1 shape=$2 layers=$3; shift 3
-  [ -e .b4/models/$name/config.json ] || timeout $(( $(left) - 20 )) $B make-random-model --shape $shape --layers $layers \
-    "$@" .b4/models/$name > $L/make-$name.log 2>&1
-  log "model $name rc=$? $(du -sh .b4/models/$name | cut -f1)"
-  ln -sfn $ROOT/.b4/models/$name /tmp/$name
-}
 # bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
 # ("name" or "name:VAR=v,VAR=v": the after binary with those variables set).
 bench_sides() {
