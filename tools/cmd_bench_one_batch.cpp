@@ -31,6 +31,7 @@ struct BenchArgs {
   uint64_t seed = 0;
   int cuda_graph_max_bs = 160;
   bool disable_cuda_graph = false;
+  bool trace_ops = false;
   ParallelArgs parallel;
 };
 
@@ -98,9 +99,12 @@ StaticBatchTimes run_single(const BenchArgs& a, const CausalLM& model, const Loa
     std::fill(cached.begin(), cached.end(), 0);
   }
   StaticBatchTimes times;
+  if (a.trace_ops) ops::op_trace_start(o.device);
   auto t0 = clock::now();
   auto next = step(ids);
   times.prefill = std::chrono::duration<double>(clock::now() - t0).count();
+  if (a.trace_ops) std::printf("The timed prefill, %.3f ms on the host's clock:\n%s", times.prefill * 1e3,
+                               ops::op_trace_report(o.device).c_str());
   for (int s = 1; s < a.output_len; ++s) {
     std::vector<std::vector<int32_t>> one(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) one[b] = {next[b]};
@@ -178,6 +182,8 @@ void add_bench_one_batch(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "seed of the random prompts");
   cmd->add_option("--cuda-graph-max-bs", a->cuda_graph_max_bs, "largest decode batch replayed from a CUDA graph");
   cmd->add_flag("--disable-cuda-graph", a->disable_cuda_graph, "run decode steps op by op");
+  cmd->add_flag("--trace-ops", a->trace_ops,
+                "CUDA: time the prefill op by op with events and print where the GPU waited for the host");
   cmd->add_option("--result-file", a->result_file, "append a JSON line with the results");
   a->parallel.add(cmd);
   cmd->callback([a] { bench(*a); });

@@ -7,8 +7,10 @@
 #include "kernels/cpu/cpu_ops.h"
 #if MOESERVE_WITH_CUDA
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/op_trace.h"
+// The scope's temporary lives until the op returns: it brackets the op's kernels when tracing.
 #define MS_DISPATCH(t, call) \
-  ((t).device() == Device::CUDA ? ::ms::cuda::call : ::ms::cpu::call)
+  ((t).device() == Device::CUDA ? (::ms::cuda::OpScope(#call), ::ms::cuda::call) : ::ms::cpu::call)
 #else
 // fail() never returns; the comma gives both branches the CPU op's type (void or a value).
 #define MS_DISPATCH(t, call)                                                                            \
@@ -36,6 +38,24 @@ std::unique_ptr<StepGraph> capture_step(Device device, const StepArrays& arrays,
 #else
   (void)arrays, (void)kv_capacity, (void)max_kv, (void)pool, (void)body;
   fail("this build has no CUDA backend (nvcc was not found): no CUDA graphs");
+#endif
+}
+
+void op_trace_start(Device device) {
+  MS_CHECK(device == Device::CUDA, "the op trace times CUDA ops only");
+#if MOESERVE_WITH_CUDA
+  ::ms::cuda::op_trace_start();
+#else
+  fail("this build has no CUDA backend (nvcc was not found): no op trace");
+#endif
+}
+
+std::string op_trace_report(Device device) {
+  MS_CHECK(device == Device::CUDA, "the op trace times CUDA ops only");
+#if MOESERVE_WITH_CUDA
+  return ::ms::cuda::op_trace_report();
+#else
+  fail("this build has no CUDA backend (nvcc was not found): no op trace");
 #endif
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -15,6 +16,12 @@ namespace ms::ops {
 // `gpu` >= 0 binds the calling thread to that GPU (rank threads each drive their own); -1 keeps
 // the thread's current one. Idempotent; throws when this build has no backend for it.
 void init_backend(Device device, int gpu = -1);
+
+// Where a stretch of GPU work loses its time (kernels/cuda/op_trace.h): op_trace_start, the
+// ops, then op_trace_report waits for them and returns each op's GPU time and the GPU's idle
+// time before it. CUDA only.
+void op_trace_start(Device device);
+std::string op_trace_report(Device device);
 
 // A weight as the checkpoint stores it: [out, in] in F32/BF16/F16, or F8_E4M3 with one
 // `scale_inv` per block_n x block_k block ([ceil(out/bn), ceil(in/bk)], F32; edge blocks may

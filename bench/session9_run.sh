@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 9's GPU calls (device tool, nvidia-h200), from the repository root; build and model
+# directories under .b4/ (ignored), so a warm machine reuses them.
+# PHASE=1: $SRC's moeserve; where the 8k prefills of Qwen3 and V2-Lite lose time
+#   (bench-one-batch --trace-ops) and the grouped GEMM's 128x256 tile against the default, end to end.
+#   PHASE=1 SRC=.devsrc-s9 BUDGET=560 timeout 580 bash bench/session9_run.sh; \
+#     cp $OUT/summary.log /tmp/logs/; tar czf $OUT/logs.tgz -C /tmp/logs .
+# Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+SRC=${SRC:-.devsrc-s9} PHASE=${PHASE:-1} L=/tmp/logs BUDGET=${BUDGET:-565}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+mkdir -p $L .b4/models .b4/after
+ln -sfn $ROOT/.b4/after /tmp/b
+B=/tmp/b/moeserve
+
+# bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
+# ("name" or "name:VAR=v,VAR=v": the binary with those variables set; "name:--flag" adds a flag).
+bench_sides() {
+  local name=$1 run b i o side label env flags bin; shift
+  for run in "$@"; do
+    read -r b i o <<< "$run"
+    for side in $SIDES; do
+      [ $(left) -gt 25 ] || return
+      label=${side%%:*} env="" flags=""
+      if [ "$side" != "$label" ]; then env=${side#*:}; env=${env//,/ }; fi
+      case "$env" in --*) flags=$env env="" ;; esac
+      bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
+      echo "== $label $name B=$b I=$i O=$o $flags" >> $L/bench.log
+      env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
+        --input-len $i --output-len $o $flags --result-file "$OUT/bench-$label.jsonl" >> $L/bench.log 2>&1
+      log "$label $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
+    done
+  done
+}
+
+[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+if [ $PHASE = 1 ]; then
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j16 --target moeserve >> $L/build.log 2>&1
+  log "moeserve built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 & wait
+  for m in qwen3 v2lite; do
+    SIDES="after trace:--trace-ops tile256:MOESERVE_GROUPED_GEMM_TILE=wgmma128x256x64 after" bench_sides $m "1 8192 2"
+    grep -A40 'The timed prefill' $L/bench.log | tail -n +1 > $L/trace-$m.log
+  done
+  grep -B2 -A30 'The timed prefill' $L/bench.log >> "$OUT/summary.log"
+  log done
+fi
