@@ -5,6 +5,9 @@
 #   (bench-one-batch --trace-ops) and the grouped GEMM's 128x256 tile against the default, end to end.
 #   PHASE=1 SRC=.devsrc-s9 BUDGET=560 timeout 580 bash bench/session9_run.sh; \
 #     cp $OUT/summary.log /tmp/logs/; tar czf $OUT/logs.tgz -C /tmp/logs .
+# PHASE=2: $SRC against $BEFORE_SRC: the GPU tests of what changed, the rope kernel's timing, and
+#   bench-one-batch before / after (8k and 2k prefills, the 2k also on each grouped GEMM tile;
+#   decode at B = 1 and 64).
 # Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -45,5 +48,30 @@ if [ $PHASE = 1 ]; then
     grep -A40 'The timed prefill' $L/bench.log | tail -n +1 > $L/trace-$m.log
   done
   grep -B2 -A30 'The timed prefill' $L/bench.log >> "$OUT/summary.log"
+  log done
+fi
+if [ $PHASE = 2 ]; then
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1 &
+  BB=$!
+  T2="test_cuda_fused test_cuda_moe_combine_norm test_cuda_grouped_gemm test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_prefill"
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve $T2 >> $L/build.log 2>&1
+  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T2
+  MOESERVE_ROPE_X8=0 timeout 60 /tmp/b/tests/test_cuda_fixtures > $L/fixtures_nox8.log 2>&1
+  log "test_cuda_fixtures MOESERVE_ROPE_X8=0 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $L/fixtures_nox8.log | tr '\n' ' ')"
+  for x in 1 0; do
+    MOESERVE_ROPE_X8=$x MOESERVE_BENCH_ATTENTION=1 timeout 60 /tmp/b/tests/test_cuda_attention_moe --gtest_filter='CudaOps.DecodeAttentionBench' > $L/attn_bench_$x.log 2>&1
+    log "rope x8=$x: $(grep 'rope_store_kv' $L/attn_bench_$x.log | tr '\n' ' ')"
+  done
+  wait; wait $BB; log "before built rc=$?"
+  SIDES="before after"
+  bench_sides qwen3 "1 8192 2"; bench_sides v2lite "1 8192 2"
+  SIDES="before after t128:MOESERVE_GROUPED_GEMM_TILE=wgmma128x128x64 t256:MOESERVE_GROUPED_GEMM_TILE=wgmma128x256x64"
+  bench_sides qwen3 "1 2048 2" "1 4096 2"; bench_sides v2lite "1 2048 2"
+  SIDES="before after"
+  bench_sides qwen3 "1 4096 16" "64 256 16"; bench_sides v2lite "1 4096 16" "64 256 16"
   log done
 fi

@@ -97,11 +97,14 @@ TEST(CudaFused, RopeStoreKvMatchesCpu) {
   for (GqaCase c : {GqaCase{1, 32, 4, 128, 128, false}, GqaCase{40, 32, 4, 128, 128, false},
                     GqaCase{17, 16, 8, 128, 128, true}, GqaCase{5, 8, 2, 128, 64, false},
                     GqaCase{3, 4, 4, 64, 64, true}, GqaCase{3, 8, 2, 256, 256, false},
-                    GqaCase{2, 4, 2, 320, 64, true}}) {
+                    GqaCase{2, 4, 2, 320, 64, true},
+                    // The 16-byte kernel (BF16, 128 dims, NeoX over all, 16+ tokens), with heads
+                    // of a token that do not fill its last chunk of four (12 + 2).
+                    GqaCase{300, 12, 2, 128, 128, false}, GqaCase{64, 32, 4, 128, 128, false}}) {
     const std::string name = std::to_string(c.T) + " tokens, " + std::to_string(c.hq) + "/" +
                              std::to_string(c.hkv) + " heads of " + std::to_string(c.D) + ", rot " +
                              std::to_string(c.rot_dim) + (c.interleaved ? " interleaved" : " neox");
-    const int64_t S = 64;
+    const int64_t S = std::max<int64_t>(64, 2 * c.T);
     RopeTable host = RopeTable::build(c.rot_dim, 1e6, 4096, c.interleaved), dev = host.to(Device::CUDA);
     const auto pos = random_positions(c.T, 4096);
     const auto slots = random_slots(c.T, S);
@@ -130,10 +133,11 @@ TEST(CudaFused, RopeStoreKvMatchesCpu) {
 // (strided tokens), q and k normalised per head before the rope; bf16 and F32 norm weights.
 TEST(CudaFused, RopeStoreKvWithHeadNormsOnFusedProjection) {
   MS_REQUIRE_CUDA();
-  const int64_t Hq = 32, Hkv = 4, D = 128, S = 64, W = (Hq + 2 * Hkv) * D;
+  const int64_t Hq = 32, Hkv = 4, D = 128, S = 1024, W = (Hq + 2 * Hkv) * D;
   // Full NeoX rotary (Qwen3), and a partial interleaved one: the norm covers the unrotated dims.
   for (auto [T, wdt, rot, interleaved] : std::vector<std::tuple<int64_t, DType, int, bool>>{
-           {1, DType::BF16, 128, false}, {23, DType::F32, 128, false}, {4, DType::BF16, 64, true}}) {
+           {1, DType::BF16, 128, false}, {23, DType::F32, 128, false}, {4, DType::BF16, 64, true},
+           {301, DType::BF16, 128, false}}) {
     RopeTable host = RopeTable::build(rot, 1e6, 4096, interleaved), dev = host.to(Device::CUDA);
     const auto pos = random_positions(T, 4096);
     const auto slots = random_slots(T, S);
@@ -143,17 +147,23 @@ TEST(CudaFused, RopeStoreKvWithHeadNormsOnFusedProjection) {
     const ops::HeadNorm hn{wq, wk, 1e-6f};
     cpu::rope_store_kv(qr, heads.slice(1, Hq, Hq + Hkv), heads.slice(1, Hq + Hkv, Hq + 2 * Hkv), host.at(pos), slots,
                        false, kcr, vcr, &hn);
-    Tensor g = gpu(qkv).view({T, Hq + 2 * Hkv, D}), kc = gpu(c0), vc = gpu(c0);
-    Tensor qg = g.slice(1, 0, Hq), wqg = gpu(wq, wdt), wkg = gpu(wk, wdt);
-    const ops::HeadNorm gn{wqg, wkg, 1e-6f};
-    cuda::rope_store_kv(qg, g.slice(1, Hq, Hq + Hkv), g.slice(1, Hq + Hkv, Hq + 2 * Hkv), dev.at(pos), slots, false, kc,
-                        vc, &gn);
-    Tensor gh = g.to_f32();
-    EXPECT_LT(rel_error(gh.slice(1, 0, Hq).clone(), qr.clone()), kBf16Tol) << T << " tokens: q";
-    EXPECT_LT(rel_error(cache_rows(kc, slots), cache_rows(kcr, slots)), kBf16Tol) << T << " tokens: keys";
-    EXPECT_EQ(rel_error(cache_rows(vc, slots), cache_rows(vcr, slots)), 0.0) << T << " tokens: values";
-    EXPECT_EQ(rel_error(gh.slice(1, Hq, Hq + 2 * Hkv).clone(), heads.slice(1, Hq, Hq + 2 * Hkv).clone()), 0.0)
-        << T << " tokens: k and v are inputs only";
+    // Both kernels: the 16-byte one (16+ tokens of 128-dim NeoX heads) and, turned off, the warp-a-head one.
+    for (const char* x8 : {"1", "0"}) {
+      setenv("MOESERVE_ROPE_X8", x8, 1);
+      const std::string name = std::to_string(T) + " tokens, MOESERVE_ROPE_X8=" + x8;
+      Tensor g = gpu(qkv).view({T, Hq + 2 * Hkv, D}), kc = gpu(c0), vc = gpu(c0);
+      Tensor qg = g.slice(1, 0, Hq), wqg = gpu(wq, wdt), wkg = gpu(wk, wdt);
+      const ops::HeadNorm gn{wqg, wkg, 1e-6f};
+      cuda::rope_store_kv(qg, g.slice(1, Hq, Hq + Hkv), g.slice(1, Hq + Hkv, Hq + 2 * Hkv), dev.at(pos), slots, false, kc,
+                          vc, &gn);
+      Tensor gh = g.to_f32();
+      EXPECT_LT(rel_error(gh.slice(1, 0, Hq).clone(), qr.clone()), kBf16Tol) << name << ": q";
+      EXPECT_LT(rel_error(cache_rows(kc, slots), cache_rows(kcr, slots)), kBf16Tol) << name << ": keys";
+      EXPECT_EQ(rel_error(cache_rows(vc, slots), cache_rows(vcr, slots)), 0.0) << name << ": values";
+      EXPECT_EQ(rel_error(gh.slice(1, Hq, Hq + 2 * Hkv).clone(), heads.slice(1, Hq, Hq + 2 * Hkv).clone()), 0.0)
+          << name << ": k and v are inputs only";
+    }
+    unsetenv("MOESERVE_ROPE_X8");
   }
 }
 

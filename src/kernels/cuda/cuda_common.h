@@ -70,6 +70,10 @@ void download(void* host, const void* device, size_t bytes);
 void check_device_tensor(const Tensor& t, std::initializer_list<DType> allowed, const char* op, const char* what);
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+// Whether rows starting at `p`, `stride_bytes` apart, are all 16-byte aligned (vector accesses).
+inline bool aligned16(const void* p, int64_t stride_bytes) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride_bytes % 16 == 0;
+}
 
 }  // namespace ms::cuda
 

@@ -160,10 +160,6 @@ constexpr int kThreads = 256;
 
 // Whether rows starting at `p`, `stride` elements of 2 bytes apart, are all 16-byte aligned.
 bool wide(const void* p, int64_t stride) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride % 8 == 0; }
-// Whether rows starting at `p`, `stride_bytes` apart, are all 16-byte aligned.
-bool aligned16(const void* p, int64_t stride_bytes) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride_bytes % 16 == 0;
-}
 
 }  // namespace
 

@@ -243,9 +243,14 @@ void launch(const Params& p, int64_t row_tiles, bool swiglu) {
   else launch_pdl(grouped_gemm_kernel<T, false>, grid, dim3(T::kThreads), T::kSmemBytes, p);
 }
 
-// The shapes built, by name (BM x BN x BK). The default is the first wgmma shape on a Hopper,
-// else 128x128x64: on the H200 (BENCHMARKS, session 7) wgmma128x128x64 ran Qwen3's and
-// V2-Lite's prefill experts at 450-530 TFLOP/s, the mma.sync shapes at 240-300.
+// The shapes built, by name (BM x BN x BK). The default is a wgmma shape on a Hopper, else
+// 128x128x64: on the H200 (BENCHMARKS, session 7) wgmma128x128x64 ran Qwen3's and V2-Lite's
+// prefill experts at 450-530 TFLOP/s, the mma.sync shapes at 240-300. Of the two wgmma shapes,
+// 128x256 reads (128 + 256) K-rows of operands for 128 x 256 outputs where 128x128 reads 256
+// for half as many, so it asks less of L2 for the same products; where experts get at least
+// kWideTileMeanRows rows on average it won (session 8's bench: ties at a mean of 256, 3-6 %
+// ahead from 384; session 9: Qwen3's 8k prefill 39.8 -> 37.8 ms end to end). Below, its single
+// block an SM (193 KiB of stages) has fewer, emptier tiles to overlap.
 struct TileEntry {
   const char* name;
   void (*launch)(const Params&, int64_t, bool);
@@ -255,14 +260,17 @@ constexpr TileEntry kTiles[] = {
     {"128x128x64", launch<Tile128x128x64>},
     {"128x256x32", launch<Tile128x256x32>},
     {"128x256x64", launch<Tile128x256x64>},
-    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]
-    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},
+    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]: the default ...
+    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},  // [5]: ... and with many rows an expert
 };
 
 std::mutex g_tile_mutex;
 std::string g_tile_override;  // set_grouped_gemm_tile's name; empty: the environment's
 
-const TileEntry& selected_tile() {
+constexpr int64_t kWideTileMeanRows = 256;
+
+// mean_rows: the call's rows an expert on average (the default shape depends on it).
+const TileEntry& selected_tile(int64_t mean_rows = 0) {
   std::string name;
   {
     std::lock_guard<std::mutex> lock(g_tile_mutex);
@@ -270,7 +278,7 @@ const TileEntry& selected_tile() {
   }
   if (name.empty()) {
     const char* env = std::getenv("MOESERVE_GROUPED_GEMM_TILE");
-    if (!env || !*env) return hopper() ? kTiles[4] : kTiles[1];
+    if (!env || !*env) return !hopper() ? kTiles[1] : mean_rows >= kWideTileMeanRows ? kTiles[5] : kTiles[4];
     name = env;
   }
   for (const TileEntry& t : kTiles)
@@ -341,7 +349,7 @@ void grouped_gemm(const GroupedGemmArgs& args, bool swiglu) {
                (!swiglu || args.w2) && args.offsets && args.c && args.c_ld >= args.N,
            "grouped_gemm: N ", args.N, " K ", args.K, " w_ld ", args.w_ld, " a_ld ", args.a_ld, " c_ld ", args.c_ld,
            " experts ", args.experts);
-  const TileEntry& tile = selected_tile();  // checked even when there is nothing to do
+  const TileEntry& tile = selected_tile(args.max_rows / std::max(args.experts, 1));  // checked even with nothing to do
   if (args.max_rows == 0) return;
   const int E = args.experts;
   Tensor tiles = grouped_tile_table(args.offsets, E, kBM);

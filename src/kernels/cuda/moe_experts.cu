@@ -57,11 +57,6 @@ std::pair<int, int> local_range(const X& e) {
   else return {0, e.num_experts()};
 }
 
-// Whether rows starting at `p`, `stride_bytes` apart, are all 16-byte aligned.
-bool aligned16(const void* p, int64_t stride_bytes) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride_bytes % 16 == 0;
-}
-
 constexpr int kGatherWarps = 8;  // rows a block, a warp each
 constexpr int kGatherUnroll = 4;  // 16-byte loads a lane has in flight before it stores
 

@@ -68,15 +68,38 @@ constexpr int kNormPieces = 2;          // 16-byte pieces a thread, at most
 constexpr int kNormMaxGroup = 1024;     // threads a row, at most: widths up to 16384
 constexpr int kNormMinBlock = 128;
 
-// What rms_norm_rows_kernel adds to x: piece c (8 columns) of row t, as f32.
-struct NoAddend {};
+// What rms_norm_rows_kernel adds to x: piece c (8 columns) of row t, as f32. kMaxGroup: the
+// most threads a row (the launch bound, so the registers a thread may use).
+struct NoAddend {
+  static constexpr int kMaxGroup = kNormMaxGroup;
+};
 struct RowAddend {  // rows of a bf16 tensor
+  static constexpr int kMaxGroup = kNormMaxGroup;
   const bf16* y;
   int64_t ys;
   __device__ void operator()(int64_t t, int c, float a[8]) const {
     unpack8(reinterpret_cast<const uint4*>(y + t * ys)[c], a);
   }
 };
+// Eight values of a bf16 or f32 row as raw bytes, and back to f32 (a piece in flight in registers).
+struct Raw8 {
+  uint4 lo, hi;  // hi: f32 only
+};
+__device__ __forceinline__ Raw8 load16(const bf16* p) { return {*reinterpret_cast<const uint4*>(p), {}}; }
+__device__ __forceinline__ Raw8 load16(const float* p) {
+  return {reinterpret_cast<const uint4*>(p)[0], reinterpret_cast<const uint4*>(p)[1]};
+}
+template <class TY>
+__device__ __forceinline__ void unpack16(const Raw8& r, float v[8]) {
+  if constexpr (std::is_same_v<TY, bf16>) {
+    unpack8(r.lo, v);
+  } else {
+    const uint32_t u[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(u[i]);
+  }
+}
+
 // A MoE block's output as the unfused ops leave it in bf16. First combine_expert_rows: the f32
 // sum over slots j in order of weights[t, j] * rows[row_of[t, j]] (rows -1 skipped; fmaf is the
 // contraction nvcc makes of its acc += w * v), rounded to bf16. Then, with a shared expert,
@@ -84,6 +107,9 @@ struct RowAddend {  // rows of a bf16 tensor
 // that kernel writes it), rounded again.
 template <class TY>
 struct MoeAddend {
+  // 512 threads a row (rows up to 8192 wide: DeepSeek-V3's 7168 takes two pieces a thread) leave
+  // 128 registers a thread for the pieces in flight; a 1024-thread bound spilled them.
+  static constexpr int kMaxGroup = 512;
   const TY* rows;
   const int32_t* row_of;
   const float* weights;
@@ -93,17 +119,32 @@ struct MoeAddend {
   int64_t ss;
   const bf16* gate;  // null: added ungated
   int64_t gs;
+  // Up to kBatch slots' row numbers, then all their pieces, are loaded before the first is
+  // summed: in a prefill the pieces are ~90 % of the bytes a norm moves, and one slot's row
+  // number, piece and sum in series each was a round trip a slot (8k Qwen3 tokens: ~2.9 TB/s).
+  static constexpr int kBatch = 8;
   __device__ void operator()(int64_t t, int c, float a[8]) const {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int j = 0; j < K; ++j) {
-      const int32_t r = row_of[t * K + j];
-      if (r < 0) continue;
-      const float w = weights[t * K + j];
-      float v[8];
-      load8(rows + int64_t(r) * H + c * 8, v);
+    for (int j0 = 0; j0 < K; j0 += kBatch) {
+      int32_t r[kBatch];
+      float w[kBatch];
+      Raw8 raw[kBatch];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, v[i], acc[i]);
+      for (int j = 0; j < kBatch; ++j) {
+        r[j] = j0 + j < K ? row_of[t * K + j0 + j] : -1;
+        w[j] = j0 + j < K ? weights[t * K + j0 + j] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (r[j] >= 0) raw[j] = load16(rows + int64_t(r[j]) * H + c * 8);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {  // slots in order: the combine's sum, bit for bit
+        if (r[j] < 0) continue;
+        float v[8];
+        unpack16<TY>(raw[j], v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[j], v[i], acc[i]);
+      }
     }
     unpack8(pack8(acc), a);
     if (!shared) return;
@@ -128,10 +169,10 @@ struct MoeAddend {
 // both reads are in flight together) in registers from the sum of squares to the write, so a row
 // is read once and in place is safe. With an addend y, a piece is x + y rounded to bf16, written
 // back to x, and that rounded value is normalised, as rms_norm_kernel does.
-// Bounded for the widest group (a 1024-thread block: 64 registers a thread), which a 7168-wide
-// row needs: the MoE addend's loop took more without the bound and the launch failed.
+// Bounded for the widest group the addend allows (Addend::kMaxGroup threads): without a bound
+// the MoE addend's loop took more registers than a 1024-thread block of 7168-wide rows has.
 template <class TW, class Addend>
-__global__ void __launch_bounds__(kNormMaxGroup) rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows,
+__global__ void __launch_bounds__(Addend::kMaxGroup) rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows,
                                      int group, bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
   pdl_trigger();  // the product after a norm may start fetching its weights now
@@ -197,7 +238,7 @@ template <class Addend>
 void launch_rows(const Tensor& x, const Rows& xr, Addend y, const Tensor& weight, float eps, const Tensor& out,
                  const Rows& orow) {
   int group = 1;
-  while (group < kNormMaxGroup && group < xr.width / 8) group *= 2;
+  while (group < Addend::kMaxGroup && group < xr.width / 8) group *= 2;
   const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
     rms_norm_rows_kernel<TW, Addend><<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(
@@ -266,7 +307,8 @@ void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, co
   const bool rows_wide = reinterpret_cast<uintptr_t>(ye.raw()) % 16 == 0 && H * int64_t(ys) % 16 == 0;
   const bool shared_fits = !shared || (shared->dtype() == DType::BF16 && wide(shared->raw(), sr.stride) &&
                                        (!shared_gate || shared_gate->dtype() == DType::BF16));
-  if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits) {
+  const bool narrow_enough = H <= 8 * kNormPieces * MoeAddend<bf16>::kMaxGroup;
+  if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits && narrow_enough) {
     MS_FLOAT_DISPATCH(ye.dtype(), TY, {
       const MoeAddend<TY> y{ye.data<TY>(),
                             routed.row_of.data<int32_t>(),

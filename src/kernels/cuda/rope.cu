@@ -3,7 +3,9 @@
 //   GQA: a warp per (token, head) over the Hq query heads and the Hkv key heads of every token:
 //        a query warp ropes its head in place; a key warp ropes the key head into its cache slot
 //        with the unrotated dims, and copies the value head into the value cache. Qwen3's
-//        per-head q/k RMSNorm runs in the same warp before the rope (a warp reduction).
+//        per-head q/k RMSNorm runs in the same warp before the rope (a warp reduction). Prefill
+//        batches of 128-dim NeoX heads take rope_store_kv_x8_kernel instead: 16 lanes a head,
+//        16-byte accesses, several heads a half-warp (see there).
 //   MLA: a grid of [tokens, 1 + query-head blocks]: block (t, 0) writes token t's cache row
 //        (RMSNorm of the latent, a block reduction; warp 0 ropes the key part of the kv_a row),
 //        blocks (t, 1..) rope q's rope dims, a warp a head.
@@ -16,6 +18,8 @@
 // interleaved form writes its result de-interleaved (i, i + half), as the CPU op and the
 // reference do. With F32 tensors and `round`, what a bf16 store would round is rounded (the
 // CPU's bf16 emulation); BF16 stores round by themselves.
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -203,6 +207,87 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
   if (Dv > done) copy_lanes(vsrc + done, vdst + done, Dv - done, false, lane);
 }
 
+// The common GQA case at prefill sizes (BF16, heads of 128 dims, NeoX rope over all of them,
+// values of 128): 16 lanes a head row, 16 bytes (dims 8l .. 8l + 7) a lane, and each half-warp
+// takes kX8Heads heads of one token, loading all of them (and the value heads of its key rows)
+// before computing. rope_store_kv_kernel, a warp a head row with 2-byte loads, keeps ~512 bytes
+// a warp in flight and runs a round trip a head: ~300k rows of an 8k Qwen3 prefill took 145 us a
+// layer there (~1.1 TB/s of the ~166 MB moved). Here a warp has 2-4 KB in flight. A rotate-half
+// partner (dim i +- 64) is lane l ^ 8 of the same half-warp, as the norm's sum is a reduction
+// over the half-warp's 16 lanes.
+constexpr int kX8Heads = 4, kX8Warps = 8;
+constexpr int64_t kX8MinTokens = 16;
+
+template <class TW>
+__device__ __forceinline__ void load8_weights(const TW* w, int lane16, float f[8]) {
+  load8(w + 8 * lane16, f);
+}
+
+template <class TW>
+__global__ void __launch_bounds__(kX8Warps * 32)
+    rope_store_kv_x8_kernel(bf16* q, Strided3 qs, const bf16* k, Strided3 ks, const bf16* v, Strided3 vs, bf16* kc,
+                            Strided3 kcs, bf16* vc, Strided3 vcs, int64_t tokens, int hq, int hkv,
+                            const int32_t* positions, const int32_t* slots, const float* cos, const float* sin,
+                            QkNormArgs<TW> norm) {
+  constexpr int kHalf = 64;
+  const int heads = hq + hkv, chunks = (heads + kX8Heads - 1) / kX8Heads;
+  const int64_t unit = (int64_t(blockIdx.x) * kX8Warps * 32 + threadIdx.x) / 16;  // (token, chunk of heads)
+  const int lane16 = threadIdx.x % 16;
+  // The shuffles name this half-warp's lanes only: the other half has its own unit, which may
+  // have fewer heads or none.
+  const unsigned half = 0xffffu << (threadIdx.x & 16);
+  pdl_trigger();  // as in rope_store_kv_kernel
+  if (unit >= tokens * chunks) return;
+  const int64_t t = unit / chunks;
+  const int h0 = int(unit % chunks) * kX8Heads;
+  const int pos = positions[t];
+  const int64_t slot = slots[t];
+  float wq[8], wk[8], c[8], sn[8];
+  if (norm.q) load8_weights(norm.q, lane16, wq), load8_weights(norm.k, lane16, wk);
+  load8(cos + int64_t(pos) * kHalf + 8 * (lane16 % 8), c);
+  load8(sin + int64_t(pos) * kHalf + 8 * (lane16 % 8), sn);
+  pdl_wait();  // q, k and v are the projection's, just computed
+  uint4 x[kX8Heads], val[kX8Heads];
+#pragma unroll
+  for (int u = 0; u < kX8Heads; ++u) {
+    const int h = h0 + u;
+    x[u] = val[u] = make_uint4(0, 0, 0, 0);
+    if (h >= heads) continue;
+    const bf16* src = h < hq ? q + t * qs.s0 + h * qs.s1 : k + t * ks.s0 + (h - hq) * ks.s1;
+    x[u] = *reinterpret_cast<const uint4*>(src + 8 * lane16);
+    if (h >= hq) val[u] = *reinterpret_cast<const uint4*>(v + t * vs.s0 + (h - hq) * vs.s1 + 8 * lane16);
+  }
+  const bool low = lane16 < 8;  // dims below 64: out = a c - b s; else out = b c + a s
+#pragma unroll
+  for (int u = 0; u < kX8Heads; ++u) {
+    const int h = h0 + u;
+    if (h >= heads) break;  // uniform over the half-warp
+    const bool is_q = h < hq;
+    float f[8];
+    unpack8(x[u], f);
+    if (norm.q) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+      for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(half, ss, o, 16);
+      const float inv = 1.0f / sqrtf(ss / 128.f + norm.eps);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = as_stored<bf16>(f[j] * inv * (is_q ? wq[j] : wk[j]), false);
+    }
+    float other[8], out[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) other[j] = __shfl_xor_sync(half, f[j], 8, 16);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = low ? f[j] * c[j] - other[j] * sn[j] : f[j] * c[j] + other[j] * sn[j];
+    if (is_q) {
+      store8(q + t * qs.s0 + h * qs.s1 + 8 * lane16, out);
+    } else {
+      store8(kc + slot * kcs.s0 + (h - hq) * kcs.s1 + 8 * lane16, out);
+      *reinterpret_cast<uint4*>(vc + slot * vcs.s0 + (h - hq) * vcs.s1 + 8 * lane16) = val[u];
+    }
+  }
+}
+
 __device__ float block_sum(float v, float* shared) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -297,6 +382,22 @@ void check_rope(const char* op, const ops::RopeArgs& r, int64_t tokens, int64_t 
   for (int32_t s : slots) MS_CHECK(s >= 0 && s < num_slots, "KV slot ", s, " outside 0..", num_slots - 1);
 }
 
+// Whether rope_store_kv_x8_kernel takes the call: BF16 heads of 128 dims with a NeoX rope over all
+// of them, values of 128, 16-byte aligned rows and heads, a batch of more than a few tokens (at
+// decode sizes the one-warp kernel has fewer round trips in series: see the header), and not
+// turned off (MOESERVE_ROPE_X8=0, read per call, so a test can compare both kernels).
+bool x8_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& kc, const Tensor& vc,
+              const ops::RopeArgs& r, const ops::HeadNorm* qk_norm) {
+  const char* env = std::getenv("MOESERVE_ROPE_X8");
+  if (env && std::string_view(env) == "0") return false;
+  auto rows_ok = [](const Tensor& t) {
+    return aligned16(t.raw(), t.strides()[0] * 2) && t.strides()[1] % 8 == 0;
+  };
+  return q.dtype() == DType::BF16 && q.size(0) >= kX8MinTokens && q.size(2) == 128 && v.size(2) == 128 &&
+         r.rot_dim == 128 && !r.interleaved && rows_ok(q) && rows_ok(k) && rows_ok(v) && rows_ok(kc) && rows_ok(vc) &&
+         (!qk_norm || (qk_norm->q.is_contiguous() && qk_norm->k.is_contiguous()));
+}
+
 }  // namespace
 
 void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& r,
@@ -327,6 +428,19 @@ void rope_store_kv(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeA
   if (T == 0) return;
   Tensor pos = upload_i32(r.positions), sl = upload_i32(slots);
   const bool round = round_bf16 && q.dtype() == DType::F32;
+  if (x8_takes(q, k, v, k_cache, v_cache, r, qk_norm)) {
+    MS_FLOAT_DISPATCH(qk_norm ? qk_norm->q.dtype() : DType::F32, TW, {
+      const QkNormArgs<TW> norm{qk_norm ? qk_norm->q.data<TW>() : nullptr, qk_norm ? qk_norm->k.data<TW>() : nullptr,
+                                qk_norm ? qk_norm->eps : 0.f};
+      const int64_t units = T * ((hq + hkv + kX8Heads - 1) / kX8Heads);
+      launch_pdl(rope_store_kv_x8_kernel<TW>, dim3(unsigned((units * 16 + kX8Warps * 32 - 1) / (kX8Warps * 32))),
+                 dim3(kX8Warps * 32), 0, q.data<bf16>(), qs, k.data<bf16>(), ks, v.data<bf16>(), vs,
+                 k_cache.data<bf16>(), kcs, v_cache.data<bf16>(), vcs, T, hq, hkv, pos.data<int32_t>(),
+                 sl.data<int32_t>(), r.cos.data<float>(), r.sin.data<float>(), norm);
+    });
+    MS_CUDA_LAUNCHED("rope_store_kv_x8_kernel");
+    return;
+  }
   const bool narrow = r.rot_dim / 2 <= 32 * 2 && D - r.rot_dim <= 32 * 2 && Dv <= 32 * 4;
   MS_FLOAT_DISPATCH(q.dtype(), TX, MS_FLOAT_DISPATCH(qk_norm ? qk_norm->q.dtype() : DType::F32, TW, {
     const QkNormArgs<TW> norm{qk_norm ? qk_norm->q.data<TW>() : nullptr, qk_norm ? qk_norm->k.data<TW>() : nullptr,
