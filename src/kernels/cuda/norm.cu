@@ -105,11 +105,15 @@ __device__ __forceinline__ void unpack16(const Raw8& r, float v[8]) {
 // contraction nvcc makes of its acc += w * v), rounded to bf16. Then, with a shared expert,
 // add_inplace (f + s) or add_sigmoid_gated (fmaf(g, s, f), g = 1 / (1 + expf(-gate)) written as
 // that kernel writes it), rounded again.
-template <class TY>
+// BATCH slots' row numbers, then all their pieces, are loaded before the first is summed: in a
+// prefill the pieces are ~90 % of the bytes a norm moves, and one slot's row number, piece and
+// sum in series each was a round trip a slot (8k Qwen3 tokens: ~2.9 TB/s). Rows up to 4096 wide
+// take groups of up to 512 threads, whose bound leaves 128 registers for 8 pieces in flight;
+// wider ones (DeepSeek-V3's 7168) keep add_rms_norm's 1024-thread groups, so that the sum of
+// squares adds up in the same order and the norm's bits match, a slot at a time (64 registers).
+template <class TY, int BATCH, int MAX_GROUP>
 struct MoeAddend {
-  // 512 threads a row (rows up to 8192 wide: DeepSeek-V3's 7168 takes two pieces a thread) leave
-  // 128 registers a thread for the pieces in flight; a 1024-thread bound spilled them.
-  static constexpr int kMaxGroup = 512;
+  static constexpr int kMaxGroup = MAX_GROUP, kBatch = BATCH;
   const TY* rows;
   const int32_t* row_of;
   const float* weights;
@@ -119,10 +123,6 @@ struct MoeAddend {
   int64_t ss;
   const bf16* gate;  // null: added ungated
   int64_t gs;
-  // Up to kBatch slots' row numbers, then all their pieces, are loaded before the first is
-  // summed: in a prefill the pieces are ~90 % of the bytes a norm moves, and one slot's row
-  // number, piece and sum in series each was a round trip a slot (8k Qwen3 tokens: ~2.9 TB/s).
-  static constexpr int kBatch = 8;
   __device__ void operator()(int64_t t, int c, float a[8]) const {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int j0 = 0; j0 < K; j0 += kBatch) {
@@ -307,19 +307,22 @@ void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, co
   const bool rows_wide = reinterpret_cast<uintptr_t>(ye.raw()) % 16 == 0 && H * int64_t(ys) % 16 == 0;
   const bool shared_fits = !shared || (shared->dtype() == DType::BF16 && wide(shared->raw(), sr.stride) &&
                                        (!shared_gate || shared_gate->dtype() == DType::BF16));
-  const bool narrow_enough = H <= 8 * kNormPieces * MoeAddend<bf16>::kMaxGroup;
-  if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits && narrow_enough) {
+  if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits) {
     MS_FLOAT_DISPATCH(ye.dtype(), TY, {
-      const MoeAddend<TY> y{ye.data<TY>(),
-                            routed.row_of.data<int32_t>(),
-                            routed.weights.data<float>(),
-                            int(K),
-                            H,
-                            shared ? shared->data<bf16>() : nullptr,
-                            sr.stride,
-                            shared_gate ? shared_gate->data<bf16>() : nullptr,
-                            gr.stride};
-      launch_rows(residual, xr, y, weight, eps, out, orow);
+      auto launch = [&]<class A>(A) {
+        const A y{ye.data<TY>(),
+                  routed.row_of.data<int32_t>(),
+                  routed.weights.data<float>(),
+                  int(K),
+                  H,
+                  shared ? shared->data<bf16>() : nullptr,
+                  sr.stride,
+                  shared_gate ? shared_gate->data<bf16>() : nullptr,
+                  gr.stride};
+        launch_rows(residual, xr, y, weight, eps, out, orow);
+      };
+      if (H <= 8 * 512) launch(MoeAddend<TY, 8, 512>{});
+      else launch(MoeAddend<TY, 1, kNormMaxGroup>{});
     });
     return;
   }
