@@ -12,7 +12,9 @@
 // head; each 64-key tile brings the head's K_nope and V from the GEMM's rows and the shared
 // k_rope from the gathered latents, by cp.async into two stages (84 KB), no slot indirection (the
 // keys are contiguous now). On a Hopper the same tiles run on warpgroup MMAs instead
-// (flash_mla_expanded_wgmma.cu) unless MOESERVE_MLA_WGMMA=0. Shapes other than 128 / 64 /
+// (flash_mla_expanded_wgmma.cu; its 128-row blocks on the warp-specialized
+// flash_mla_expanded_wgmma_ws.cu unless MOESERVE_MLA_EXPANDED_VARIANT says otherwise) unless
+// MOESERVE_MLA_WGMMA=0. Shapes other than 128 / 64 /
 // 128 (the tiny test models) build the 192-dim-style keys explicitly and take cuda::attention's
 // general kernel, so the layer's choice is the same on every model.
 #include <algorithm>
@@ -145,7 +147,7 @@ void absorbed(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& la
 }  // namespace
 
 void mla_prefill_expanded_on(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
-                             int nope, int v, float scale, Tensor& out, bool wgmma) {
+                             int nope, int v, float scale, Tensor& out, bool wgmma, std::string_view variant) {
   const int64_t T = q.size(0), H = q.size(1), R = q.size(2) - nope, L = kv_cache.size(1) - R;
   MS_CHECK(q.dim() == 3 && kv_cache.dim() == 2 && R > 0 && L > 0 && out.dim() == 3 && out.size(0) == T &&
                out.size(1) == H && out.size(2) == v && kv_b.in_features() == L &&
@@ -185,7 +187,7 @@ void mla_prefill_expanded_on(const Tensor& q, const Tensor& kv_cache, const Atte
   }
 
   // 3. Flash attention over them.
-  mla_expanded_attention(q, kv, lat.slice(1, L, L + R), layout, scale, out, wgmma);
+  mla_expanded_attention(q, kv, lat.slice(1, L, L + R), layout, scale, out, wgmma, variant);
 }
 
 void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,
@@ -197,7 +199,7 @@ void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const Attenti
 }
 
 void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rope, const AttentionLayout& layout,
-                            float scale, Tensor& out, bool wgmma) {
+                            float scale, Tensor& out, bool wgmma, std::string_view variant) {
   const int64_t T = q.size(0), H = q.size(1), K = kv.size(0);
   check_device_tensor(q, {DType::BF16}, "mla_prefill_expanded", "q");
   check_device_tensor(out, {DType::BF16}, "mla_prefill_expanded", "output");
@@ -240,7 +242,7 @@ void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rop
                             rope.data<bf16>(), rope.strides()[0],
                             out.data<bf16>(), out.strides()[0], out.strides()[1],
                             reinterpret_cast<const int4*>(d_tiles.raw()), int(H), scale * float(M_LOG2E)};
-  if (wgmma) mla_expanded_wgmma(p, unsigned(blocks), block_rows);
+  if (wgmma) mla_expanded_wgmma(p, unsigned(blocks), block_rows, variant);
   else if (block_rows == 128) launch<8>(p, unsigned(blocks));
   else launch<4>(p, unsigned(blocks));
 }

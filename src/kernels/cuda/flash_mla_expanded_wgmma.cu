@@ -13,9 +13,16 @@
 // Per 64-key tile and warpgroup: S = Q K^T in twelve m64n64k16 (the 192-dim reduction, K
 // K-major), the shared online softmax (flash_softmax.cuh), O += P V in four m64n128k16 with P
 // from registers and V N-major; S of tile t + 1 is issued before P V of tile t.
+//
+// The 128-row blocks take flash_mla_expanded_wgmma_ws.cu's warp-specialized kernel by default
+// ("ws": a producer warpgroup, 128-key tiles; "ws64" on 64-key tiles);
+// MOESERVE_MLA_EXPANDED_VARIANT=wg keeps this one for them too. 64-row blocks always run here.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/wgmma.cuh"
+
+#include <cstdlib>
+#include <sstream>
 
 namespace ms::cuda {
 namespace {
@@ -186,12 +193,39 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
   MS_CUDA_LAUNCHED("mla_expanded_wgmma_kernel");
 }
 
+// The kernels of 128-row blocks a run can pick (flash_prefill.h); the first is the default.
+struct Variant {
+  std::string_view name;
+  void (*launch)(const MlaExpandedParams&, unsigned);
+};
+constexpr Variant kVariants[] = {
+    {"ws", mla_expanded_wgmma_ws128}, {"ws64", mla_expanded_wgmma_ws64}, {"wg", launch<Mla128>}};
+
+const Variant& variant_named(std::string_view name) {
+  if (name.empty()) {
+    const char* env = std::getenv("MOESERVE_MLA_EXPANDED_VARIANT");
+    name = env ? env : kVariants[0].name;
+  }
+  for (const Variant& v : kVariants)
+    if (v.name == name) return v;
+  std::ostringstream known;
+  for (const Variant& v : kVariants) known << ' ' << v.name;
+  fail("mla_prefill_expanded: no wgmma variant '", name, "' (known:", known.str(), ")");
+}
+
 }  // namespace
 
-void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows) {
+std::vector<std::string> mla_expanded_wgmma_variants() {
+  std::vector<std::string> names;
+  for (const Variant& v : kVariants) names.emplace_back(v.name);
+  return names;
+}
+
+void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows, std::string_view variant) {
   MS_CHECK(hopper(), "mla_prefill_expanded: the wgmma kernel needs a Hopper GPU");
   MS_CHECK(block_rows == 64 || block_rows == 128, "mla_prefill_expanded: blocks of ", block_rows, " rows");
-  if (block_rows == 128) launch<Mla128>(p, blocks);
+  const Variant& tall = variant_named(variant);  // a bad name fails on every shape
+  if (block_rows == 128) tall.launch(p, blocks);
   else launch<Mla64>(p, blocks);
 }
 

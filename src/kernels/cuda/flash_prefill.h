@@ -40,16 +40,20 @@ void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tenso
                        const ops::AttentionLayout& layout, float scale, Tensor& out);
 
 // MLA prefill in the expanded form (flash_mla_expanded.cu): cuda::mla_prefill_expanded with its
-// attention on the Hopper kernel (flash_mla_expanded_wgmma.cu, sm_90a; q 16-byte aligned) or on
+// attention on the Hopper kernels (flash_mla_expanded_wgmma.cu, sm_90a; q 16-byte aligned) or on
 // mma.sync. The op takes wgmma on a Hopper where q allows it, unless MOESERVE_MLA_WGMMA=0 (read
-// per call); tests and the bench run both.
+// per call); tests and the bench run both. The wgmma kernels' 128-row blocks run one of several
+// variants (mla_expanded_wgmma_variants(), the default first): `variant`, or when empty
+// MOESERVE_MLA_EXPANDED_VARIANT (read per call), or the default; 64-row blocks have one.
 void mla_prefill_expanded_on(const Tensor& q, const Tensor& kv_cache, const ops::AttentionLayout& layout,
-                             const ops::Weight& kv_b, int nope, int v, float scale, Tensor& out, bool wgmma);
+                             const ops::Weight& kv_b, int nope, int v, float scale, Tensor& out, bool wgmma,
+                             std::string_view variant = {});
+std::vector<std::string> mla_expanded_wgmma_variants();
 // Its attention alone, at DeepSeek's 128 / 64 / 128: q [T, H, 192] over keys whose per-head
 // K_nope | V rows are kv [K, H * 256] and whose shared k_rope rows are rope [K, 64] (key j of
 // sequence s is row kv_start[s] + j); out [T, H, 128].
 void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rope, const ops::AttentionLayout& layout,
-                            float scale, Tensor& out, bool wgmma);
+                            float scale, Tensor& out, bool wgmma, std::string_view variant = {});
 
 // Decode's launch of the MLA kernel over device arrays (split-KV): query t sees keys
 // slots[kv_begin[t] + j], j < visible[t]; split z of `splits` takes j in [z * len, (z + 1) * len)
@@ -111,7 +115,8 @@ struct FlashParams {
   float scale_log2;
 };
 // The launch of the expanded MLA prefill kernels (flash_mla_expanded.cu, mma.sync;
-// flash_mla_expanded_wgmma.cu). Keys are contiguous rows, no slot indirection.
+// flash_mla_expanded_wgmma.cu, flash_mla_expanded_wgmma_ws.cu). Keys are contiguous rows, no
+// slot indirection.
 struct MlaExpandedParams {
   const bf16* q; int64_t q_s0, q_s1;  // [T, H, 192]
   const bf16* kv; int64_t kv_s0;      // [K, H * 256]: per head K_nope then V
@@ -121,8 +126,13 @@ struct MlaExpandedParams {
   int heads;                          // block b takes tile b / heads and head b % heads
   float scale_log2;
 };
-// The wgmma kernel over `blocks` = tiles x heads blocks of block_rows (64 or 128) queries.
-void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows);
+// The wgmma kernels over `blocks` = tiles x heads blocks of block_rows (64 or 128) queries; the
+// 128-row blocks in `variant` (mla_expanded_wgmma_variants; empty: the environment's or the default).
+void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows, std::string_view variant);
+// The warp-specialized kernels for 128-row blocks (flash_mla_expanded_wgmma_ws.cu): a producer
+// warpgroup and two consumers, on 128-key tiles (the default) or 64-key tiles.
+void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks);
+void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
 
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.

@@ -25,6 +25,7 @@
 // consumers on named barriers measured 476 and was dropped.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace ms::cuda {
@@ -44,34 +45,6 @@ constexpr size_t kSmemBytes = kBarrierOffset + 2 * kStages * 8 + kAtomBytes;  //
 constexpr int kRowsPass = 128 / 16, kPieces = kKeys / kRowsPass;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "the register file");
-
-// ---- mbarriers and setmaxnreg (this kernel's alone; sm_90a as MS_WGMMA_ASM) ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  MS_WGMMA_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  MS_WGMMA_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// One arrival when all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
-  MS_WGMMA_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  MS_WGMMA_ASM(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_dec() {
-  MS_WGMMA_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_inc() {
-  MS_WGMMA_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
 
 __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(const FlashParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
