@@ -129,10 +129,12 @@ void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_r
 void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
 // Its variants on split K / V barriers (flash_prefill_wgmma_kv.cu): "n128kv"; "n128kvx" with O's
 // rescale under the S product and a quarter of the exponentials on the FMA pipe; "n128kvp", one
-// persistent CTA a multiprocessor that loads its next item while it finishes the last.
+// persistent CTA a multiprocessor that loads its next item while it finishes the last; "n128kvxp",
+// both.
 void flash_prefill_wgmma_kv(const FlashParams& p, unsigned blocks);
 void flash_prefill_wgmma_kvx(const FlashParams& p, unsigned blocks);
 void flash_prefill_wgmma_kvp(const FlashParams& p, unsigned blocks);
+void flash_prefill_wgmma_kvxp(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {

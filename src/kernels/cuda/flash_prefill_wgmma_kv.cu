@@ -3,7 +3,8 @@
 //   "n128kv"   K and V of a stage on separate mbarriers, the producer's slot loads one tile early;
 //   "n128kvx"  n128kv, plus O's rescale moved under the S product and a quarter of the
 //              exponentials on the FMA pipe (a cubic, as FlashAttention-4 does on Blackwell);
-//   "n128kvp"  n128kv's kernel launched persistent: one CTA a multiprocessor walks its items.
+//   "n128kvp"  n128kv's kernel launched persistent: one CTA a multiprocessor walks its items;
+//   "n128kvxp" n128kvx's launched so: all of the above, should each win alone.
 // Same contract, tiles, shared layout (Q, three stages of K | V, 1024-aligned), slot gather,
 // causal rule and products as n128ws; only the hand-over and the softmax's instruction mix differ.
 //
@@ -399,5 +400,6 @@ void launch(const FlashParams& p, unsigned blocks, bool persistent) {
 void flash_prefill_wgmma_kv(const FlashParams& p, unsigned blocks) { launch<false>(p, blocks, false); }
 void flash_prefill_wgmma_kvx(const FlashParams& p, unsigned blocks) { launch<true>(p, blocks, false); }
 void flash_prefill_wgmma_kvp(const FlashParams& p, unsigned blocks) { launch<false>(p, blocks, true); }
+void flash_prefill_wgmma_kvxp(const FlashParams& p, unsigned blocks) { launch<true>(p, blocks, true); }
 
 }  // namespace ms::cuda
