@@ -71,6 +71,7 @@
 // 3 x 128 x 160 + 128 x 24 = 64512 leaves no room to overlap S of the next tile with P V).
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 #include <algorithm>
@@ -93,34 +94,6 @@ constexpr size_t kSmemBytes = kBarrierOffset + (4 * kStages + 1) * 8 + kAtomByte
 constexpr int kRowsPass = 128 / 16, kPieces = kKeys / kRowsPass;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "what the launch holds");
-
-// ---- mbarriers and setmaxnreg: flash_prefill_wgmma_ws.cu's, copied until they move to a shared header ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  MS_WGMMA_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  MS_WGMMA_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// One arrival when all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
-  MS_WGMMA_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  MS_WGMMA_ASM(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_dec() {
-  MS_WGMMA_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_inc() {
-  MS_WGMMA_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
 
 // 2^x for x <= 0 on the FMA pipe: x = j + f with j = floor(x) (adding 1.5 * 2^23 rounding down
 // leaves j in the low mantissa bits) and f in [0, 1); 2^f by a cubic (minimax in relative error,
