@@ -8,6 +8,9 @@
 # PHASE=2: $SRC against $BEFORE_SRC: the GPU tests of what changed, the rope kernel's timing, and
 #   bench-one-batch before / after (8k and 2k prefills, the 2k also on each grouped GEMM tile;
 #   decode at B = 1 and 64).
+# PHASE=3: $SRC (the helpers' attention variants merged) against $BEFORE_SRC: each prefill
+#   attention variant tested and timed alone (a hang costs its own timeout only), then 8k
+#   prefills with each variant, and DeepSeek-V3 (EP8 shard, L = 2 / 5) prefill of 4096.
 # Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -73,5 +76,43 @@ if [ $PHASE = 2 ]; then
   bench_sides qwen3 "1 2048 2" "1 4096 2"; bench_sides v2lite "1 2048 2"
   SIDES="before after"
   bench_sides qwen3 "1 4096 16" "64 256 16"; bench_sides v2lite "1 4096 16" "64 256 16"
+  log done
+fi
+if [ $PHASE = 3 ]; then
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1 &
+  T3="test_cuda_flash_prefill test_cuda_mla_prefill test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs"
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve $T3 >> $L/build.log 2>&1
+  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  GQA_OK="" MLA_OK=""
+  for v in n128ws n128kv n128kvx n128kvp n128kvxp; do
+    MOESERVE_FLASH_WGMMA_VARIANTS=$v timeout 90 /tmp/b/tests/test_cuda_flash_prefill --gtest_filter='CudaFlashPrefill.MatchesCpu' > $L/fp_$v.log 2>&1
+    rc=$?; log "flash_prefill MatchesCpu $v rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' $L/fp_$v.log | tr '\n' ' ')"
+    grep -E 'Failure|Expected|Which is' $L/fp_$v.log | head -6 >> "$OUT/summary.log"
+    [ $rc = 0 ] || continue
+    GQA_OK="$GQA_OK $v"
+    MOESERVE_FLASH_WGMMA_VARIANTS=$v MOESERVE_BENCH_PREFILL=1 timeout 60 /tmp/b/tests/test_cuda_flash_prefill --gtest_filter='CudaFlashPrefill.PrefillAttentionBench' > $L/fpb_$v.log 2>&1
+    grep '\[bench\]' $L/fpb_$v.log >> "$OUT/summary.log"
+  done
+  for v in wg ws ws64; do
+    MOESERVE_MLA_EXPANDED_VARIANTS=$v timeout 150 /tmp/b/tests/test_cuda_mla_prefill --gtest_filter='-*Bench' > $L/mla_$v.log 2>&1
+    rc=$?; log "mla_prefill $v rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' $L/mla_$v.log | tr '\n' ' ')"
+    grep -E 'Failure|Expected|Which is' $L/mla_$v.log | head -6 >> "$OUT/summary.log"
+    [ $rc = 0 ] && MLA_OK="$MLA_OK $v"
+  done
+  MOESERVE_MLA_EXPANDED_VARIANTS=$(echo $MLA_OK | tr ' ' ,) MOESERVE_BENCH_MLA_PREFILL=1 timeout 90 /tmp/b/tests/test_cuda_mla_prefill \
+    --gtest_filter='CudaMlaPrefill.MlaExpandedAttentionBench' > $L/mlab.log 2>&1
+  grep '\[bench\]' $L/mlab.log >> "$OUT/summary.log"
+  run_gpu_tests /tmp/b test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs
+  wait; log "models and before built: $(ls /tmp/before/moeserve)"
+  SIDES="before"; for v in $GQA_OK; do SIDES="$SIDES $v:MOESERVE_FLASH_WGMMA_VARIANT=$v"; done
+  bench_sides qwen3 "1 8192 2"
+  SIDES="before"; for v in $MLA_OK; do SIDES="$SIDES $v:MOESERVE_MLA_EXPANDED_VARIANT=$v"; done
+  bench_sides v2lite "1 8192 2"
+  for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done
+  SIDES="before"; for v in $MLA_OK; do SIDES="$SIDES $v:MOESERVE_MLA_EXPANDED_VARIANT=$v"; done
+  for l in 2 5; do bench_sides v3ep8-$l "1 4096 2"; done
   log done
 fi
