@@ -11,6 +11,9 @@
 # PHASE=3: $SRC (the helpers' attention variants merged) against $BEFORE_SRC: each prefill
 #   attention variant tested and timed alone (a hang costs its own timeout only), then 8k
 #   prefills with each variant, and DeepSeek-V3 (EP8 shard, L = 2 / 5) prefill of 4096.
+# PHASE=4: the session's final tree $SRC against its start $BEFORE_SRC: every single-GPU test, the
+#   rope kernel's timing, where the 8k prefills' time goes (--trace-ops), bench-one-batch before /
+#   after (8k prefills, decode at B = 1 and 64) and DeepSeek-V3's EP8 shard (L = 2 / 5).
 # Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -34,7 +37,7 @@ bench_sides() {
       bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
       echo "== $label $name B=$b I=$i O=$o $flags" >> $L/bench.log
       env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
-        --input-len $i --output-len $o $flags --result-file "$OUT/bench-$label.jsonl" >> $L/bench.log 2>&1
+        --input-len $i --output-len $o $flags --result-file "$L/bench-$label.jsonl" >> $L/bench.log 2>&1
       log "$label $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
     done
   done
@@ -114,5 +117,30 @@ if [ $PHASE = 3 ]; then
   for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done
   SIDES="before"; for v in $MLA_OK; do SIDES="$SIDES $v:MOESERVE_MLA_EXPANDED_VARIANT=$v"; done
   for l in 2 5; do bench_sides v3ep8-$l "1 4096 2"; done
+  log done
+fi
+if [ $PHASE = 4 ]; then
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j4 --target moeserve) > $L/build-before.log 2>&1 &
+  TESTS=$(gpu_tests_of $SRC)
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j12 --target moeserve >> $L/build.log 2>&1
+  log "moeserve built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  cmake --build /tmp/b -j12 --target ms_cuda_ceilings $TESTS >> $L/build.log 2>&1 &
+  TB=$!
+  model qwen3 qwen3-30b-a3b 12; model v2lite deepseek-v2-lite 9
+  wait $TB; log "tests built rc=$?"
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $TESTS
+  MOESERVE_BENCH_ATTENTION=1 timeout 60 /tmp/b/tests/test_cuda_attention_moe --gtest_filter='CudaOps.DecodeAttentionBench' > $L/attn_bench.log 2>&1
+  log "$(grep 'rope_store_kv' $L/attn_bench.log | tr '\n' ' ')"
+  wait; log "before: $(ls /tmp/before/moeserve)"
+  SIDES="before after trace:--trace-ops"
+  bench_sides qwen3 "1 8192 2"; bench_sides v2lite "1 8192 2"
+  grep -B1 -A26 'The timed prefill' $L/bench.log >> "$OUT/summary.log"
+  SIDES="before after"
+  bench_sides qwen3 "1 4096 16" "64 256 16"; bench_sides v2lite "1 4096 16" "64 256 16"
+  for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done
+  for l in 2 5; do bench_sides v3ep8-$l "1 4096 2" "64 1536 16"; done
   log done
 fi

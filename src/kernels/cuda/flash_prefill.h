@@ -137,14 +137,6 @@ void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.
 void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
-// Its variants on split K / V barriers (flash_prefill_wgmma_kv.cu): "n128kv"; "n128kvx" with O's
-// rescale under the S product and a quarter of the exponentials on the FMA pipe; "n128kvp", one
-// persistent CTA a multiprocessor that loads its next item while it finishes the last; "n128kvxp",
-// both.
-void flash_prefill_wgmma_kv(const FlashParams& p, unsigned blocks);
-void flash_prefill_wgmma_kvx(const FlashParams& p, unsigned blocks);
-void flash_prefill_wgmma_kvp(const FlashParams& p, unsigned blocks);
-void flash_prefill_wgmma_kvxp(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {

@@ -230,12 +230,7 @@ struct Variant {
   std::string_view name;
   void (*launch)(const FlashParams&, unsigned);
 };
-constexpr Variant kVariants[] = {{"n128ws", flash_prefill_wgmma_ws},
-                                 {"n128kv", flash_prefill_wgmma_kv},
-                                 {"n128kvx", flash_prefill_wgmma_kvx},
-                                 {"n128kvp", flash_prefill_wgmma_kvp},
-                                 {"n128kvxp", flash_prefill_wgmma_kvxp},
-                                 {"n64", launch<Wg128>}};
+constexpr Variant kVariants[] = {{"n128ws", flash_prefill_wgmma_ws}, {"n64", launch<Wg128>}};
 
 const Variant& variant_named(std::string_view name) {
   if (name.empty()) {

@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
 
 namespace ms::cuda {
 namespace {
@@ -209,13 +210,16 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
 
 // The common GQA case at prefill sizes (BF16, heads of 128 dims, NeoX rope over all of them,
 // values of 128): 16 lanes a head row, 16 bytes (dims 8l .. 8l + 7) a lane, and each half-warp
-// takes kX8Heads heads of one token, loading all of them (and the value heads of its key rows)
-// before computing. rope_store_kv_kernel, a warp a head row with 2-byte loads, keeps ~512 bytes
-// a warp in flight and runs a round trip a head: ~300k rows of an 8k Qwen3 prefill took 145 us a
-// layer there (~1.1 TB/s of the ~166 MB moved). Here a warp has 2-4 KB in flight. A rotate-half
-// partner (dim i +- 64) is lane l ^ 8 of the same half-warp, as the norm's sum is a reduction
-// over the half-warp's 16 lanes.
-constexpr int kX8Heads = 4, kX8Warps = 8;
+// takes kX8Heads heads of one token, copying all of them (and the value heads of its key rows)
+// into shared memory with cp.async before computing. The kernel is a stream (~166 MB for an 8k
+// Qwen3 layer), so what bounds it is the bytes in flight an SM: rope_store_kv_kernel, a warp a
+// head row with 2-byte loads, kept ~512 bytes a warp and took 145 us a layer (~1.1 TB/s); 16-byte
+// loads into registers, 4 heads a half-warp, took 81 us, with registers (98 a thread, 16 warps
+// an SM) bounding them to ~32 KB an SM. Copies into shared memory cost no registers: each thread
+// reads back only its own pieces (so no barrier), laid out [head][x or v][thread] so that a
+// warp's 16-byte reads are conflict-free. A rotate-half partner (dim i +- 64) is lane l ^ 8 of
+// the same half-warp, as the norm's sum is a reduction over the half-warp's 16 lanes.
+constexpr int kX8Heads = 8, kX8Warps = 4;
 constexpr int64_t kX8MinTokens = 16;
 
 template <class TW>
@@ -246,17 +250,18 @@ __global__ void __launch_bounds__(kX8Warps * 32)
   if (norm.q) load8_weights(norm.q, lane16, wq), load8_weights(norm.k, lane16, wk);
   load8(cos + int64_t(pos) * kHalf + 8 * (lane16 % 8), c);
   load8(sin + int64_t(pos) * kHalf + 8 * (lane16 % 8), sn);
+  __shared__ uint4 stage[kX8Heads][2][kX8Warps * 32];  // [head][x, v][thread]: 32 KB
   pdl_wait();  // q, k and v are the projection's, just computed
-  uint4 x[kX8Heads], val[kX8Heads];
 #pragma unroll
   for (int u = 0; u < kX8Heads; ++u) {
     const int h = h0 + u;
-    x[u] = val[u] = make_uint4(0, 0, 0, 0);
-    if (h >= heads) continue;
+    if (h >= heads) break;
     const bf16* src = h < hq ? q + t * qs.s0 + h * qs.s1 : k + t * ks.s0 + (h - hq) * ks.s1;
-    x[u] = *reinterpret_cast<const uint4*>(src + 8 * lane16);
-    if (h >= hq) val[u] = *reinterpret_cast<const uint4*>(v + t * vs.s0 + (h - hq) * vs.s1 + 8 * lane16);
+    cp_async16(&stage[u][0][threadIdx.x], src + 8 * lane16, true);
+    if (h >= hq) cp_async16(&stage[u][1][threadIdx.x], v + t * vs.s0 + (h - hq) * vs.s1 + 8 * lane16, true);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
   const bool low = lane16 < 8;  // dims below 64: out = a c - b s; else out = b c + a s
 #pragma unroll
   for (int u = 0; u < kX8Heads; ++u) {
@@ -264,7 +269,7 @@ __global__ void __launch_bounds__(kX8Warps * 32)
     if (h >= heads) break;  // uniform over the half-warp
     const bool is_q = h < hq;
     float f[8];
-    unpack8(x[u], f);
+    unpack8(stage[u][0][threadIdx.x], f);
     if (norm.q) {
       float ss = 0.f;
 #pragma unroll
@@ -283,7 +288,7 @@ __global__ void __launch_bounds__(kX8Warps * 32)
       store8(q + t * qs.s0 + h * qs.s1 + 8 * lane16, out);
     } else {
       store8(kc + slot * kcs.s0 + (h - hq) * kcs.s1 + 8 * lane16, out);
-      *reinterpret_cast<uint4*>(vc + slot * vcs.s0 + (h - hq) * vcs.s1 + 8 * lane16) = val[u];
+      *reinterpret_cast<uint4*>(vc + slot * vcs.s0 + (h - hq) * vcs.s1 + 8 * lane16) = stage[u][1][threadIdx.x];
     }
   }
 }
