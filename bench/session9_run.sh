@@ -142,5 +142,8 @@ if [ $PHASE = 4 ]; then
   bench_sides qwen3 "1 4096 16" "64 256 16"; bench_sides v2lite "1 4096 16" "64 256 16"
   for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done
   for l in 2 5; do bench_sides v3ep8-$l "1 4096 2" "64 1536 16"; done
+  SIDES="trace:--trace-ops,--disable-cuda-graph" bench_sides v3ep8-2 "64 1536 4"
+  SIDES="trace:--trace-ops,--disable-cuda-graph" bench_sides qwen3 "1 4096 4"
+  grep -A26 'The last decode step' $L/bench.log >> "$OUT/summary.log"
   log done
 fi

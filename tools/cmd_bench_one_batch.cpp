@@ -108,9 +108,14 @@ StaticBatchTimes run_single(const BenchArgs& a, const CausalLM& model, const Loa
   for (int s = 1; s < a.output_len; ++s) {
     std::vector<std::vector<int32_t>> one(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) one[b] = {next[b]};
+    // A replayed graph is one launch: only a decode step run op by op can be traced.
+    const bool trace = a.trace_ops && !graphs && s == a.output_len - 1;
+    if (trace) ops::op_trace_start(o.device);
     auto t = clock::now();
     next = step(one);
     times.decode.push_back(std::chrono::duration<double>(clock::now() - t).count());
+    if (trace) std::printf("The last decode step, %.3f ms on the host's clock:\n%s", times.decode.back() * 1e3,
+                           ops::op_trace_report(o.device).c_str());
     times.decode_comm.push_back(0);
   }
   return times;
@@ -183,7 +188,8 @@ void add_bench_one_batch(CLI::App& app) {
   cmd->add_option("--cuda-graph-max-bs", a->cuda_graph_max_bs, "largest decode batch replayed from a CUDA graph");
   cmd->add_flag("--disable-cuda-graph", a->disable_cuda_graph, "run decode steps op by op");
   cmd->add_flag("--trace-ops", a->trace_ops,
-                "CUDA: time the prefill op by op with events and print where the GPU waited for the host");
+                "CUDA: time the prefill (and, with --disable-cuda-graph, the last decode step) op by op with events "
+                "and print where the GPU waited for the host");
   cmd->add_option("--result-file", a->result_file, "append a JSON line with the results");
   a->parallel.add(cmd);
   cmd->callback([a] { bench(*a); });
