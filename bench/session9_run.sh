@@ -14,6 +14,8 @@
 # PHASE=4: the session's final tree $SRC against its start $BEFORE_SRC: every single-GPU test, the
 #   rope kernel's timing, where the 8k prefills' time goes (--trace-ops), bench-one-batch before /
 #   after (8k prefills, decode at B = 1 and 64) and DeepSeek-V3's EP8 shard (L = 2 / 5).
+# PHASE=5: $SRC (norm kernels with one piece a thread) against $BEFORE_SRC (PHASE=4's tree): their
+#   tests, the 8k prefills (and their op traces), and DeepSeek-V3's EP8 shard at B = 64 again.
 # Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -145,5 +147,23 @@ if [ $PHASE = 4 ]; then
   SIDES="trace:--trace-ops,--disable-cuda-graph" bench_sides v3ep8-2 "64 1536 4"
   SIDES="trace:--trace-ops,--disable-cuda-graph" bench_sides qwen3 "1 4096 4"
   grep -A26 'The last decode step' $L/bench.log >> "$OUT/summary.log"
+  log done
+fi
+if [ $PHASE = 5 ]; then
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1 &
+  T5="test_cuda_moe_combine_norm test_cuda_fused test_cuda_fixtures test_cuda_engine_graphs"
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve $T5 >> $L/build.log 2>&1
+  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T5
+  wait; log "before: $(ls /tmp/before/moeserve)"
+  SIDES="before after trace:--trace-ops before after"
+  bench_sides qwen3 "1 8192 2"; bench_sides v2lite "1 8192 2"
+  grep -B1 -A14 'The timed prefill' $L/bench.log >> "$OUT/summary.log"
+  for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done
+  SIDES="before after before after"
+  for l in 2 5; do bench_sides v3ep8-$l "64 1536 16"; done
   log done
 fi

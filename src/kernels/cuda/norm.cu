@@ -171,17 +171,20 @@ struct MoeAddend {
 // back to x, and that rounded value is normalised, as rms_norm_kernel does.
 // Bounded for the widest group the addend allows (Addend::kMaxGroup threads): without a bound
 // the MoE addend's loop took more registers than a 1024-thread block of 7168-wide rows has.
-template <class TW, class Addend>
-__global__ void __launch_bounds__(Addend::kMaxGroup) rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows,
-                                     int group, bf16* out, int64_t os) {
+// PIECES: the 16-byte pieces a thread takes at most (1 unless a row is wider than 8 x the
+// group): registers held for a second piece would cost warps an SM for nothing.
+template <class TW, class Addend, int PIECES>
+__global__ void __launch_bounds__(Addend::kMaxGroup)
+    rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows, int group,
+                         bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
   pdl_trigger();  // the product after a norm may start fetching its weights now
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   const int g = int(threadIdx.x) % group, n = D / 8;
   const bool live = row < rows;  // threads past the last row still join the reductions
-  float v[kNormPieces][8], wt[kNormPieces][8], ss = 0.f;
+  float v[PIECES][8], wt[PIECES][8], ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < kNormPieces; ++i) {
+  for (int i = 0; i < PIECES; ++i) {
     const int c = g + group * i;
     if (!live || c >= n) break;
     uint4* xp = reinterpret_cast<uint4*>(x + row * xs) + c;
@@ -209,7 +212,7 @@ __global__ void __launch_bounds__(Addend::kMaxGroup) rms_norm_rows_kernel(bf16* 
   }
   const float inv = 1.0f / sqrtf(ss / float(D) + eps);
 #pragma unroll
-  for (int i = 0; i < kNormPieces; ++i) {
+  for (int i = 0; i < PIECES; ++i) {
     const int c = g + group * i;
     if (!live || c >= n) break;
     float o[8];
@@ -240,10 +243,12 @@ void launch_rows(const Tensor& x, const Rows& xr, Addend y, const Tensor& weight
   int group = 1;
   while (group < Addend::kMaxGroup && group < xr.width / 8) group *= 2;
   const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
+  const bool one_piece = xr.width <= 8 * int64_t(group);
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-    rms_norm_rows_kernel<TW, Addend><<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(
-        x.data<bf16>(), xr.stride, y, weight.data<TW>(), eps, int(xr.width), xr.n, group, out.data<bf16>(),
-        orow.stride);
+    auto kernel = one_piece ? rms_norm_rows_kernel<TW, Addend, 1> : rms_norm_rows_kernel<TW, Addend, kNormPieces>;
+    kernel<<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(x.data<bf16>(), xr.stride, y, weight.data<TW>(),
+                                                                      eps, int(xr.width), xr.n, group,
+                                                                      out.data<bf16>(), orow.stride);
   });
   MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
 }
