@@ -19,10 +19,8 @@
 // MOESERVE_MLA_EXPANDED_VARIANT=wg keeps this one for them too. 64-row blocks always run here.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/kernel_variants.h"
 #include "kernels/cuda/wgmma.cuh"
-
-#include <cstdlib>
-#include <sstream>
 
 namespace ms::cuda {
 namespace {
@@ -194,37 +192,19 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 }
 
 // The kernels of 128-row blocks a run can pick (flash_prefill.h); the first is the default.
-struct Variant {
-  std::string_view name;
-  void (*launch)(const MlaExpandedParams&, unsigned);
-};
+using Variant = KernelVariant<void (*)(const MlaExpandedParams&, unsigned)>;
 constexpr Variant kVariants[] = {
     {"ws", mla_expanded_wgmma_ws128}, {"ws64", mla_expanded_wgmma_ws64}, {"wg", launch<Mla128>}};
 
-const Variant& variant_named(std::string_view name) {
-  if (name.empty()) {
-    const char* env = std::getenv("MOESERVE_MLA_EXPANDED_VARIANT");
-    name = env ? env : kVariants[0].name;
-  }
-  for (const Variant& v : kVariants)
-    if (v.name == name) return v;
-  std::ostringstream known;
-  for (const Variant& v : kVariants) known << ' ' << v.name;
-  fail("mla_prefill_expanded: no wgmma variant '", name, "' (known:", known.str(), ")");
-}
-
 }  // namespace
 
-std::vector<std::string> mla_expanded_wgmma_variants() {
-  std::vector<std::string> names;
-  for (const Variant& v : kVariants) names.emplace_back(v.name);
-  return names;
-}
+std::vector<std::string> mla_expanded_wgmma_variants() { return variant_names(kVariants); }
 
 void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows, std::string_view variant) {
   MS_CHECK(hopper(), "mla_prefill_expanded: the wgmma kernel needs a Hopper GPU");
   MS_CHECK(block_rows == 64 || block_rows == 128, "mla_prefill_expanded: blocks of ", block_rows, " rows");
-  const Variant& tall = variant_named(variant);  // a bad name fails on every shape
+  // A bad name fails on every shape.
+  const Variant& tall = variant_named(kVariants, variant, "MOESERVE_MLA_EXPANDED_VARIANT", "mla_prefill_expanded (wgmma)");
   if (block_rows == 128) tall.launch(p, blocks);
   else launch<Mla64>(p, blocks);
 }

@@ -41,10 +41,8 @@
 // MOESERVE_FLASH_WGMMA_VARIANT=n64 keeps this one for them too. 64-row blocks always run here.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/kernel_variants.h"
 #include "kernels/cuda/wgmma.cuh"
-
-#include <cstdlib>
-#include <sstream>
 
 namespace ms::cuda {
 namespace {
@@ -226,31 +224,12 @@ void launch(const FlashParams& p, unsigned blocks) {
 }
 
 // The kernels of 128-row blocks a run can pick (flash_prefill.h); the first is the default.
-struct Variant {
-  std::string_view name;
-  void (*launch)(const FlashParams&, unsigned);
-};
+using Variant = KernelVariant<void (*)(const FlashParams&, unsigned)>;
 constexpr Variant kVariants[] = {{"n128ws", flash_prefill_wgmma_ws}, {"n64", launch<Wg128>}};
-
-const Variant& variant_named(std::string_view name) {
-  if (name.empty()) {
-    const char* env = std::getenv("MOESERVE_FLASH_WGMMA_VARIANT");
-    name = env ? env : kVariants[0].name;
-  }
-  for (const Variant& v : kVariants)
-    if (v.name == name) return v;
-  std::ostringstream known;
-  for (const Variant& v : kVariants) known << ' ' << v.name;
-  fail("attention: no wgmma prefill variant '", name, "' (known:", known.str(), ")");
-}
 
 }  // namespace
 
-std::vector<std::string> flash_prefill_wgmma_variants() {
-  std::vector<std::string> names;
-  for (const Variant& v : kVariants) names.emplace_back(v.name);
-  return names;
-}
+std::vector<std::string> flash_prefill_wgmma_variants() { return variant_names(kVariants); }
 
 bool flash_prefill_wgmma_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out) {
   // Q comes by 16-byte cp.async too, where the mma.sync kernel reads it a word at a time.
@@ -264,7 +243,8 @@ void flash_prefill_wgmma_rows(const Tensor& q, const Tensor& k_cache, const Tens
   MS_CHECK(hopper(), "attention: the wgmma prefill kernel needs a Hopper GPU");
   MS_CHECK(flash_prefill_wgmma_supported(q, k_cache, v_cache, out),
            "attention: shapes outside the wgmma prefill kernel");
-  const Variant& tall = variant_named(variant);  // before the plan: a bad name fails without work
+  // Before the plan: a bad name fails without work.
+  const Variant& tall = variant_named(kVariants, variant, "MOESERVE_FLASH_WGMMA_VARIANT", "attention (wgmma prefill)");
   const FlashPlan plan = flash_prefill_plan(q, k_cache, v_cache, layout, scale, out, block_rows);
   if (plan.blocks == 0) return;
   if (block_rows == 128) tall.launch(plan.p, plan.blocks);
