@@ -28,7 +28,7 @@ const KernelVariant<Launch>& variant_named(const KernelVariant<Launch> (&table)[
   for (const auto& v : table)
     if (v.name == name) return v;
   std::string known;
-  for (const auto& v : table) known += " " + std::string(v.name);
+  for (const auto& v : table) known.append(" ").append(v.name);
   fail(what, ": no variant '", name, "' (known:", known, ")");
 }
 
