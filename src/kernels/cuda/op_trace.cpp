@@ -3,6 +3,7 @@
 #include "kernels/cuda/op_trace.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -24,7 +25,7 @@ struct Call {
 
 struct Trace {
   std::mutex mu;
-  bool on = false;
+  std::atomic<bool> on{false};  // read without the lock: an op that is not traced takes no lock
   int depth = 0;  // ops called from inside an op are part of the outer one
   cudaEvent_t start = nullptr;
   std::vector<Call> calls;
@@ -58,8 +59,11 @@ double ms_between(cudaEvent_t a, cudaEvent_t b) {
 
 OpScope::OpScope(const char* call) {
   Trace& t = trace();
+  if (!t.on.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(t.mu);
-  if (!t.on || t.depth++ > 0 || capturing()) return;
+  if (!t.on) return;
+  counted_ = true;
+  if (t.depth++ > 0 || capturing()) return;
   Call c;
   c.name = op_name(call);
   c.begin = t.event(), c.end = t.event();
@@ -70,11 +74,11 @@ OpScope::OpScope(const char* call) {
 }
 
 OpScope::~OpScope() {
+  if (!counted_) return;
   Trace& t = trace();
   std::lock_guard<std::mutex> lock(t.mu);
-  if (!t.on) return;
   --t.depth;
-  if (index_ < 0) return;
+  if (index_ < 0 || !t.on) return;
   Call& c = t.calls[size_t(index_)];
   (void)cudaEventRecord(c.end, stream());  // a destructor does not throw; the report checks the events
   c.host_end = Clock::now();

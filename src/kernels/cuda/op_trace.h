@@ -9,7 +9,7 @@
 
 namespace ms::cuda {
 
-// Marks one op call; a no-op unless tracing, and during a stream capture.
+// Marks one op call; a no-op unless tracing (an atomic load, no lock), and during a stream capture.
 class OpScope {
  public:
   explicit OpScope(const char* call);
@@ -18,7 +18,8 @@ class OpScope {
   OpScope& operator=(const OpScope&) = delete;
 
  private:
-  int index_ = -1;
+  bool counted_ = false;  // this call is inside the trace (its nesting depth counted)
+  int index_ = -1;        // its entry in the trace, -1 for none
 };
 
 // Starts tracing the ops this process dispatches to its current GPU's stream (one stream: rank
