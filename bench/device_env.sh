@@ -86,3 +86,24 @@ model() {
   log "model $name rc=$? $(du -sh .b4/models/$name | cut -f1)"
   ln -sfn $ROOT/.b4/models/$name /tmp/$name
 }
+# bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
+# ("name" or "name:VAR=v,VAR=v": the binary with those variables set; "name:--flag" adds a flag),
+# /tmp/before's moeserve for "before", else $B; results into ${RESULTS:-$OUT}/bench-<name>.jsonl.
+# The caller defines $B, $L and left(), as for model().
+bench_sides() {
+  local name=$1 run b i o side label env flags bin; shift
+  for run in "$@"; do
+    read -r b i o <<< "$run"
+    for side in $SIDES; do
+      [ $(left) -gt 25 ] || return
+      label=${side%%:*} env="" flags=""
+      if [ "$side" != "$label" ]; then env=${side#*:}; env=${env//,/ }; fi
+      case "$env" in --*) flags=$env env="" ;; esac
+      bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
+      echo "== $label $name B=$b I=$i O=$o $flags" >> $L/bench.log
+      env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
+        --input-len $i --output-len $o $flags --result-file "${RESULTS:-$OUT}/bench-$label.jsonl" >> $L/bench.log 2>&1
+      log "$label $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
+    done
+  done
+}

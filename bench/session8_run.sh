@@ -26,23 +26,6 @@ B=/tmp/b/moeserve
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 
-# bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
-# ("name" or "name:VAR=v,VAR=v": the after binary with those variables set).
-bench_sides() {
-  local name=$1 run b i o side label env bin; shift
-  for run in "$@"; do
-    read -r b i o <<< "$run"
-    for side in $SIDES; do
-      [ $(left) -gt 25 ] || return
-      label=${side%%:*} env=""; [ "$side" != "$label" ] && env=${side#*:} && env=${env//,/ }
-      bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
-      echo "== $label $name B=$b I=$i O=$o" >> $L/bench.log
-      env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
-        --input-len $i --output-len $o --result-file "$OUT/bench-$label.jsonl" >> $L/bench.log 2>&1
-      log "$label $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
-    done
-  done
-}
 opt_in_bench() {  # $1 test program of /tmp/b, $2 env var(s) "A=1 B=2", $3 gtest filter, $4 log suffix
   [ -x /tmp/b/tests/$1 ] || { log "no $1"; return; }
   [ $(left) -gt 40 ] || return

@@ -24,26 +24,20 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 mkdir -p $L .b4/models .b4/after
 ln -sfn $ROOT/.b4/after /tmp/b
 B=/tmp/b/moeserve
+RESULTS=$L
 
-# bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
-# ("name" or "name:VAR=v,VAR=v": the binary with those variables set; "name:--flag" adds a flag).
-bench_sides() {
-  local name=$1 run b i o side label env flags bin; shift
-  for run in "$@"; do
-    read -r b i o <<< "$run"
-    for side in $SIDES; do
-      [ $(left) -gt 25 ] || return
-      label=${side%%:*} env="" flags=""
-      if [ "$side" != "$label" ]; then env=${side#*:}; env=${env//,/ }; fi
-      case "$env" in --*) flags=$env env="" ;; esac
-      bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
-      echo "== $label $name B=$b I=$i O=$o $flags" >> $L/bench.log
-      env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
-        --input-len $i --output-len $o $flags --result-file "$L/bench-$label.jsonl" >> $L/bench.log 2>&1
-      log "$label $name B=$b I=$i rc=$? $(grep -E 'Prefill\.|Decode\.  median' $L/bench.log | tail -2 | tr '\n' ' ')"
-    done
-  done
+# $BEFORE_SRC's moeserve into /tmp/before, in the background ($! is its build).
+build_before() {
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j${1:-5} --target moeserve) > $L/build-before.log 2>&1 &
 }
+# $SRC's moeserve and the targets named into /tmp/b; exits when moeserve did not build.
+build_after() {
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve "$@" >> $L/build.log 2>&1
+  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+}
+
 
 [ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
@@ -59,13 +53,10 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 if [ $PHASE = 2 ]; then
-  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
-  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1 &
+  build_before
   BB=$!
   T2="test_cuda_fused test_cuda_moe_combine_norm test_cuda_grouped_gemm test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_prefill"
-  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve $T2 >> $L/build.log 2>&1
-  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  build_after $T2
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   run_gpu_tests /tmp/b $T2
   MOESERVE_ROPE_X8=0 timeout 60 /tmp/b/tests/test_cuda_fixtures > $L/fixtures_nox8.log 2>&1
@@ -84,12 +75,9 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 if [ $PHASE = 3 ]; then
-  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
-  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1 &
+  build_before
   T3="test_cuda_flash_prefill test_cuda_mla_prefill test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs"
-  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve $T3 >> $L/build.log 2>&1
-  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  build_after $T3
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   GQA_OK="" MLA_OK=""
   for v in n128ws n128kv n128kvx n128kvp n128kvxp; do
@@ -122,9 +110,7 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 if [ $PHASE = 4 ]; then
-  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
-  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j4 --target moeserve) > $L/build-before.log 2>&1 &
+  build_before 4
   TESTS=$(gpu_tests_of $SRC)
   configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j12 --target moeserve >> $L/build.log 2>&1
   log "moeserve built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
@@ -150,12 +136,9 @@ if [ $PHASE = 4 ]; then
   log done
 fi
 if [ $PHASE = 5 ]; then
-  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
-  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve) > $L/build-before.log 2>&1 &
+  build_before
   T5="test_cuda_moe_combine_norm test_cuda_fused test_cuda_fixtures test_cuda_engine_graphs"
-  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve $T5 >> $L/build.log 2>&1
-  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+  build_after $T5
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   run_gpu_tests /tmp/b $T5
   wait; log "before: $(ls /tmp/before/moeserve)"
