@@ -8,7 +8,7 @@
 // 16 consecutive k (two 16-byte bf16 loads, or one of fp8) of weight rows g and g + 8 and of input
 // row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
 // FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy).
-// MOESERVE_GEMV_VARIANT=bulk hands batches of at most 8 rows to gemv_bulk.cu instead.
+// Small dense weights at batches of at most 8 rows go to gemv_bulk.cu instead (bulk_takes).
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/gemv_impl.cuh"
 
@@ -181,13 +181,28 @@ GemvTuning& tuning() {
   return t;
 }
 
-// MOESERVE_GEMV_VARIANT=bulk (read each call, so that a test or bench times both): the products
-// that gemv_bulk takes stream their weights through shared memory by bulk copies (gemv_bulk.cu).
-bool bulk_variant() {
+// Which products gemv_bulk takes (MOESERVE_GEMV_VARIANT, read each call, so that a test or bench
+// times each): "bulk" every one it can, "default" none, unset or "auto" the dense weights of at
+// most kBulkMaxSlabs slabs. There the bulk copies issued before pdl_wait hide the ramp that the
+// register loads pay after it (session 10, H200, graphed: Qwen3's q|k|v 10.4 -> 7.5 us, V2-Lite's
+// shared gate|up 10.8 -> 8.1 and down 5.4 -> 4.6; Qwen3's o 7.1 -> 7.3, a wash); the grouped
+// experts at batch 1 lost (17.1 -> 19.3 us gate|up), as did the end-to-end step with bulk for all.
+constexpr int kBulkMaxSlabs = 512;
+enum class Variant { Auto, Bulk, Default };
+Variant variant() {
   const char* env = std::getenv("MOESERVE_GEMV_VARIANT");
-  if (!env || !*env || std::strcmp(env, "default") == 0) return false;
-  MS_CHECK(std::strcmp(env, "bulk") == 0, "MOESERVE_GEMV_VARIANT=", env, ": expected bulk or default");
-  return true;
+  if (!env || !*env || std::strcmp(env, "auto") == 0) return Variant::Auto;
+  if (std::strcmp(env, "default") == 0) return Variant::Default;
+  MS_CHECK(std::strcmp(env, "bulk") == 0, "MOESERVE_GEMV_VARIANT=", env, ": expected auto, bulk or default");
+  return Variant::Bulk;
+}
+bool bulk_takes(const GemvParams& p) {
+  switch (variant()) {
+    case Variant::Bulk: return true;
+    case Variant::Default: return false;
+    case Variant::Auto: return !p.rows.offsets && p.slabs <= kBulkMaxSlabs;
+  }
+  return false;
 }
 
 }  // namespace
@@ -227,7 +242,7 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
     return;
   }
   const GemvTuning& tune = tuning();
-  if (bulk_variant() && gemv_bulk(p, out.dtype, swiglu, tune.blocks_y)) return;
+  if (bulk_takes(p) && gemv_bulk(p, out.dtype, swiglu, tune.blocks_y)) return;
   if (tune.warps) warps = tune.warps;
   if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));
   if (tune.nt) nt = tune.nt;

@@ -1,5 +1,5 @@
 // The weight-streaming product (gemv.h) with its weights brought into shared memory by 1-D bulk
-// copies (Hopper TMA), selected by MOESERVE_GEMV_VARIANT=bulk for at most 8 rows (gemv.cu).
+// copies (Hopper TMA): small dense weights at most 8 rows (gemv.cu's bulk_takes).
 //
 // Why: gemv_kernel keeps only U x 2 rows x 32 bytes a lane in flight and then computes, so at
 // K = 2048 a warp makes two serial round trips to memory and the HBM idles between them (2.3 -
