@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 10's GPU calls (device tool, nvidia-h200), from the repository root; build and model
 # directories under .b4/ (ignored), so a warm machine reuses them.
-# PHASE=1: $SRC (session 9's GPU-pending kernels applied, both off by default): their tests and
+# PHASE=1 (ran on 68d2eb2, which still had MOESERVE_DECODE_CLUSTER): $SRC (session 9's GPU-pending
+#   kernels applied, both off by default): their tests and
 #   kernel benches, then bench-one-batch at B = 1 with each one's variable set and unset (one
 #   binary), an op trace of the eager B = 1 step, and the machine's ceilings.
 # Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.

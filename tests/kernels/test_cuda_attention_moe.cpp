@@ -3,9 +3,7 @@
 // eager and replayed from a captured step), the MLA absorptions (bf16 and fp8 kv_b; an fp8 kv_b
 // dequantised once, bit for bit as at every call), router
 // top-k in every routing variant (ids must be identical), and the routed experts (bf16 and fp8
-// weights). GQA decode runs both ways, its splits' partials merged by a second kernel and merged
-// inside a thread-block cluster (MOESERVE_DECODE_CLUSTER=1). DecodeAttentionBench times decode
-// attention and DecodeClusterBench the two GQA decode paths when MOESERVE_BENCH_ATTENTION=1.
+// weights). DecodeAttentionBench times decode attention when MOESERVE_BENCH_ATTENTION=1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -24,23 +22,11 @@
 #include "kernels/cuda/gemm.h"
 #include "layers/rope.h"
 
-// From kernels/cuda/flash_prefill.h, whose launch structs need the CUDA headers' bf16.
-namespace ms::cuda {
-int flash_decode_cluster_splits(int splits);
-}  // namespace ms::cuda
-
 namespace ms {
 namespace {
 using namespace test;
 
 constexpr double kBf16Tol = 1e-2;
-
-// GQA decode's splits merged inside a thread-block cluster (on) or by the merge kernel (off)
-// while it lives: MOESERVE_DECODE_CLUSTER, read at each call.
-struct ClusterSwitch {
-  explicit ClusterSwitch(bool on) { setenv("MOESERVE_DECODE_CLUSTER", on ? "1" : "0", 1); }
-  ~ClusterSwitch() { unsetenv("MOESERVE_DECODE_CLUSTER"); }
-};
 
 // B decodes of `keys` keys less (i % 7) * `less` for decode i.
 std::vector<std::pair<int, int>> batch_of(int B, int keys, int less) {
@@ -84,9 +70,7 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
 TEST(CudaOps, GqaAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
   const int64_t D = 128, pool = 16384;  // the largest layouts of kLayouts hold 14140 and 14683 keys
-  for (bool cluster : {false, true})
   for (auto [Hq, Hkv] : std::vector<std::pair<int64_t, int64_t>>{{32, 4}, {28, 4}, {64, 4}, {16, 16}}) {
-    const ClusterSwitch split_merge(cluster);
     Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
     Tensor kg = gpu(kc), vg = gpu(vc);
     for (const auto& seqs : kLayouts) {
@@ -97,91 +81,7 @@ TEST(CudaOps, GqaAttentionMatchesCpu) {
       Tensor out = poisoned(DType::BF16, {T, Hq, D});
       cuda::attention(gpu(q), kg, vg, layout, 0.088f, out);
       EXPECT_LT(rel_error(out, ref), kBf16Tol) << Hq << "/" << Hkv << " heads, " << seqs.size() << " sequences, "
-                                               << T << " queries" << (cluster ? ", cluster merge" : "");
-    }
-  }
-}
-
-// The cluster merge of GQA decode (MOESERVE_DECODE_CLUSTER=1) is taken where it should be, and
-// each query's output matches the CPU op and the path that merges in a second kernel: batch 1 at
-// contexts from 1 key to 4096 (most not multiples of a split, so last splits are partial and
-// short contexts leave splits empty), batches 3 to 64 of unequal lengths (batch 64 at ~512 keys
-// takes one split: the kernel without a merge), Qwen3's 32/4 heads and 16/8, slots shuffled.
-// Then captured steps with the cluster merge on, replayed at other lengths (split_len 0).
-TEST(CudaOps, ClusteredGqaDecodeMatchesCpuAndMergeKernel) {
-  MS_REQUIRE_CUDA();
-  {
-    const ClusterSwitch off(false);
-    EXPECT_EQ(cuda::flash_decode_cluster_splits(32), 0);
-  }
-  {
-    const ClusterSwitch on(true);
-    EXPECT_EQ(cuda::flash_decode_cluster_splits(1), 0);
-    if (cuda::hopper()) {
-      EXPECT_GE(cuda::flash_decode_cluster_splits(32), 8);
-      EXPECT_EQ(cuda::flash_decode_cluster_splits(6), 4);
-      EXPECT_EQ(cuda::flash_decode_cluster_splits(2), 2);
-    }
-  }
-  const int64_t D = 128, pool = 40000;
-  using Seqs = std::vector<std::pair<int, int>>;
-  std::vector<Seqs> layouts;
-  for (int keys : {1, 2, 17, 33, 100, 255, 513, 1000, 1056, 2080, 3001, 4095, 4096}) layouts.push_back({{1, keys}});
-  layouts.push_back({{1, 4096}, {1, 1000}, {1, 33}});
-  layouts.push_back(batch_of(8, 4096, 37));
-  layouts.push_back(batch_of(16, 2000, 111));
-  layouts.push_back(batch_of(33, 700, 50));
-  layouts.push_back(batch_of(64, 512, 9));
-  for (auto [Hq, Hkv] : std::vector<std::pair<int64_t, int64_t>>{{32, 4}, {16, 8}}) {
-    Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
-    Tensor kg = gpu(kc), vg = gpu(vc);
-    for (const auto& seqs : layouts) {
-      auto layout = make_layout(seqs, int(pool));
-      const int64_t T = layout.q_start.back();
-      Tensor q = randn({T, Hq, D}), qg = gpu(q), ref = Tensor::empty(DType::F32, {T, Hq, D});
-      cpu::attention(q, kc, vc, layout, 0.088f, ref);
-      Tensor outs[2];
-      for (int cluster : {0, 1}) {
-        const ClusterSwitch split_merge(cluster == 1);
-        outs[cluster] = poisoned(DType::BF16, {T, Hq, D});
-        cuda::attention(qg, kg, vg, layout, 0.088f, outs[cluster]);
-      }
-      const Tensor merged = outs[0].to_f32(), clustered = outs[1].to_f32();
-      for (int64_t t = 0; t < T; ++t) {
-        const std::string what = std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, batch " +
-                                 std::to_string(T) + ", query " + std::to_string(t) + " of " +
-                                 std::to_string(seqs[size_t(t)].second) + " keys";
-        EXPECT_LT(rel_error(clustered.slice(0, t, t + 1), ref.slice(0, t, t + 1)), kBf16Tol) << what;
-        EXPECT_LT(rel_error(clustered.slice(0, t, t + 1), merged.slice(0, t, t + 1)), kBf16Tol) << what;
-      }
-    }
-    // Captured at max_kv 4096 and 700 (on a 132-SM H200, clusters of 16 and 8 blocks at 32/4
-    // heads, 8 and 4 at 16/8); replays shorter, at max_kv, and of a single key.
-    const ClusterSwitch on(true);
-    const int64_t T = 3;
-    Tensor q = randn({T, Hq, D}), qg = gpu(q);
-    const std::vector<int32_t> ids(T, 0);
-    for (const int max_kv : {4096, 700}) {
-      Tensor out = poisoned(DType::BF16, {T, Hq, D});
-      const auto captured = make_layout({{1, max_kv}, {1, max_kv / 3}, {1, 33}}, int(pool));
-      auto body = [&] { cuda::attention(qg, kg, vg, captured, 0.088f, out); };
-      body();
-      auto graph_pool = ops::make_graph_pool(Device::CUDA);
-      auto graph = ops::capture_step(Device::CUDA, ops::StepArrays{ids, ids, ids, &captured}, 3 * max_kv, max_kv,
-                                     *graph_pool, body);
-      for (const Seqs& seqs : std::vector<Seqs>{{{1, 50}, {1, max_kv}, {1, max_kv / 2 + 3}},
-                                                {{1, max_kv}, {1, max_kv}, {1, max_kv}},
-                                                {{1, 1}, {1, 17}, {1, 65}}}) {
-        const auto layout = make_layout(seqs, int(pool));
-        graph->replay(ops::StepArrays{ids, ids, ids, &layout});
-        Tensor ref = Tensor::empty(DType::F32, {T, Hq, D});
-        cpu::attention(q, kc, vc, layout, 0.088f, ref);
-        const Tensor got = out.to_f32();
-        for (int64_t t = 0; t < T; ++t)
-          EXPECT_LT(rel_error(got.slice(0, t, t + 1), ref.slice(0, t, t + 1)), kBf16Tol)
-              << Hq << "/" << Hkv << " heads, captured at " << max_kv << ", query " << t << " of "
-              << seqs[size_t(t)].second << " keys";
-      }
+                                               << T << " queries";
     }
   }
 }
@@ -220,9 +120,7 @@ TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
   Tensor qg = gpu(q), qlg = gpu(ql), qrg = gpu(qr);
   const std::vector<int32_t> ids(T, 0), positions(T, 0), locs(T, 0);
   using Seqs = std::vector<std::pair<int, int>>;
-  for (bool cluster : {false, true})
   for (const int max_kv : {4096, 256}) {
-    const ClusterSwitch split_merge(cluster);
     Tensor out = poisoned(DType::BF16, {T, Hq, D}), mla_out = poisoned(DType::BF16, {T, H, L});
     const auto captured = make_layout({{1, max_kv}, {1, max_kv / 4}, {1, 33}}, int(pool));
     auto body = [&] {
@@ -241,7 +139,7 @@ TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
       Tensor ref = Tensor::empty(DType::F32, {T, Hq, D}), mla_ref = Tensor::empty(DType::F32, {T, H, L});
       cpu::attention(q, kc, vc, layout, 0.088f, ref);
       cpu::mla_attention(ql, qr, cache, layout, 0.06f, mla_ref);
-      const std::string keys = std::string(cluster ? "cluster merge, " : "") + "captured at " + std::to_string(max_kv) + ", keys " + std::to_string(seqs[0].second) +
+      const std::string keys = "captured at " + std::to_string(max_kv) + ", keys " + std::to_string(seqs[0].second) +
                                " " + std::to_string(seqs[1].second) + " " + std::to_string(seqs[2].second);
       EXPECT_LT(rel_error(out, ref), kBf16Tol) << "GQA, " << keys;
       EXPECT_LT(rel_error(mla_out, mla_ref), kBf16Tol) << "MLA, " << keys;
@@ -379,33 +277,6 @@ TEST(CudaOps, DecodeAttentionBench) {
       }, positions, locs);
       std::printf("[bench] mla_rope_store (16 heads, latent 512 + 64), B=%d: %.2f us graphed, %.2f us eager\n", B,
                   graphed, eager);
-    }
-  }
-}
-
-// GQA 32/4 decode (Qwen3-30B-A3B) both ways: splits' partials merged by the second kernel, and
-// merged inside a thread-block cluster (MOESERVE_DECODE_CLUSTER=1); batch 1 and 8 at 4096 keys,
-// batch 64 at 512 (one split: both take the kernel without a merge), slots shuffled, DRAM's
-// numbers as in DecodeAttentionBench. Opt-in: MOESERVE_BENCH_ATTENTION=1.
-TEST(CudaOps, DecodeClusterBench) {
-  MS_REQUIRE_CUDA();
-  const char* env = std::getenv("MOESERVE_BENCH_ATTENTION");
-  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_ATTENTION=1 to time decode attention";
-  const int64_t Hq = 32, Hkv = 4, D = 128;
-  for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 4096}, {8, 4096}, {64, 512}}) {
-    const int64_t slots = int64_t(B) * keys;
-    const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, keys}), int(slots));
-    const double bytes = double(slots) * Hkv * D * 2 * 2;
-    const int views = std::max(2, int(std::ceil(160e6 / bytes)));
-    auto k = bench_caches(views, slots, {Hkv, D}), v = bench_caches(views, slots, {Hkv, D});
-    Tensor q = gpu(randn({B, Hq, D})), out = poisoned(DType::BF16, {B, Hq, D});
-    for (bool cluster : {false, true}) {
-      const ClusterSwitch split_merge(cluster);
-      auto [graphed, eager] = time_calls(layout, keys, [&](int i) {
-        cuda::attention(q, k[size_t(i % views)], v[size_t(i % views)], layout, 0.088f, out);
-      });
-      std::printf("[bench] GQA decode 32/4 heads, B=%d, %d keys, %s: %.2f us (%.0f GB/s) graphed, %.2f us eager\n",
-                  B, keys, cluster ? "cluster merge" : "merge kernel", graphed, bytes / graphed / 1e3, eager);
     }
   }
 }

@@ -5,9 +5,7 @@
 // to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
 // partial softmaxes (split-KV). GQA with 128-dim heads and MLA over the 512 + 64 latent run on
 // the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
-// flash-attention kernels, decode as split-KV partials merged here (GQA decode with
-// MOESERVE_DECODE_CLUSTER=1: merged inside thread-block clusters, flash_decode.cu); this kernel
-// takes the rest.
+// flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
 #include <type_traits>
 
@@ -35,7 +33,6 @@ struct AttnParams {
   bool mla_tc;                                   // MLA on the tensor cores (flash_mla.cu)
   bool mla_wgmma;                                // ... on Hopper's warpgroup MMAs (flash_mla_wgmma.cu)
   bool gqa_tc;                                   // GQA decode on the tensor cores (flash_decode.cu)
-  bool gqa_cluster;                              // ... its splits merged inside a cluster (no partials)
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -302,11 +299,7 @@ void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 // Splits of the keys per query: the tensor-core kernels size theirs to their blocks' shared
 // memory; the CUDA-core kernel's fill the GPU twice, at least 64 keys each.
 int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
-  if (p.gqa_tc) {
-    const int splits = flash_decode_splits(p.T, kv_heads, max_visible), clustered = flash_decode_cluster_splits(splits);
-    p.gqa_cluster = clustered > 0;
-    return p.gqa_cluster ? clustered : splits;
-  }
+  if (p.gqa_tc) return flash_decode_splits(p.T, kv_heads, max_visible);
   if (p.mla_tc) return (p.mla_wgmma ? flash_mla_wgmma_decode_splits : flash_mla_decode_splits)(p.T, p.hq, max_visible);
   p.warps = std::min(p.group, 16);
   p.hgroups = (p.group + p.warps - 1) / p.warps;
@@ -350,9 +343,7 @@ void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
 // Launches the attention kernel for p's value width and merges the splits.
 void launch_all(AttnParams p, int kv_heads, const char* op) {
   Tensor part_acc, part_ml;
-  const bool clustered = p.gqa_tc && p.gqa_cluster && p.splits > 1;
-  const bool partials = p.splits > 1 && !clustered;
-  if (partials) {
+  if (p.splits > 1) {
     part_acc = scratch(DType::F32, {p.splits, p.T, p.hq, p.dv});
     part_ml = scratch(DType::F32, {p.splits, p.T, p.hq, 2});
     p.part_acc = part_acc.data<float>(), p.part_ml = part_ml.data<float>();
@@ -362,14 +353,13 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
                       p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale};
     p.mla_wgmma ? flash_mla_wgmma(l) : flash_mla(l);
   } else if (p.gqa_tc) {
-    const GqaDecodeLaunch l{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
-                            p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
-                            kv_heads, p.splits, p.split_len, p.scale};
-    clustered ? flash_decode_clustered(l) : flash_decode(l);
+    flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
+                                 p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
+                                 kv_heads, p.splits, p.split_len, p.scale});
   } else {
     launch_kernel(p, kv_heads, op);
   }
-  if (partials) launch_combine(p);
+  if (p.splits > 1) launch_combine(p);
 }
 
 // The CUDA-core kernel for p's value width.

@@ -12,32 +12,11 @@
 // memory (piece c of lane l at [c][l]: conflict-free), keeping kStages - 1 steps (16 KB a warp)
 // in flight while it computes one; the slot indices of a step are loaded one step before its
 // copies are issued. A lane reads back only what it copied itself, so the ring needs no barrier.
-//
-// The splits' partials go to global memory and a second kernel merges them (attention.cu), or,
-// with MOESERVE_DECODE_CLUSTER=1, the splits of one (query, KV head) are one thread-block
-// cluster (flash_decode_cluster_kernel) and merge through distributed shared memory: no
-// partials, no second launch, and the merge is spread over all C blocks of a cluster (1/C of
-// the outputs each) rather than run on one SM after the others (session 8's last-block merge).
-// Its splits are flash_decode_splits' capped at the largest cluster the GPU co-schedules (16,
-// else 8) and rounded down to a power of two; where that leaves one split (large batches, short
-// contexts) the kernel above writes the output itself. Batch-1 decode at 4k keys (4 KV heads)
-// so runs 64 blocks of 256 keys (4 steps a warp) instead of 128 of 128: each block keeps the
-// same 64 KB in flight (two steps ahead for each of its 4 warps), 4 MB over the GPU, which is
-// about what 4.3 TB/s needs over a ~1 us loaded DRAM latency (~4.3 MB). The bet is that the
-// SMs left idle and the half as many bytes in flight at once cost less than the partials'
-// round trip (0.5 MB written, then read) and the second kernel's launch and tail; batch 8 at
-// 4k keys takes the same 8 splits either way.
-#include <cooperative_groups.h>
-
-#include <algorithm>
-#include <array>
-#include <bit>
-#include <cmath>
-#include <cstdlib>
-#include <string_view>
-
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/mma.h"
+
+#include <algorithm>
+#include <cmath>
 
 namespace ms::cuda {
 namespace {
@@ -48,7 +27,6 @@ constexpr int kRing = kStages * kPieces * 32;      // uint4 a warp
 constexpr int kAccStride = kD + 8;                 // merge rows: float2 stores of a warp hit 32 banks
 constexpr size_t kSmem = size_t(kWarps) * kRing * 16;  // 96 KB: two blocks a multiprocessor
 static_assert(size_t(kWarps) * 16 * (kAccStride + 2) * 4 <= kSmem, "the merge reuses the ring");
-constexpr int kMaxCluster = 16;                    // blocks of a cluster (non-portable past 8)
 
 // The cache slots of one step's keys that lane (g, q) copies (-1: past the split's end).
 struct StepSlots {
@@ -132,15 +110,13 @@ __device__ __forceinline__ void compute_step(const uint4* st, const uint32_t (&q
   }
 }
 
-// The block's 4 softmaxes (max in log2 units and sum per row, unnormalised O) into one, handed
-// to `emit(row, d, acc, M, L)` for each (query head of the group, dim): acc unnormalised, M the
-// row's max in log2 units (-inf where the block had no keys), L its sum. smem holds the warps' O
-// with dims reordered (dim 16j + dn at 8dn + j) so that both the stores and the loads are
+// The block's 4 softmaxes (max in log2 units and sum per row, unnormalised O) into one: the
+// output itself when there is one split, else the split's partial. smem holds the warps' O with
+// dims reordered (dim 16j + dn at 8dn + j) so that both the stores and the loads are
 // conflict-free.
-template <class Emit>
-__device__ __forceinline__ void merge_warps(float* smem, int group, const float (&o)[kD / 8][4], const float (&m)[2],
-                                            const float (&l)[2], Emit emit) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+__device__ void merge_warps(float* smem, const GqaDecodeLaunch& p, int t, int kvh, const float (&o)[kD / 8][4],
+                            const float (&m)[2], const float (&l)[2]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4, group = p.Hq / p.Hkv;
   float* acc_s = smem;                                                          // [kWarps][16][kAccStride]
   float2* ml_s = reinterpret_cast<float2*>(smem + kWarps * 16 * kAccStride);  // [kWarps][16]
 #pragma unroll
@@ -153,7 +129,7 @@ __device__ __forceinline__ void merge_warps(float* smem, int group, const float 
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < group * kD; idx += blockDim.x) {
-    const int row = idx / kD, pos = idx % kD;
+    const int row = idx / kD, pos = idx % kD, d = 16 * (pos % 8) + pos / 8, h = kvh * group + row;
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[w * 16 + row].x);
@@ -164,20 +140,24 @@ __device__ __forceinline__ void merge_warps(float* smem, int group, const float 
       const float f = ml.x == -INFINITY ? 0.f : exp2f(ml.x - M);  // a warp without keys weighs nothing
       acc += f * acc_s[(w * 16 + row) * kAccStride + pos], L += f * ml.y;
     }
-    emit(row, 16 * (pos % 8) + pos / 8, acc, M, L);
+    if (p.splits == 1) {
+      p.out[int64_t(t) * p.o_s0 + int64_t(h) * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
+      continue;
+    }
+    const int64_t prow = (int64_t(blockIdx.z) * p.T + t) * p.Hq + h;
+    p.part_acc[prow * kD + d] = acc;
+    if (pos == 0) p.part_ml[2 * prow] = M * float(M_LN2), p.part_ml[2 * prow + 1] = L;  // empty split: -inf, 0
   }
 }
 
-// Split z of the keys of query t for KV head kvh, on this block's 4 warps: each warp's online
-// softmax (o, m, l; l summed over the quad) over its steps of the split, its ring at `ring`.
-// Called at the kernel's start (it does the kernel's pdl_wait); the ring is free once the
-// block has passed a barrier after it.
-__device__ __forceinline__ void attend_split(const GqaDecodeLaunch& p, int t, int kvh, int z, uint4* ring,
-                                             float (&o)[kD / 8][4], float (&m)[2], float (&l)[2]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4, group = p.Hq / p.Hkv;
+__global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
+  extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
   const int kv0 = p.kv_begin[t], visible = p.visible[t];
   const int len = p.split_len > 0 ? p.split_len : ((visible + p.splits - 1) / p.splits + 31) / 32 * 32;
-  const int kb = min(visible, z * len), ke = min(visible, kb + len);
+  const int kb = min(visible, int(blockIdx.z) * len), ke = min(visible, kb + len);
   const int first = kb + kStep * warp, stride = kStep * kWarps;  // this warp's steps
   const int steps = first < ke ? (ke - first + stride - 1) / stride : 0;
   const int32_t* slots = p.slots + kv0;
@@ -210,9 +190,8 @@ __device__ __forceinline__ void attend_split(const GqaDecodeLaunch& p, int t, in
 #pragma unroll
     for (int s = 0; s < kD / 16; ++s) qa[s][r] = w[2 * s], qa[s][2 + r] = w[2 * s + 1];
   }
-#pragma unroll
-  for (int dn = 0; dn < kD / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
-  m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.f;
+  float o[kD / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float scale_log2 = p.scale * float(M_LOG2E);
 
   StepSlots pending = sl[kStages - 1];
@@ -234,77 +213,8 @@ __device__ __forceinline__ void attend_split(const GqaDecodeLaunch& p, int t, in
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-}
-
-// Block (t, kvh, z): the output itself when there is one split, else the split's partial.
-__global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
-  extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
-  pdl_trigger();  // the merge after this may launch: it waits for these partials
-  const int t = blockIdx.x, z = blockIdx.z;
-  float o[kD / 8][4], m[2], l[2];
-  attend_split(p, t, blockIdx.y, z, ring, o, m, l);
   __syncthreads();  // every warp is done with its ring: the merge reuses it
-  const int h0 = blockIdx.y * (p.Hq / p.Hkv);
-  merge_warps(reinterpret_cast<float*>(ring), p.Hq / p.Hkv, o, m, l, [&](int row, int d, float acc, float M, float L) {
-    if (p.splits == 1) {
-      p.out[int64_t(t) * p.o_s0 + int64_t(h0 + row) * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
-      return;
-    }
-    const int64_t prow = (int64_t(z) * p.T + t) * p.Hq + h0 + row;
-    p.part_acc[prow * kD + d] = acc;
-    if (d == 0) p.part_ml[2 * prow] = M * float(M_LN2), p.part_ml[2 * prow + 1] = L;  // empty split: -inf, 0
-  });
-}
-
-// Block (z, t, kvh) of a cluster of the splits z of (t, kvh): the block's merged partial goes to
-// its own shared memory, past the warps' merge rows; after one cluster barrier each block merges
-// its 1/C of the (head, dim) outputs from all C blocks' partials (distributed shared memory) and
-// writes them, normalised. A second barrier keeps every block's shared memory alive until the
-// others have read it.
-constexpr int kWarpMergeFloats = kWarps * 16 * (kAccStride + 2);
-constexpr size_t kClusterSmemUsed = size_t(kWarpMergeFloats) * 4 + 16 * (kD + 2) * 4;
-static_assert(kClusterSmemUsed <= kSmem, "the block's partial fits in the ring after the warps' merge");
-
-__global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_cluster_kernel(GqaDecodeLaunch p) {
-  extern __shared__ uint4 ring[];
-  pdl_trigger();  // what runs next waits for this whole grid (pdl_wait) before it reads the output
-  const int t = blockIdx.y, kvh = blockIdx.z, group = p.Hq / p.Hkv;
-  float o[kD / 8][4], m[2], l[2];
-  attend_split(p, t, kvh, blockIdx.x, ring, o, m, l);
-  __syncthreads();
-  float* part = reinterpret_cast<float*>(ring) + kWarpMergeFloats;       // [16][kD]
-  float2* part_ml = reinterpret_cast<float2*>(part + 16 * kD);            // [16]
-  merge_warps(reinterpret_cast<float*>(ring), group, o, m, l, [&](int row, int d, float acc, float M, float L) {
-    part[row * kD + d] = acc;
-    if (d == 0) part_ml[row] = make_float2(M, L);
-  });
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  cluster.sync();  // every block's partial is written (release / acquire over the cluster)
-  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  const int total = group * kD, per = (total + C - 1) / C, end = min(total, (rank + 1) * per);
-  for (int idx = rank * per + int(threadIdx.x); idx < end; idx += blockDim.x) {
-    const int row = idx / kD, d = idx % kD;
-    float2 ml[kMaxCluster];
-    float a[kMaxCluster];
-#pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) {  // every load issued before the first is used
-      ml[c] = c < C ? cluster.map_shared_rank(part_ml, unsigned(c))[row] : make_float2(-INFINITY, 0.f);
-      a[c] = c < C ? cluster.map_shared_rank(part, unsigned(c))[idx] : 0.f;
-    }
-    float M = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) M = fmaxf(M, ml[c].x);
-    float acc = 0.f, L = 0.f;
-#pragma unroll
-    for (int c = 0; c < kMaxCluster; ++c) {
-      const float f = ml[c].x == -INFINITY ? 0.f : exp2f(ml[c].x - M);  // a split without keys weighs nothing
-      acc += f * a[c], L += f * ml[c].y;
-    }
-    p.out[int64_t(t) * p.o_s0 + int64_t(kvh * group + row) * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
-  }
-  cluster.sync();  // no block exits while another may still read its shared memory
-#endif
+  merge_warps(reinterpret_cast<float*>(ring), p, t, kvh, o, m, l);
 }
 
 }  // namespace
@@ -343,58 +253,6 @@ void flash_decode(const GqaDecodeLaunch& l) {
   dim3 grid(unsigned(l.T), unsigned(l.Hkv), unsigned(l.splits));
   launch_pdl(flash_decode_kernel, grid, dim3(kWarps * 32), kSmem, l);
   MS_CUDA_LAUNCHED("flash_decode_kernel");
-}
-
-namespace {
-
-// The largest cluster of the kernel's blocks this GPU co-schedules: 16 (a non-portable size)
-// where one fits, else the portable 8. Sets the kernel's attributes on first use.
-int max_cluster() {
-  static PerDeviceOnce once;
-  static std::array<int, 64> most{};
-  once([] {
-    auto kernel = flash_decode_cluster_kernel;
-    MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kMaxCluster, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(kMaxCluster), config.blockDim = dim3(kWarps * 32), config.dynamicSmemBytes = kSmem;
-    config.attrs = &attr, config.numAttrs = 1;
-    int clusters = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-    if (err != cudaSuccess) (void)cudaGetLastError();  // not an error of ours: take the portable size
-    most[size_t(current_device())] = err == cudaSuccess && clusters > 0 ? kMaxCluster : 8;
-  });
-  return most[size_t(current_device())];
-}
-
-}  // namespace
-
-int flash_decode_cluster_splits(int splits) {
-  const char* env = std::getenv("MOESERVE_DECODE_CLUSTER");
-  if (!env || std::string_view(env) != "1" || splits < 2 || !hopper()) return 0;
-  return int(std::bit_floor(unsigned(std::min(splits, max_cluster()))));
-}
-
-void flash_decode_clustered(const GqaDecodeLaunch& l) {
-  const int most = max_cluster();
-  GqaDecodeLaunch c = l;
-  c.splits = int(std::bit_ceil(unsigned(l.splits)));  // the splits past l.splits' keys are empty
-  MS_CHECK(l.splits >= 2 && c.splits <= most && l.T <= 65535, "flash_decode_clustered: ", l.splits, " splits of ",
-           l.T, " queries (clusters up to ", most, ")");
-  cudaLaunchAttribute attrs[2]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = unsigned(c.splits), attrs[0].val.clusterDim.y = 1, attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // as launch_pdl
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(c.splits), unsigned(c.T), unsigned(c.Hkv));
-  config.blockDim = dim3(kWarps * 32), config.dynamicSmemBytes = kSmem, config.stream = stream();
-  config.attrs = attrs, config.numAttrs = pdl_enabled() ? 2 : 1;
-  MS_CUDA(cudaLaunchKernelEx(&config, flash_decode_cluster_kernel, c));
-  MS_CUDA_LAUNCHED("flash_decode_cluster_kernel");
 }
 
 }  // namespace ms::cuda

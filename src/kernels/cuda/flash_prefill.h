@@ -97,13 +97,6 @@ bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor
 // Splits of the keys for T queries: two blocks a multiprocessor, at least 64 keys each.
 int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible);
 void flash_decode(const GqaDecodeLaunch& l);
-// The variant whose splits of one (query, KV head) are one thread-block cluster and merge in
-// distributed shared memory: no partials, no merge kernel. The splits it takes in place of
-// flash_decode_splits' `splits` (a power of two, at most 16), or 0 where it is not used: unless
-// MOESERVE_DECODE_CLUSTER=1 (read per call), on a GPU other than a Hopper, and for one split.
-int flash_decode_cluster_splits(int splits);
-// l.splits (2 or more, at most what flash_decode_cluster_splits gave) splits; part_* unused.
-void flash_decode_clustered(const GqaDecodeLaunch& l);
 
 }  // namespace ms::cuda
 
