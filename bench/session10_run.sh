@@ -54,3 +54,22 @@ if [ $PHASE = 1 ]; then
   grep -A30 'The last decode step' $L/bench.log >> "$OUT/summary.log"
   log done
 fi
+# PHASE=2: $SRC (bulk copies by default for small dense products) against $BEFORE_SRC: the gemv
+#   tests and bench (now with the lm_heads), the ceilings with the cost of a kernel boundary, the
+#   fixtures and engine graphs, then B = 1 decode before / after and with the register kernel.
+if [ $PHASE = 2 ]; then
+  build_before
+  BB=$!
+  JOBS=12 build_after ms_cuda_ceilings test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  gtest gemv 300 /tmp/b/tests/test_cuda_gemv --gtest_filter='CudaGemv.*-CudaGemv.Bench'
+  gtest fixtures 120 /tmp/b/tests/test_cuda_fixtures
+  gtest engine_graphs 200 /tmp/b/tests/test_cuda_engine_graphs
+  MOESERVE_BENCH_GEMV=1 gtest gemv_bench 150 /tmp/b/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
+  wait; wait $BB; log "before built rc=$?"
+  SIDES="before after reg:MOESERVE_GEMV_VARIANT=default before after"
+  bench_sides qwen3 "1 4096 16"; bench_sides v2lite "1 4096 16"
+  SIDES="before after" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
+  log done
+fi
