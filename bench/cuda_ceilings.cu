@@ -1,6 +1,10 @@
 // The two ceilings the benchmarks are read against, measured on the GPU they run on: the
 // device-to-device copy bandwidth (bytes read + written per second, a few GB so the L2 does not
 // help) and the bf16 matrix rate through the engine's own cuBLASLt path (8192^3, random data).
+// And what a kernel boundary costs a batch-1 decode step, which runs ~10 dependent kernels a
+// layer: microseconds a launch in a captured chain of 100 empty kernels of 132 blocks, and of 50
+// kernels that each stream 16 MiB (a batch-1 product's weight) from 50 distinct buffers, both
+// plainly launched and launched early (launch_pdl), against 16 MiB over the copy bandwidth.
 // Prints one JSON line.
 #include <algorithm>
 #include <cstdio>
@@ -21,6 +25,44 @@ __global__ void fill_random(bf16* p, int64_t n, uint32_t seed) {
   p[i] = __float2bfloat16_rn(float(x & 0xffff) / 32768.0f - 1.0f);
 }
 
+// Every kernel of a chain waits for the one before (pdl_wait) and lets the next launch at once.
+__global__ void empty_kernel(int* flag) {
+  pdl_wait();
+  pdl_trigger();
+  if (threadIdx.x == 0 && blockIdx.x == 0) ++*flag;
+}
+
+// Reads n16 16-byte pieces grid-stride (the loads issued before pdl_wait: they depend on nothing)
+// and keeps a sum so that they are not dropped.
+__global__ void stream_kernel(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  uint4 first = i < n16 ? p[i] : make_uint4(0, 0, 0, 0);
+  pdl_wait();
+  pdl_trigger();
+  acc ^= first.x ^ first.w;
+  for (i += stride; i < n16; i += stride) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+// Microseconds a launch of a captured chain: `launches` calls of launch(i), replayed.
+template <class Launch>
+double chain_us(int launches, Launch launch) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MS_CUDA(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) launch(i);
+  MS_CUDA(cudaStreamEndCapture(stream(), &graph));
+  MS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const float ms = median_ms([&] { MS_CUDA(cudaGraphLaunch(exec, stream())); }, 2, 9);
+  MS_CUDA(cudaGraphExecDestroy(exec));
+  MS_CUDA(cudaGraphDestroy(graph));
+  return double(ms) * 1e3 / launches;
+}
 
 void run() {
   init();
@@ -40,9 +82,33 @@ void run() {
       20);
   cudaDeviceProp prop{};
   MS_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("{\"gpu\": \"%s\", \"copy_GBps\": %.1f, \"bf16_gemm_TFLOPs\": %.1f, \"gemm_ms\": %.3f}\n", prop.name,
-              2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9, 2.0 * double(n) * n * n / (gemm_ms * 1e-3) / 1e12,
-              gemm_ms);
+  const double copy_GBps = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
+
+  const int sms = sm_count();
+  Tensor flag = scratch(DType::I32, {1});
+  double empty_us[2], stream_us[2];
+  constexpr int64_t kSlab = int64_t(16) << 20, kSlabs = 50;
+  Tensor slabs = scratch(DType::U8, {kSlab * kSlabs});
+  MS_CUDA(cudaMemsetAsync(slabs.raw(), 1, size_t(kSlab * kSlabs), stream()));
+  Tensor sink = scratch(DType::I32, {1});
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    empty_us[pdl] = chain_us(100, [&](int) {
+      if (pdl) launch_pdl(empty_kernel, dim3(unsigned(sms)), dim3(128), 0, flag.data<int32_t>());
+      else empty_kernel<<<sms, 128, 0, stream()>>>(flag.data<int32_t>());
+    });
+    stream_us[pdl] = chain_us(int(kSlabs), [&](int i) {
+      const uint4* p = reinterpret_cast<const uint4*>(slabs.data<uint8_t>() + i * kSlab);
+      auto* out = reinterpret_cast<uint32_t*>(sink.raw());
+      if (pdl) launch_pdl(stream_kernel, dim3(unsigned(4 * sms)), dim3(512), 0, p, kSlab / 16, out);
+      else stream_kernel<<<4 * sms, 512, 0, stream()>>>(p, kSlab / 16, out);
+    });
+  }
+  MS_CUDA_LAUNCHED("chain kernels");
+  std::printf("{\"gpu\": \"%s\", \"copy_GBps\": %.1f, \"bf16_gemm_TFLOPs\": %.1f, \"gemm_ms\": %.3f, "
+              "\"empty_launch_us\": %.2f, \"empty_launch_pdl_us\": %.2f, \"stream_16MiB_us\": %.2f, "
+              "\"stream_16MiB_pdl_us\": %.2f, \"stream_16MiB_at_copy_rate_us\": %.2f}\n",
+              prop.name, copy_GBps, 2.0 * double(n) * n * n / (gemm_ms * 1e-3) / 1e12, gemm_ms, empty_us[0],
+              empty_us[1], stream_us[0], stream_us[1], double(kSlab) / (copy_GBps * 1e3));
 }
 
 }  // namespace

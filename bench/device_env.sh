@@ -87,18 +87,19 @@ model() {
   ln -sfn $ROOT/.b4/models/$name /tmp/$name
 }
 # bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
-# ("name" or "name:VAR=v,VAR=v": the binary with those variables set; "name:--flag" adds a flag),
+# ("name" or "name:VAR=v,--flag,...": the binary with those variables set and flags added),
 # /tmp/before's moeserve for "before", else $B; results into ${RESULTS:-$OUT}/bench-<name>.jsonl.
 # The caller defines $B, $L and left(), as for model().
 bench_sides() {
-  local name=$1 run b i o side label env flags bin; shift
+  local name=$1 run b i o side label env flags bin w; shift
   for run in "$@"; do
     read -r b i o <<< "$run"
     for side in $SIDES; do
       [ $(left) -gt 25 ] || return
       label=${side%%:*} env="" flags=""
-      if [ "$side" != "$label" ]; then env=${side#*:}; env=${env//,/ }; fi
-      case "$env" in --*) flags=$env env="" ;; esac
+      if [ "$side" != "$label" ]; then
+        for w in $(echo "${side#*:}" | tr ',' ' '); do case $w in --*) flags="$flags $w" ;; *) env="$env $w" ;; esac; done
+      fi
       bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
       echo "== $label $name B=$b I=$i O=$o $flags" >> $L/bench.log
       env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Session 10's GPU calls (device tool, nvidia-h200), from the repository root; build and model
+# directories under .b4/ (ignored), so a warm machine reuses them.
+# PHASE=1 (ran on 68d2eb2, which still had MOESERVE_DECODE_CLUSTER): $SRC (session 9's GPU-pending
+#   kernels applied, both off by default): their tests and
+#   kernel benches, then bench-one-batch at B = 1 with each one's variable set and unset (one
+#   binary), an op trace of the eager B = 1 step, and the machine's ceilings.
+# Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+SRC=${SRC:-.devsrc-s10} PHASE=${PHASE:-1} L=/tmp/logs BUDGET=${BUDGET:-565}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+mkdir -p $L .b4/models .b4/after
+ln -sfn $ROOT/.b4/after /tmp/b
+B=/tmp/b/moeserve
+RESULTS=$L
+
+# $BEFORE_SRC's moeserve into /tmp/before, in the background ($! is its build).
+build_before() {
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j${1:-5} --target moeserve) > $L/build-before.log 2>&1 &
+}
+# $SRC's moeserve and the targets named into /tmp/b; exits when moeserve did not build.
+build_after() {
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j${JOBS:-11} --target moeserve "$@" >> $L/build.log 2>&1
+  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+}
+# A test program under its own timeout, with its verdicts (and failures) in summary.log.
+gtest() {
+  local tag=$1 secs=$2; shift 2
+  timeout $secs "$@" > $L/$tag.log 2>&1
+  log "$tag rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $L/$tag.log | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|Expected|Which is|\[bench\]' $L/$tag.log | head -40 >> "$OUT/summary.log"
+}
+
+[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+if [ $PHASE = 1 ]; then
+  JOBS=14 build_after ms_cuda_ceilings test_cuda_gemv test_cuda_attention_moe
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  gtest gemv 300 /tmp/b/tests/test_cuda_gemv --gtest_filter='CudaGemv.*-CudaGemv.Bench'
+  gtest cluster 200 /tmp/b/tests/test_cuda_attention_moe \
+    --gtest_filter='CudaOps.GqaAttentionMatchesCpu:CudaOps.ClusteredGqaDecodeMatchesCpuAndMergeKernel:CudaOps.CapturedDecodeAttentionMatchesCpu'
+  MOESERVE_BENCH_GEMV=1 gtest gemv_bench 120 /tmp/b/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
+  MOESERVE_BENCH_ATTENTION=1 gtest cluster_bench 120 /tmp/b/tests/test_cuda_attention_moe --gtest_filter=CudaOps.DecodeClusterBench
+  wait
+  SIDES="off bulk:MOESERVE_GEMV_VARIANT=bulk cluster:MOESERVE_DECODE_CLUSTER=1 both:MOESERVE_GEMV_VARIANT=bulk,MOESERVE_DECODE_CLUSTER=1 off both:MOESERVE_GEMV_VARIANT=bulk,MOESERVE_DECODE_CLUSTER=1"
+  bench_sides qwen3 "1 4096 16"; bench_sides v2lite "1 4096 16"
+  SIDES="off both:MOESERVE_GEMV_VARIANT=bulk,MOESERVE_DECODE_CLUSTER=1" bench_sides qwen3 "64 256 16"
+  SIDES="trace:--trace-ops,--disable-cuda-graph" bench_sides qwen3 "1 4096 4"
+  SIDES="tboth:MOESERVE_GEMV_VARIANT=bulk,MOESERVE_DECODE_CLUSTER=1,--trace-ops,--disable-cuda-graph" bench_sides qwen3 "1 4096 4"
+  grep -A30 'The last decode step' $L/bench.log >> "$OUT/summary.log"
+  log done
+fi
+# PHASE=2: $SRC (bulk copies by default for small dense products) against $BEFORE_SRC: the gemv
+#   tests and bench (now with the lm_heads), the ceilings with the cost of a kernel boundary, the
+#   fixtures and engine graphs, then B = 1 decode before / after and with the register kernel.
+if [ $PHASE = 2 ]; then
+  build_before
+  BB=$!
+  JOBS=12 build_after ms_cuda_ceilings test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  gtest gemv 300 /tmp/b/tests/test_cuda_gemv --gtest_filter='CudaGemv.*-CudaGemv.Bench'
+  gtest fixtures 120 /tmp/b/tests/test_cuda_fixtures
+  gtest engine_graphs 200 /tmp/b/tests/test_cuda_engine_graphs
+  MOESERVE_BENCH_GEMV=1 gtest gemv_bench 150 /tmp/b/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
+  wait; wait $BB; log "before built rc=$?"
+  SIDES="before after reg:MOESERVE_GEMV_VARIANT=default before after"
+  bench_sides qwen3 "1 4096 16"; bench_sides v2lite "1 4096 16"
+  SIDES="before after" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
+  log done
+fi
