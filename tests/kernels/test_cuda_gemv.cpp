@@ -1,19 +1,13 @@
-// The weight-streaming product (cuda::gemv) at the decode shapes it runs: Qwen3-30B-A3B at
-// batch 1 (q/k/v, o, eight experts' SwiGLU pair and down) and the routed experts of Qwen3 and
-// DeepSeek-V2-Lite at batch 64, in every launch shape that the bench sweeps (cuda::GemvTuning),
+// The weight-streaming product (cuda::gemv) at the decode shapes it runs: Qwen3-30B-A3B and
+// DeepSeek-V2-Lite at batch 1 (their attention products, experts, shared expert and lm_head) and
+// their routed experts at batch 64, in every launch shape that the bench sweeps (cuda::GemvTuning),
 // against a host reference. Grouped rows come as moe_experts hands them over: pairs sorted by
 // expert, offsets / active / n_active on the device, the SwiGLU pair reading tokens through
 // token_of_row. A few more cases cover dense passes of 20 rows over a ragged N and FP8 blocks.
-// Each case runs gemv_kernel alone (MOESERVE_GEMV_VARIANT=default) in every launch shape, and
-// the automatic choice. The bulk variant (MOESERVE_GEMV_VARIANT=bulk, gemv_bulk.cu) runs the same
-// cases against the host reference and the register kernel, including K that its 32 KB stages do not divide (and K
-// an odd multiple of 8), from graphs too.
 // CudaGemv.Bench (MOESERVE_BENCH_GEMV=1) prints microseconds a launch, replayed from graphs of 50,
-// over weights far larger than L2, with the bytes of weight read and the TB/s they make, for
-// both variants.
+// over weights far larger than L2, with the bytes of weight read and the TB/s they make.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -56,7 +50,7 @@ const std::vector<GemvShape> kShapes = {
     {"v2-lite B=1 q", 3072, 2048, false, 0, 1, 1},
     {"v2-lite B=1 kv_a", 576, 2048, false, 0, 1, 1},
     {"v2-lite B=1 o", 2048, 2048, false, 0, 1, 1},
-    // Timed only (too large for the host reference; the same code path as q|k|v): the heads.
+    // Timed only (too large for the host reference): the heads.
     {"qwen3 B=1 lm_head", 151936, 2048, false, 0, 1, 1},
     {"v2-lite B=1 lm_head", 102400, 2048, false, 0, 1, 1},
     // Correctness only: dense passes of 20 rows and a last slab of 8 features; FP8 blocks.
@@ -64,17 +58,6 @@ const std::vector<GemvShape> kShapes = {
     {"fp8 dense 3 rows", 2048, 2048, false, 0, 3, 1, true, false},
     {"fp8 experts gate/up B=16", 768, 2048, true, 128, 16, 8, true, false},
     {"fp8 experts down B=16", 2048, 768, false, 128, 16, 8, true, false},
-    // Correctness only, for the bulk variant's tiles (1024 k a stage bf16, 512 a SwiGLU pair,
-    // 2048 / 1024 fp8): K past a stage and not a multiple of it (1160 also ends on half a
-    // 16-k piece), N not a multiple of 16, groups of 2 rows, 1 to 8 rows.
-    {"dense 8 rows N=1000 K=1160", 1000, 1160, false, 0, 8, 1, false, false},
-    {"swiglu dense 5 rows N=1000 K=1408", 1000, 1408, true, 0, 5, 1, false, false},
-    {"fp8 dense 2 rows N=1000 K=2816", 1000, 2816, false, 0, 2, 1, true, false},
-    {"fp8 swiglu dense 1 row N=1000 K=2816", 1000, 2816, true, 0, 1, 1, true, false},
-    {"fp8 experts gate/up B=1", 768, 2048, true, 128, 1, 8, true, false},
-    {"fp8 experts down B=1", 2048, 768, false, 128, 1, 8, true, false},
-    {"grouped 4 experts x 2 rows N=1000 K=1160", 1000, 1160, false, 4, 2, 4, false, false},
-    {"grouped swiglu 3 experts x 2 rows N=1000 K=1408", 1000, 1408, true, 3, 2, 3, false, false},
 };
 
 constexpr int kBenchLaunches = 50;  // launches a graph of the bench
@@ -282,10 +265,6 @@ struct Case {
     } else {
       w.w_one = mats[0].dev.raw();
       if (s.fp8) w.s_one = mats[0].dev_scale.data<float>();
-      if (s.swiglu) {
-        w.w2_one = twins[0].dev.raw();
-        if (s.fp8) w.s2_one = twins[0].dev_scale.data<float>();
-      }
       grows.rows = int(rows);
     }
     // The SwiGLU pair reads tokens through token_of_row; down reads its rows in place, F32 out.
@@ -348,22 +327,6 @@ void expect_close(const Tensor& got_dev, const std::vector<float>& ref, double t
                     << ", scale " << scale << ")";
 }
 
-// Sets MOESERVE_GEMV_VARIANT while it lives, then restores it.
-struct VariantGuard {
-  std::string saved;
-  bool had;
-  explicit VariantGuard(const char* v) {
-    const char* old = std::getenv("MOESERVE_GEMV_VARIANT");
-    had = old != nullptr;
-    if (had) saved = old;
-    setenv("MOESERVE_GEMV_VARIANT", v, 1);
-  }
-  ~VariantGuard() {
-    if (had) setenv("MOESERVE_GEMV_VARIANT", saved.c_str(), 1);
-    else unsetenv("MOESERVE_GEMV_VARIANT");
-  }
-};
-
 // Restores the automatic launch shape when a test ends, failed or not.
 struct TuningGuard {
   GemvTuning saved = cuda::gemv_tuning();
@@ -378,95 +341,13 @@ TEST(CudaGemv, EveryLaunchShapeMatchesHostReference) {
     const Case c(shape);
     const std::vector<float> ref = c.reference();
     const double tol = c.out_dtype == DType::F32 ? 1e-4 : 1e-2;
-    {
-      VariantGuard register_kernel("default");  // gemv_kernel alone, in each launch shape
-      for (const auto& [name, tuning] : variants(shape)) {
-        cuda::set_gemv_tuning(tuning);
-        MS_CUDA(cudaMemsetAsync(c.out.raw(), 0xff, c.out.nbytes(), cuda::stream()));  // NaN where unwritten
-        c.launch();
-        expect_close(c.out, ref, tol, std::string(shape.name) + " " + name + " " + describe(tuning));
-      }
-    }
-    cuda::set_gemv_tuning({});  // the automatic choice of kernel and shape
-    MS_CUDA(cudaMemsetAsync(c.out.raw(), 0xff, c.out.nbytes(), cuda::stream()));
-    c.launch();
-    expect_close(c.out, ref, tol, std::string(shape.name) + " automatic choice");
-  }
-}
-
-
-// The bulk variant's launch shapes: its automatic grid, one block a slab, one block an SM a
-// group, and a single block walking every slab (the stage ring wraps many times).
-std::vector<std::pair<std::string, GemvTuning>> bulk_variants(const GemvShape& s, bool with_single) {
-  const int slabs = int((s.N + 15) / 16), eg = expected_groups(s);
-  std::vector<std::pair<std::string, GemvTuning>> v = {{"bulk auto", {}},
-                                                       {"bulk y_slabs", {0, slabs, 0}},
-                                                       {"bulk y_sm", {0, std::max(1, sm_count() / eg), 0}}};
-  if (with_single) v.push_back({"bulk y=1", {0, 1, 0}});
-  return v;
-}
-
-TEST(CudaGemv, BulkVariantMatchesHostReferenceAndDefault) {
-  MS_REQUIRE_CUDA();
-  TuningGuard guard;
-  for (const auto& shape : kShapes) {
-    if ((rows_of(shape) > 8 && shape.bench) || timed_only(shape)) continue;  // left to the default kernel: the few below show that
-    const Case c(shape);
-    const std::vector<float> ref = c.reference();
-    const double tol = c.out_dtype == DType::F32 ? 1e-4 : 1e-2;
-    cuda::set_gemv_tuning({});
-    std::vector<float> by_default;
-    {
-      VariantGuard register_kernel("default");
-      c.launch();
-      by_default = c.out.to_vector();
-    }
-    VariantGuard bulk("bulk");
-    for (const auto& [name, tuning] : bulk_variants(shape, true)) {
+    for (const auto& [name, tuning] : variants(shape)) {
       cuda::set_gemv_tuning(tuning);
-      MS_CUDA(cudaMemsetAsync(c.out.raw(), 0xff, c.out.nbytes(), cuda::stream()));
+      MS_CUDA(cudaMemsetAsync(c.out.raw(), 0xff, c.out.nbytes(), cuda::stream()));  // NaN where unwritten
       c.launch();
-      const std::string at = std::string(shape.name) + " " + name + " " + describe(tuning);
-      expect_close(c.out, ref, tol, at + " vs host");
-      expect_close(c.out, by_default, tol, at + " vs default kernel");
+      expect_close(c.out, ref, tol, std::string(shape.name) + " " + name + " " + describe(tuning));
     }
   }
-}
-
-TEST(CudaGemv, BulkVariantReplaysFromGraph) {
-  MS_REQUIRE_CUDA();
-  VariantGuard bulk("bulk");
-  for (const char* name : {"qwen3 B=1 qkv", "qwen3 B=1 experts gate/up", "fp8 experts down B=1",
-                           "v2-lite B=1 shared gate/up", "fp8 dense 2 rows N=1000 K=2816"}) {
-    const auto it = std::find_if(kShapes.begin(), kShapes.end(), [&](const GemvShape& s) { return s.name == std::string(name); });
-    ASSERT_NE(it, kShapes.end()) << name;
-    const Case c(*it);
-    const std::vector<float> ref = c.reference();
-    const double tol = c.out_dtype == DType::F32 ? 1e-4 : 1e-2;
-    cudaStream_t s = cuda::stream();
-    c.launch();  // once outside the capture: the kernel's shared-memory limit is raised on first use
-    MS_CUDA(cudaStreamSynchronize(s));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    MS_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    c.launch();
-    MS_CUDA(cudaStreamEndCapture(s, &graph));
-    MS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; ++replay) {
-      MS_CUDA(cudaMemsetAsync(c.out.raw(), 0xff, c.out.nbytes(), s));
-      MS_CUDA(cudaGraphLaunch(exec, s));
-      expect_close(c.out, ref, tol, std::string(name) + " graph replay " + std::to_string(replay));
-    }
-    MS_CUDA(cudaGraphExecDestroy(exec));
-    MS_CUDA(cudaGraphDestroy(graph));
-  }
-}
-
-TEST(CudaGemv, UnknownVariantIsRejected) {
-  MS_REQUIRE_CUDA();
-  const Case c(kShapes[0]);
-  VariantGuard bad("no-such-variant");
-  EXPECT_THROW(c.launch(), Error);
 }
 
 TEST(CudaGemv, TuningRejectsOutOfRangeValues) {
@@ -531,9 +412,7 @@ struct BenchCase {
 
   explicit BenchCase(const GemvShape& shape) : s(shape), rows(rows_of(shape)) {
     const int64_t matrix = s.N * s.K * 2;
-    // Dense SwiGLU: launch i reads copies 2i and 2i + 1 (an even count, so none twice in a row).
-    const int dense = int((150'000'000 + matrix - 1) / matrix), mats = s.swiglu ? 2 : 1;
-    const int copies = s.experts ? mats : (dense + mats - 1) / mats * mats;
+    const int copies = s.experts ? (s.swiglu ? 2 : 1) : int((150'000'000 + matrix - 1) / matrix);
     for (int i = 0; i < copies; ++i) {
       weights.push_back(Tensor::empty(DType::BF16, {std::max(1, s.experts) * s.N, s.K}, Device::CUDA));
       MS_CUDA(cudaMemsetAsync(weights.back().raw(), 0x3c, weights.back().nbytes(), cuda::stream()));
@@ -575,9 +454,7 @@ struct BenchCase {
       r = dr.rows(rows, s.experts, expected_groups(s));
       if (s.swiglu) x_rows = dr.token_of_row(s.experts);
     } else {
-      const size_t mats = s.swiglu ? 2 : 1;
-      w.w_one = weights[(mats * size_t(i)) % weights.size()].raw();
-      if (s.swiglu) w.w2_one = weights[(mats * size_t(i) + 1) % weights.size()].raw();
+      w.w_one = weights[size_t(i) % weights.size()].raw();
       r.rows = int(rows);
     }
     cuda::GemvInput in{static_cast<const __nv_bfloat16*>(x.raw()), s.K, x_rows};
@@ -606,20 +483,11 @@ TEST(CudaGemv, Bench) {
     if (!shape.bench) continue;
     const BenchCase c(shape);
     const double bytes = c.bytes();
-    auto time = [&](const std::string& name, const GemvTuning& tuning) {
+    for (const auto& [name, tuning] : variants(shape)) {
       cuda::set_gemv_tuning(tuning);
       const double us = graphed_us([&](int i) { c.launch(i); });
       std::printf("[bench] gemv %-30s %-22s %-12s %8.2f us %7.2f MB %5.2f TB/s\n", shape.name, name.c_str(),
                   describe(tuning).c_str(), us, bytes / 1e6, bytes / us / 1e6);
-    };
-    time("chosen", {});  // whichever kernel and shape gemv() picks
-    {
-      VariantGuard register_kernel("default");
-      for (const auto& [name, tuning] : variants(shape)) time(name, tuning);
-    }
-    if (rows_of(shape) <= 8) {  // the rows the bulk variant takes
-      VariantGuard bulk("bulk");
-      for (const auto& [name, tuning] : bulk_variants(shape, false)) time(name, tuning);
     }
     std::fflush(stdout);
   }

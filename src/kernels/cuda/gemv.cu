@@ -8,25 +8,76 @@
 // 16 consecutive k (two 16-byte bf16 loads, or one of fp8) of weight rows g and g + 8 and of input
 // row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
 // FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy).
-// Small dense weights at batches of at most 8 rows go to gemv_bulk.cu instead (bulk_takes).
 #include "kernels/cuda/gemv.h"
-#include "kernels/cuda/gemv_impl.cuh"
+#include "kernels/cuda/mma.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 namespace ms::cuda {
-using namespace gemv_detail;
 namespace {
+
+constexpr int kChunk = 64;   // k per warp step: 16 per lane of a quad
+constexpr int kSlab = 16;    // output features per mma tile
 
 // Chunks a warp loads before its first mma (U of gemv_kernel): a SwiGLU pair loads two weights.
 constexpr int unroll(bool swiglu) { return swiglu ? 2 : 4; }
 
+struct GemvParams {
+  GemvWeights w;
+  GemvRows rows;
+  GemvInput in;
+  void* out;
+  int64_t out_ld;
+  const float* bias;
+  int N, K, chunks, slabs;
+  RouteTail route;  // read by the kernels with NV > 0 only
+};
+
 // Blocks of the running routed product (NV > 0) that have finished; its last block resets it.
 // One stream a GPU runs these products one after another, so one counter a GPU serves them all.
 __device__ unsigned g_route_blocks_done = 0;
+
+// 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
+template <bool FP8>
+__device__ __forceinline__ void load_weights(const GemvParams& p, const char* W, const float* S, int n, int k0,
+                                             uint32_t (&w)[8]) {
+  uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+  if (n < p.N && k0 < p.K) {
+    if constexpr (FP8) {
+      lo = __ldg(reinterpret_cast<const uint4*>(W + int64_t(n) * p.w.ld + k0));
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(W + (int64_t(n) * p.w.ld + k0) * 2);
+      lo = __ldg(src);
+      if (k0 + 8 < p.K) hi = __ldg(src + 1);
+    }
+  }
+  if constexpr (FP8) {
+    const float scale = (n < p.N && k0 < p.K) ? S[int64_t(n / p.w.block_n) * p.w.scale_ld + k0 / p.w.block_k] : 0.f;
+    const uint32_t words[4] = {lo.x, lo.y, lo.z, lo.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float f[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) f[b] = fp8_to_f(uint8_t(words[i] >> (8 * b))) * scale;
+      w[2 * i] = pack_bf16(f[0], f[1]), w[2 * i + 1] = pack_bf16(f[2], f[3]);
+    }
+  } else {
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+  }
+}
+
+// 16 inputs of source row `src` (< 0: none) at k0 as 8 bf16 pairs.
+__device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0, uint32_t (&x)[8]) {
+  uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+  if (src >= 0 && k0 < p.K) {
+    const uint4* s = reinterpret_cast<const uint4*>(p.in.x + int64_t(src) * p.in.x_ld + k0);
+    lo = __ldg(s);
+    if (k0 + 8 < p.K) hi = __ldg(s + 1);
+  }
+  x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
+}
 
 // Asks L2 for rows [n0, n0 + 16) of a dense weight (and its SwiGLU twin): one 128-byte line a
 // thread at a time.
@@ -42,6 +93,11 @@ __device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
       asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
     }
   }
+}
+
+template <class TO>
+__device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, float v) {
+  store_f(static_cast<TO*>(p.out) + int64_t(row) * p.out_ld + n, v);
 }
 
 // NT tiles of 8 rows per pass; U chunks loaded before the first mma (loads in flight per lane:
@@ -114,13 +170,42 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
               load_inputs(p, src[t], k0, x);
             }
 #pragma unroll
-            for (int m = 0; m < MATS; ++m) mma_piece(acc[m][t], a[u][m], x);
+            for (int s = 0; s < 4; ++s) {
+#pragma unroll
+              for (int m = 0; m < MATS; ++m) {
+                const uint32_t frag[4] = {a[u][m][0][2 * s], a[u][m][1][2 * s], a[u][m][0][2 * s + 1],
+                                          a[u][m][1][2 * s + 1]};
+                mma_bf16(acc[m][t], frag, x[2 * s], x[2 * s + 1]);
+              }
+            }
           }
         }
       }
-      stash_partials<MATS, NT>(red, warp, lane, acc);
+      // Lane (g, q) holds features g and g + 8 for rows 2q and 2q + 1 of each tile.
+#pragma unroll
+      for (int m = 0; m < MATS; ++m)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          float* r = red + (((warp * MATS + m) * NT + t) * kSlab) * 8;
+          r[g * 8 + 2 * q] = acc[m][t][0], r[g * 8 + 2 * q + 1] = acc[m][t][1];
+          r[(g + 8) * 8 + 2 * q] = acc[m][t][2], r[(g + 8) * 8 + 2 * q + 1] = acc[m][t][3];
+        }
       __syncthreads();
-      reduce_store<TO, SWIGLU, NT>(p, red, S, pass, r_end, n0);
+      for (int i = threadIdx.x; i < NT * 8 * kSlab; i += blockDim.x) {
+        const int t = i / (8 * kSlab), row8 = (i / kSlab) % 8, f = i % kSlab;
+        const int row = pass + t * 8 + row8, n = n0 + f;
+        if (row >= r_end || n >= p.N) continue;
+        float v[MATS];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+          v[m] = 0.f;
+          for (int w = 0; w < S; ++w) v[m] += red[(((w * MATS + m) * NT + t) * kSlab + f) * 8 + row8];
+        }
+        float out = v[0];
+        if constexpr (SWIGLU) out = v[0] / (1.0f + expf(-v[0])) * v[MATS - 1];
+        else if (p.bias) out += p.bias[n];
+        store_out<TO>(p, row, n, out);
+      }
       __syncthreads();  // red is rewritten by the next slab
     }
   }
@@ -181,30 +266,6 @@ GemvTuning& tuning() {
   return t;
 }
 
-// Which products gemv_bulk takes (MOESERVE_GEMV_VARIANT, read each call, so that a test or bench
-// times each): "bulk" every one it can, "default" none, unset or "auto" the dense weights of at
-// most kBulkMaxSlabs slabs. There the bulk copies issued before pdl_wait hide the ramp that the
-// register loads pay after it (session 10, H200, graphed: Qwen3's q|k|v 10.4 -> 7.5 us, V2-Lite's
-// shared gate|up 10.8 -> 8.1 and down 5.4 -> 4.6; Qwen3's o 7.1 -> 7.3, a wash); the grouped
-// experts at batch 1 lost (17.1 -> 19.3 us gate|up), as did the end-to-end step with bulk for all.
-constexpr int kBulkMaxSlabs = 512;
-enum class Variant { Auto, Bulk, Default };
-Variant variant() {
-  const char* env = std::getenv("MOESERVE_GEMV_VARIANT");
-  if (!env || !*env || std::strcmp(env, "auto") == 0) return Variant::Auto;
-  if (std::strcmp(env, "default") == 0) return Variant::Default;
-  MS_CHECK(std::strcmp(env, "bulk") == 0, "MOESERVE_GEMV_VARIANT=", env, ": expected auto, bulk or default");
-  return Variant::Bulk;
-}
-bool bulk_takes(const GemvParams& p) {
-  switch (variant()) {
-    case Variant::Bulk: return true;
-    case Variant::Default: return false;
-    case Variant::Auto: return !p.rows.offsets && p.slabs <= kBulkMaxSlabs;
-  }
-  return false;
-}
-
 }  // namespace
 
 GemvTuning gemv_tuning() { return tuning(); }
@@ -242,7 +303,6 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
     return;
   }
   const GemvTuning& tune = tuning();
-  if (bulk_takes(p) && gemv_bulk(p, out.dtype, swiglu, tune.blocks_y)) return;
   if (tune.warps) warps = tune.warps;
   if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));
   if (tune.nt) nt = tune.nt;

@@ -69,10 +69,6 @@ struct GemvTuning {
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
 
-// Dense weights of at most 512 slabs of 16 features, at most 8 rows, other than the router's,
-// stream through shared memory by bulk copies (gemv_bulk.cu); MOESERVE_GEMV_VARIANT (read each
-// call) =bulk sends every product of at most 8 rows there, =default none. The tuning's blocks_y
-// applies to it, warps and nt do not.
 // With `route` (a dense product into F32, at most 8 rows, route->nv <= kRouteMaxLanes), the
 // block that finishes last then runs the router's top-k over the whole output (moe_topk.cuh).
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,

@@ -1,7 +1,6 @@
 // Shared-memory mbarriers and setmaxnreg for the warp-specialized kernels (flash_prefill_wgmma_ws.cu,
 // flash_mla_expanded_wgmma_ws.cu): a producer warpgroup hands stages of cp.async copies to
-// consumer warpgroups and takes them back; and the 1-D bulk copies (TMA) whose bytes complete an
-// mbarrier's phase (gemv_bulk.cu). sm_90a only, as the wgmma
+// consumer warpgroups and takes them back. sm_90a only, as the wgmma
 // instructions (MS_WGMMA_ASM): a build for another GPU keeps the names, and traps.
 #pragma once
 #include "kernels/cuda/wgmma.cuh"
@@ -24,20 +23,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
-      : "memory");
-}
-// Makes the mbarrier.init before it visible to the bulk copies (the async proxy) that complete it.
-__device__ __forceinline__ void mbar_fence_init() { MS_WGMMA_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// This thread's arrival, and `bytes` more that bulk copies must deliver before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  MS_WGMMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `src` to shared `dst`,
-// counted against mbarrier `bar` as they land.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  MS_WGMMA_ASM(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
 // Registers a thread of the warpgroup may use from here on: the producer gives some up, the
