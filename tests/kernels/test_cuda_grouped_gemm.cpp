@@ -5,7 +5,7 @@
 // it, at 512 and 4096 tokens on the Qwen3-30B-A3B and DeepSeek-V2-Lite shapes, against the CPU op
 // and against the per-expert cuBLASLt path (MOESERVE_GROUPED_GEMM=0). GroupedGemmBench prints
 // [bench] lines (each tile shape's time and TFLOP/s on each product, and the whole op) when
-// MOESERVE_BENCH_GROUPED=1.
+// MOESERVE_BENCH_GROUPED=1 (MOESERVE_BENCH_GROUPED_TILES=<names, comma-separated>: those shapes only).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -132,6 +132,14 @@ void run_case(const Case& c, bool swiglu) {
   }
 }
 
+// 48 experts cycling through ragged sizes: 66 row tiles, 5112 rows.
+std::vector<int> many_tiles_sizes() {
+  std::vector<int> sizes;
+  for (int i = 0; i < 6; ++i)
+    for (int n : {0, 1, 127, 129, 64, 300, 200, 31}) sizes.push_back(n);
+  return sizes;
+}
+
 TEST(CudaGroupedGemm, RaggedGroupsMatchHost) {
   MS_REQUIRE_CUDA();
   const std::vector<Case> cases = {
@@ -152,6 +160,10 @@ TEST(CudaGroupedGemm, RaggedGroupsMatchHost) {
       {"qwen3 gate/up N=768 K=2048", {256, 300, 0, 17, 129}, 768, 2048},
       {"deepseek gate/up N=1408 K=2048", {200, 1, 383}, 1408, 2048},
       {"qwen3 down N=2048 K=768", {256, 300, 0, 17, 129}, 2048, 768},
+      // More units (row tile x N tile) than the persistent ws shapes' blocks (one an SM): each
+      // block runs several tiles of different experts, its stage ring wrapping across tiles (6 K
+      // tiles against 4 or 6 stages), at experts of 0, 1, 127 and 129 rows among others.
+      {"many tiles N=600 K=328", many_tiles_sizes(), 600, 328},
   };
   for (const Case& c : cases)
     for (bool swiglu : {false, true}) run_case(c, swiglu);
@@ -338,7 +350,12 @@ TEST(CudaGroupedGemm, GroupedGemmBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_GROUPED");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_GROUPED=1 to time the grouped GEMM";
-  const std::vector<std::string> tiles = cuda::grouped_gemm_tiles();
+  // MOESERVE_BENCH_GROUPED_TILES=<name,name,...>: time only those shapes.
+  std::vector<std::string> tiles = cuda::grouped_gemm_tiles();
+  if (const char* only = std::getenv("MOESERVE_BENCH_GROUPED_TILES"); only && *only) {
+    const std::string list = std::string(",") + only + ",";
+    std::erase_if(tiles, [&](const std::string& t) { return list.find("," + t + ",") == std::string::npos; });
+  }
   // Large groups: 16 experts of 2048 rows, N = K = 4096 (the kernel's ceiling, no ragged tiles).
   {
     const int E = 16;
