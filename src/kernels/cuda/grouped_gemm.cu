@@ -265,6 +265,7 @@ constexpr TileEntry kTiles[] = {
     // Warp-specialized and persistent (grouped_gemm_wgmma_ws.cu): not yet timed on a GPU.
     {"ws128x128x64", grouped_gemm_impl::launch_ws_128x128x64},
     {"ws128x256x64", grouped_gemm_impl::launch_ws_128x256x64},
+    {"wspp128x128x64", grouped_gemm_impl::launch_wspp_128x128x64},
 };
 
 std::mutex g_tile_mutex;

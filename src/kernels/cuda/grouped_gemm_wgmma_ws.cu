@@ -1,8 +1,8 @@
 // The warp-specialized, persistent Hopper shapes of the grouped GEMM ("ws128x256x64",
-// "ws128x128x64"): the same tile table, row tiles of 128, gather through a_rows, ragged edges,
-// SwiGLU epilogue and wgmma products (m64nBNk16 on 128-byte swizzled tiles) as
-// grouped_gemm_wgmma.cu, but the copies leave the threads that multiply, and a block stays on
-// its SM for many tiles.
+// "ws128x128x64", "wspp128x128x64"): the same tile table, row tiles of 128, gather through
+// a_rows, ragged edges, SwiGLU epilogue and wgmma products (m64nBNk16 on 128-byte swizzled
+// tiles) as grouped_gemm_wgmma.cu, but the copies leave the threads that multiply, and a block
+// stays on its SM for many tiles.
 //
 // Why: in grouped_gemm_wgmma.cu every thread issues the cp.async copies of a later K tile
 // between its waits and wgmmas, and the block meets at a __syncthreads a K tile; the copy
@@ -13,13 +13,13 @@
 // is a large part of each tile: it ran ~415-450 TFLOP/s against ~550 for gate|up (K = 2048).
 //
 // Roles (as flash_prefill_wgmma_ws.cu): warpgroup 0 is the producer, warpgroups 1 and 2 the
-// consumers, each owning 64 of the tile's 128 rows and all BN columns. The stages hand over
-// through mbarriers: full[s] completes when the 128 producer threads' copies of the stage have
-// landed (cp.async.mbarrier.arrive.noinc: one arrival a thread when its copies are done);
-// empty[s] when the 8 consumer warps have each waited for their wgmmas reading it (one arrival a
-// warp, by lane 0, after wgmma.wait_group). A consumer keeps one K tile's wgmmas in flight
-// while it waits for the next stage (wait_group 1, then it releases the stage before), so its
-// tensor-core work is back to back. cp.async writes are generic-proxy and wgmma reads through
+// consumers, each owning 64 of the tile's 128 rows and all BN columns (cooperative; ping-pong
+// below). The stages hand over through mbarriers: full[s] completes when the 128 producer
+// threads' copies of the stage have landed (cp.async.mbarrier.arrive.noinc: one arrival a thread
+// when its copies are done); empty[s] when the consumer warps that read it (8; ping-pong 4) have
+// each waited for their wgmmas on it (one arrival a warp, by lane 0, after wgmma.wait_group).
+// A consumer keeps one K tile's wgmmas in flight while it waits for the next stage (wait_group
+// 1, then it releases the stage before), so its tensor-core work is back to back. cp.async writes are generic-proxy and wgmma reads through
 // the async proxy: a consumer fences (fence.proxy.async) after its full wait.
 //
 // Persistent grid: one block an SM; block b takes units b, b + grid, ... of the
@@ -29,6 +29,16 @@
 // first wgmmas find their operands waiting. The stage counter runs on across tiles (phase of
 // stage s at use q: (q / STAGES) & 1). A consumer looks up its next tile while the last K tile's
 // wgmmas run. Epilogue stores go straight from the accumulators, as grouped_gemm_wgmma.cu.
+//
+// Ping-pong (wspp128x128x64): in the cooperative shapes both consumers finish a tile together,
+// so the tensor cores idle through every epilogue (at K = 768 about 1 clock in 25). Here each
+// consumer owns all 128 rows (two m64n128 slices, 128 sums a thread) of every other unit: while
+// one runs its epilogue the other multiplies. The price: tiles of 128 x 128 read 256 K-rows of
+// operands from L2 for 128 x 128 outputs, a third more a product than 128 x 256. The ring is
+// still filled in unit order, and a consumer starts a unit only after the other has waited for
+// every stage of the unit before (turn[c], one arrival a warp): without that turn a consumer
+// back from its epilogue could wait for a stage use two phases ahead of the barrier, which an
+// mbarrier's parity wait cannot tell from one phase behind.
 //
 // A: gathered row by row (a_rows), so no tensor-map copy fits it; W: a tensor map would need one
 // per expert, built on the device (the host only holds a device array of expert pointers), so
@@ -40,12 +50,12 @@
 // producer's code to its setmaxnreg.dec count (below 88 it spills: the 16-byte copies' 64-bit
 // addresses) and the consumers fit 168 without spilling (128 accumulators at BN 256), so the
 // split is 88 / 208 (128 x 88 + 256 x 208 = 384 x 168), the consumers' headroom unneeded but free.
-// ws128x256x64: 4 stages of 48 KiB; ws128x128x64: 6 stages of 32 KiB (more tiles of copies in
-// flight, half the accumulators; for fewer rows an expert). Two blocks an SM do not fit: at 80
-// registers a thread ptxas cannot place even an m64n128 wgmma's 64 accumulators.
+// ws128x256x64: 4 stages of 48 KiB; ws128x128x64 and wspp128x128x64: 6 stages of 32 KiB (more
+// tiles of copies in flight; ws128x128x64 holds half the accumulators). Two blocks an SM do not
+// fit: at 80 registers a thread ptxas cannot place even an m64n128 wgmma's 64 accumulators.
 //
-// Both consumer warpgroups run every wgmma even where their 64 rows lie past the expert's end
-// (a branch around a wgmma makes ptxas serialize them, see grouped_gemm_wgmma.cu).
+// Consumers run every wgmma even where their 64-row slice lies past the expert's end (a branch
+// around a wgmma makes ptxas serialize them, see grouped_gemm_wgmma.cu).
 #include <algorithm>
 #include <cstdint>
 
@@ -66,19 +76,23 @@ constexpr int kThreads = 384, kLaunchRegs = 168;  // 65536 / 384, rounded down t
 constexpr int kProducerRegs = 88, kConsumerRegs = 208;
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "the block's registers");
 
-template <int BN, int STAGES>
+template <int BN, int STAGES, bool PINGPONG>
 struct WsTile {
-  static constexpr int kBN = BN, kStages = STAGES, kAcc = BN / 2;  // f32 sums a consumer thread
+  static constexpr int kBN = BN, kStages = STAGES, kAcc = BN / 2;  // f32 sums a thread an m64 slice
+  static constexpr bool kPingPong = PINGPONG;
+  static constexpr int kEmptyArrivals = PINGPONG ? 4 : 8;  // the warps that read a stage
   static constexpr int kABytes = kBM * kRowBytes, kStageBytes = (kBM + BN) * kRowBytes;
-  static constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], empty[kStages]
-  static constexpr size_t kSmemBytes = size_t(kBarrierOffset) + 2 * kStages * 8 + kAtomBytes;  // + alignment slack
+  static constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], empty[kStages], turn[2]
+  static constexpr size_t kSmemBytes = size_t(kBarrierOffset) + (2 * kStages + 2) * 8 + kAtomBytes;  // + align slack
   static constexpr int kRowsPass = 128 / 8;  // the producer's 128 threads, 8 chunks a row
   static constexpr int kACopies = kBM / kRowsPass, kBCopies = BN / kRowsPass;
-  static_assert(kBM == 128 && (BN == 128 || BN == 256), "two m64 consumer warpgroups, one wgmma N");
+  static_assert(kBM == 128 && (BN == 128 || BN == 256), "two m64 slices, one wgmma N");
+  static_assert(!PINGPONG || BN == 128, "a ping-pong consumer holds 2 x BN / 2 sums: 128 fit");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 };
-using WsTile128x256x64 = WsTile<256, 4>;
-using WsTile128x128x64 = WsTile<128, 6>;
+using WsTile128x256x64 = WsTile<256, 4, false>;
+using WsTile128x128x64 = WsTile<128, 6, false>;
+using WsPingPong128x128x64 = WsTile<128, 6, true>;
 
 template <class T, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_ws_kernel(const Params p, int n_tiles) {
@@ -88,19 +102,20 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_ws_kernel(const Para
   // The tiles' 1024-byte alignment (the swizzle's): the dynamic base is only 16-byte aligned.
   uint8_t* const smem = smem_raw + ((kAtomBytes - uint32_t(__cvta_generic_to_shared(smem_raw)) % kAtomBytes) % kAtomBytes);
   const uint32_t smem_addr = uint32_t(__cvta_generic_to_shared(smem));
-  const uint32_t full = smem_addr + T::kBarrierOffset, empty = full + 8 * kStages;
+  const uint32_t full = smem_addr + T::kBarrierOffset, empty = full + 8 * kStages, turn = empty + 8 * kStages;
   const int tid = threadIdx.x, wg = tid / 128;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full + 8 * s, 128);
-      mbar_init(empty + 8 * s, 8);
+      mbar_init(empty + 8 * s, T::kEmptyArrivals);
     }
+    for (int c = 0; c < 2; ++c) mbar_init(turn + 8 * c, 4);
   }
   __syncthreads();
   pdl_wait();  // offsets, tile table and A come from the kernels before
   const int KT = (p.K + kBK - 1) / kBK;
-  auto unit_tile = [&](int64_t u, GroupTile& gt) {
-    return find_group_tile(p.offsets, p.tile_start, p.experts, kBM, int(u / n_tiles), gt);
+  auto unit_tile = [&](int u, GroupTile& gt) {
+    return find_group_tile(p.offsets, p.tile_start, p.experts, kBM, u / n_tiles, gt);
   };
 
   if (wg == 0) {
@@ -109,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_ws_kernel(const Para
     const uint32_t dst = swizzled_offset(r0, chunk);
     uint32_t q = 0;  // stages filled so far, over all units
     GroupTile gt;
-    for (int64_t u = blockIdx.x; unit_tile(u, gt); u += gridDim.x) {
+    for (int u = blockIdx.x; unit_tile(u, gt); u += gridDim.x) {
       const bf16* a_src[T::kACopies];
 #pragma unroll
       for (int i = 0; i < T::kACopies; ++i) {
@@ -120,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_ws_kernel(const Para
       // B row r0 + 16 i of the tile is weight row nb + 16 i; with SwiGLU rows [0, BN / 2) are gate
       // rows of the unit's BN / 2 columns and [BN / 2, BN) the same up rows, so that sums column j
       // and j + BN / 2 sit in one consumer thread (as grouped_gemm_wgmma.cu).
-      const int nb = int(u % n_tiles) * kTileN + r0;
+      const int nb = (u % n_tiles) * kTileN + r0;
       const bf16* const w_e = p.w[gt.group];
       const bf16* const w2_e = SWIGLU ? p.w2[gt.group] : nullptr;
       for (int kt = 0; kt < KT; ++kt, ++q) {
@@ -153,72 +168,89 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_ws_kernel(const Para
   }
 
   set_max_regs_inc<kConsumerRegs>();
-  const int cw = wg - 1;  // this consumer's 64 rows: cw * 64..
-  const int lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int row_in_tile = cw * 64 + ((tid % 128) / 32) * 16 + g;  // and + 8
-  // Descriptors of stage 0's tiles for this warpgroup (its 64 A rows: 8 atoms in); a stage, and
-  // a 16 of K, add (bytes >> 4) to the start-address field (addresses < 256 KiB: no carry out).
-  const uint64_t a_desc0 = smem_desc(smem_addr + cw * 64 * kRowBytes);
+  // Cooperative: this consumer's 64 rows of every unit. Ping-pong: all 128 rows (two m64
+  // slices) of every other unit, starting at unit cw.
+  const int cw = wg - 1, lane = tid % 32, g = lane / 4, t = lane % 4;
+  constexpr int kSlices = T::kPingPong ? 2 : 1, kUnitStep = T::kPingPong ? 2 : 1;
+  const int slice0 = T::kPingPong ? 0 : cw;
+  const int warp_row = ((tid % 128) / 32) * 16 + g;  // the thread's rows of a slice: this and + 8
+  // Descriptors of stage 0's tiles (slice i's 64 A rows: 8 i atoms in); a stage, and a 16 of K,
+  // add (bytes >> 4) to the start-address field (addresses < 256 KiB: no carry out).
+  const uint64_t a_desc0 = smem_desc(smem_addr + slice0 * 64 * kRowBytes);
   const uint64_t b_desc0 = smem_desc(smem_addr + T::kABytes);
-  float acc[T::kAcc];
-  uint32_t q = 0;  // stages consumed so far, over all units
-  int64_t u = blockIdx.x;
+  float acc[kSlices][T::kAcc];
+  int j = T::kPingPong ? cw : 0;  // the block's j-th unit: unit u = blockIdx.x + j * grid
+  int u = blockIdx.x + j * gridDim.x;
   GroupTile gt;
   bool have = unit_tile(u, gt);
   while (have) {
 #pragma unroll
-    for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.f;
+    for (int sl = 0; sl < kSlices; ++sl)
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) acc[sl][i] = 0.f;
+    // Ping-pong: the other consumer has waited for every stage of unit j - 1 (its (j - 1) / 2-th
+    // unit): the stages' full phases are then at most one behind this unit's uses.
+    if (T::kPingPong && j > 0) mbar_wait(turn + 8 * cw, ((j - 1) / 2) & 1);
+    uint32_t q = uint32_t(j) * KT;  // the unit's first stage use, as the producer counts them
     for (int kt = 0; kt < KT; ++kt, ++q) {
       const int s = q % kStages;
       mbar_wait(full + 8 * s, (q / kStages) & 1);
       fence_proxy_async();
       const uint64_t stage_off = uint64_t(s * T::kStageBytes) >> 4;
-      fence_operands(acc);
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl) fence_operands(acc[sl]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_bf16<kBN>(acc, a_desc0 + stage_off + kk * 2, b_desc0 + stage_off + kk * 2);  // 32 bytes = 2 << 4
+#pragma unroll
+        for (int sl = 0; sl < kSlices; ++sl)  // 64 rows = 8 KiB = 512 << 4; 32 bytes of K = 2 << 4
+          wgmma_bf16<kBN>(acc[sl], a_desc0 + stage_off + sl * 512 + kk * 2, b_desc0 + stage_off + kk * 2);
       wgmma_commit();
       wgmma_wait<1>();  // the wgmmas of use q - 1 are done: its stage goes back
-      fence_operands(acc);
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl) fence_operands(acc[sl]);
       if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
     }
+    if (T::kPingPong && lane == 0) mbar_arrive(turn + 8 * (1 - cw));  // the other's turn
     const GroupTile cur = gt;
-    const int col0 = int(u % n_tiles) * kTileN;
-    u += gridDim.x;
+    const int col0 = u % n_tiles * kTileN;
+    j += kUnitStep, u += kUnitStep * gridDim.x;
     have = unit_tile(u, gt);  // while the last K tile's wgmmas run
     wgmma_wait<0>();
-    fence_operands(acc);
+#pragma unroll
+    for (int sl = 0; sl < kSlices; ++sl) fence_operands(acc[sl]);
     if (KT > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
 
     // Thread (g, t) of its warp holds rows g and g + 8 of the warp's 16, columns 8 i + 2 t, + 1.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = cur.m0 + row_in_tile + h * 8;
-      if (r >= cur.m_end) continue;
-      bf16* crow = p.c + int64_t(r) * p.c_ld;
-      if constexpr (SWIGLU) {
+    for (int sl = 0; sl < kSlices; ++sl)
 #pragma unroll
-        for (int i = 0; i < kBN / 16; ++i) {
-          const int col = col0 + i * 8 + 2 * t;
-          if (col >= p.N) continue;
-          float v[2];
+      for (int h = 0; h < 2; ++h) {
+        const int r = cur.m0 + (slice0 + sl) * 64 + warp_row + h * 8;
+        if (r >= cur.m_end) continue;
+        bf16* crow = p.c + int64_t(r) * p.c_ld;
+        if constexpr (SWIGLU) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float gate = acc[4 * i + 2 * h + j], up = acc[4 * (i + kBN / 16) + 2 * h + j];
-            v[j] = gate / (1.0f + expf(-gate)) * up;
+          for (int i = 0; i < kBN / 16; ++i) {
+            const int col = col0 + i * 8 + 2 * t;
+            if (col >= p.N) continue;
+            float v[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float gate = acc[sl][4 * i + 2 * h + e], up = acc[sl][4 * (i + kBN / 16) + 2 * h + e];
+              v[e] = gate / (1.0f + expf(-gate)) * up;
+            }
+            store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
           }
-          store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
-        }
-      } else {
+        } else {
 #pragma unroll
-        for (int i = 0; i < kBN / 8; ++i) {
-          const int col = col0 + i * 8 + 2 * t;
-          if (col >= p.N) continue;
-          store_pair(crow + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], p.pair_stores, col + 1 < p.N);
+          for (int i = 0; i < kBN / 8; ++i) {
+            const int col = col0 + i * 8 + 2 * t;
+            if (col >= p.N) continue;
+            store_pair(crow + col, acc[sl][4 * i + 2 * h], acc[sl][4 * i + 2 * h + 1], p.pair_stores, col + 1 < p.N);
+          }
         }
       }
-    }
   }
 }
 
@@ -226,6 +258,9 @@ template <class T>
 void launch(const Params& p, int64_t row_tiles, bool swiglu) {
   const int64_t bn = swiglu ? T::kBN / 2 : T::kBN;
   const int64_t n_tiles = (p.N + bn - 1) / bn;
+  // Units are ints on the device (the unit past the last one, a block's end, included).
+  MS_CHECK((row_tiles + 1) * n_tiles + sm_count() < (int64_t(1) << 31), "grouped_gemm: ", row_tiles, " x ", n_tiles,
+           " tiles");
   // Units past the last row tile (row_tiles is a bound) find no tile and end their block.
   const int64_t blocks = std::min<int64_t>(row_tiles * n_tiles, int64_t(sm_count()));
   static PerDeviceOnce once;
@@ -247,6 +282,9 @@ void launch_ws_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
 }
 void launch_ws_128x128x64(const Params& p, int64_t row_tiles, bool swiglu) {
   launch<WsTile128x128x64>(p, row_tiles, swiglu);
+}
+void launch_wspp_128x128x64(const Params& p, int64_t row_tiles, bool swiglu) {
+  launch<WsPingPong128x128x64>(p, row_tiles, swiglu);
 }
 
 }  // namespace ms::cuda::grouped_gemm_impl
