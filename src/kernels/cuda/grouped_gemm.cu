@@ -262,10 +262,13 @@ constexpr TileEntry kTiles[] = {
     {"128x256x64", launch<Tile128x256x64>},
     {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]: the default ...
     {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},  // [5]: ... and with many rows an expert
-    // Warp-specialized and persistent (grouped_gemm_wgmma_ws.cu): not yet timed on a GPU.
+    // Warp-specialized and persistent (grouped_gemm_wgmma_ws.cu): not yet timed on a GPU; "pp"
+    // ping-pong consumers, "g" stages announced by the producer after cp.async.wait_group.
     {"ws128x128x64", grouped_gemm_impl::launch_ws_128x128x64},
     {"ws128x256x64", grouped_gemm_impl::launch_ws_128x256x64},
     {"wspp128x128x64", grouped_gemm_impl::launch_wspp_128x128x64},
+    {"wsg128x256x64", grouped_gemm_impl::launch_wsg_128x256x64},
+    {"wsppg128x128x64", grouped_gemm_impl::launch_wsppg_128x128x64},
 };
 
 std::mutex g_tile_mutex;

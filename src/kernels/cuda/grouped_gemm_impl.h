@@ -44,5 +44,7 @@ void launch_wgmma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
 void launch_ws_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
 void launch_ws_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
 void launch_wspp_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
+void launch_wsg_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
+void launch_wsppg_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
 
 }  // namespace ms::cuda::grouped_gemm_impl

@@ -1,8 +1,8 @@
 // The warp-specialized, persistent Hopper shapes of the grouped GEMM ("ws128x256x64",
-// "ws128x128x64", "wspp128x128x64"): the same tile table, row tiles of 128, gather through
-// a_rows, ragged edges, SwiGLU epilogue and wgmma products (m64nBNk16 on 128-byte swizzled
-// tiles) as grouped_gemm_wgmma.cu, but the copies leave the threads that multiply, and a block
-// stays on its SM for many tiles.
+// "ws128x128x64", "wspp128x128x64", "wsg128x256x64", "wsppg128x128x64"): the same tile table,
+// row tiles of 128, gather through a_rows, ragged edges, SwiGLU epilogue and wgmma products
+// (m64nBNk16 on 128-byte swizzled tiles) as grouped_gemm_wgmma.cu, but the copies leave the
+// threads that multiply, and a block stays on its SM for many tiles.
 //
 // Why: in grouped_gemm_wgmma.cu every thread issues the cp.async copies of a later K tile
 // between its waits and wgmmas, and the block meets at a __syncthreads a K tile; the copy
@@ -19,8 +19,9 @@
 // when its copies are done); empty[s] when the consumer warps that read it (8; ping-pong 4) have
 // each waited for their wgmmas on it (one arrival a warp, by lane 0, after wgmma.wait_group).
 // A consumer keeps one K tile's wgmmas in flight while it waits for the next stage (wait_group
-// 1, then it releases the stage before), so its tensor-core work is back to back. cp.async writes are generic-proxy and wgmma reads through
-// the async proxy: a consumer fences (fence.proxy.async) after its full wait.
+// 1, then it releases the stage before), so its tensor-core work is back to back. cp.async
+// writes are generic-proxy and wgmma reads through the async proxy: a consumer fences
+// (fence.proxy.async) after its full wait.
 //
 // Persistent grid: one block an SM; block b takes units b, b + grid, ... of the
 // existing launch order (unit u: row tile u / n_tiles, N tile u % n_tiles), so the blocks running
@@ -39,6 +40,17 @@
 // every stage of the unit before (turn[c], one arrival a warp): without that turn a consumer
 // back from its epilogue could wait for a stage use two phases ahead of the barrier, which an
 // mbarrier's parity wait cannot tell from one phase behind.
+//
+// Session 8 measured a design like ws128x256x64 (helper-42, reverted in e69b1da: all 256
+// consumer threads arriving on empty[s], the producer announcing by arrive.noinc) 10-30 % behind
+// grouped_gemm_wgmma.cu, the cause not found. These shapes differ in what could have cost that:
+// one empty arrival a warp (256 same-address shared atomics a stage were on the shared-memory
+// pipe that the wgmmas read from); ping-pong (the epilogue); and the "g" shapes, whose producer
+// does not rely on cp.async.mbarrier.arrive.noinc to keep several stages of copies in flight:
+// it commits each stage as a cp.async group, waits until the stage kLag = 2 uses back has landed
+// (cp.async.wait_group, as the single-role kernel) and announces that one (a plain arrive, whose
+// release orders the landed copies before the consumers' acquiring wait). The announcement comes
+// kLag uses late, but the producer runs more than kLag uses ahead of the consumers.
 //
 // A: gathered row by row (a_rows), so no tensor-map copy fits it; W: a tensor map would need one
 // per expert, built on the device (the host only holds a device array of expert pointers), so
@@ -76,10 +88,12 @@ constexpr int kThreads = 384, kLaunchRegs = 168;  // 65536 / 384, rounded down t
 constexpr int kProducerRegs = 88, kConsumerRegs = 208;
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "the block's registers");
 
-template <int BN, int STAGES, bool PINGPONG>
+template <int BN, int STAGES, bool PINGPONG, bool GROUP_ARRIVE>
 struct WsTile {
   static constexpr int kBN = BN, kStages = STAGES, kAcc = BN / 2;  // f32 sums a thread an m64 slice
-  static constexpr bool kPingPong = PINGPONG;
+  static constexpr bool kPingPong = PINGPONG, kGroupArrive = GROUP_ARRIVE;
+  // GROUP_ARRIVE: a producer thread announces stage use q - kLag after issuing use q.
+  static constexpr int kLag = 2;
   static constexpr int kEmptyArrivals = PINGPONG ? 4 : 8;  // the warps that read a stage
   static constexpr int kABytes = kBM * kRowBytes, kStageBytes = (kBM + BN) * kRowBytes;
   static constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], empty[kStages], turn[2]
@@ -89,10 +103,14 @@ struct WsTile {
   static_assert(kBM == 128 && (BN == 128 || BN == 256), "two m64 slices, one wgmma N");
   static_assert(!PINGPONG || BN == 128, "a ping-pong consumer holds 2 x BN / 2 sums: 128 fit");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
+  // The consumers release use q - kStages only once they have use q - kStages + 1 (wait_group 1).
+  static_assert(!GROUP_ARRIVE || kLag <= kStages - 2, "announced before the producer needs it back");
 };
-using WsTile128x256x64 = WsTile<256, 4, false>;
-using WsTile128x128x64 = WsTile<128, 6, false>;
-using WsPingPong128x128x64 = WsTile<128, 6, true>;
+using WsTile128x256x64 = WsTile<256, 4, false, false>;
+using WsTile128x128x64 = WsTile<128, 6, false, false>;
+using WsPingPong128x128x64 = WsTile<128, 6, true, false>;
+using WsGroupTile128x256x64 = WsTile<256, 4, false, true>;
+using WsGroupPingPong128x128x64 = WsTile<128, 6, true, true>;
 
 template <class T, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_ws_kernel(const Params p, int n_tiles) {
@@ -159,11 +177,19 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_ws_kernel(const Para
           const bool v = n < p.N && k_ok;
           cp_async16(bs + i * kRowsPass * kRowBytes, base + (v ? int64_t(n) * p.w_ld + k : 0) + kc, v);
         }
-        mbar_arrive_copies(full + 8 * s);
+        if constexpr (T::kGroupArrive) {
+          cp_async_commit();
+          cp_async_wait<T::kLag>();  // use q - kLag has landed
+          if (q >= T::kLag) mbar_arrive(full + 8 * ((q - T::kLag) % kStages));
+        } else {
+          mbar_arrive_copies(full + 8 * s);
+        }
       }
     }
     cp_async_commit();
     cp_async_wait<0>();  // leave no copy in flight behind the producer
+    if constexpr (T::kGroupArrive)
+      for (uint32_t r = q > T::kLag ? q - T::kLag : 0; r < q; ++r) mbar_arrive(full + 8 * (r % kStages));
     return;
   }
 
@@ -285,6 +311,12 @@ void launch_ws_128x128x64(const Params& p, int64_t row_tiles, bool swiglu) {
 }
 void launch_wspp_128x128x64(const Params& p, int64_t row_tiles, bool swiglu) {
   launch<WsPingPong128x128x64>(p, row_tiles, swiglu);
+}
+void launch_wsg_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
+  launch<WsGroupTile128x256x64>(p, row_tiles, swiglu);
+}
+void launch_wsppg_128x128x64(const Params& p, int64_t row_tiles, bool swiglu) {
+  launch<WsGroupPingPong128x128x64>(p, row_tiles, swiglu);
 }
 
 }  // namespace ms::cuda::grouped_gemm_impl
