@@ -73,3 +73,30 @@ if [ $PHASE = 2 ]; then
   SIDES="before after" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
   log done
 fi
+# PHASE=3: $SRC (main with MOESERVE_SMEM_CARVEOUT, helper-47's warp-specialized grouped GEMM shapes
+#   merged): B = 1 and 64 decode with and without one shared-memory carveout for every kernel;
+#   each new grouped GEMM shape tested alone (a hang costs its own timeout), timed, and the 8k
+#   prefills with each shape that passed.
+if [ $PHASE = 3 ]; then
+  JOBS=14 build_after test_cuda_grouped_gemm test_cuda_attention_moe
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  for c in "" 100; do
+    MOESERVE_SMEM_CARVEOUT=$c MOESERVE_BENCH_ATTENTION=1 gtest attn_bench_c$c 90 /tmp/b/tests/test_cuda_attention_moe --gtest_filter='CudaOps.DecodeAttentionBench'
+  done
+  OK=""
+  for t in ws128x256x64 wsg128x256x64 ws128x128x64 wspp128x128x64 wsppg128x128x64; do
+    MOESERVE_GROUPED_TEST_TILES=$t gtest gg_$t 100 /tmp/b/tests/test_cuda_grouped_gemm \
+      --gtest_filter='CudaGroupedGemm.RaggedGroupsMatchHost:CudaGroupedGemm.TileShapeByName:CudaGroupedGemm.MoeExpertsMatchCpuAtPrefillSizes'
+    grep -q '^\[  PASSED  \] 3 tests' $L/gg_$t.log && OK="$OK,$t"
+  done
+  log "passed:$OK"
+  MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=wgmma128x128x64,wgmma128x256x64$OK gtest gg_bench 150 \
+    /tmp/b/tests/test_cuda_grouped_gemm --gtest_filter=CudaGroupedGemm.GroupedGemmBench
+  wait
+  SIDES="off c100:MOESERVE_SMEM_CARVEOUT=100 off c100:MOESERVE_SMEM_CARVEOUT=100"
+  bench_sides qwen3 "1 4096 16"; bench_sides v2lite "1 4096 16"
+  SIDES="off c100:MOESERVE_SMEM_CARVEOUT=100" bench_sides qwen3 "64 256 16"; SIDES="off c100:MOESERVE_SMEM_CARVEOUT=100" bench_sides v2lite "64 256 16"
+  SIDES="main"; for t in ${OK//,/ }; do SIDES="$SIDES $t:MOESERVE_GROUPED_GEMM_TILE=$t"; done
+  bench_sides qwen3 "1 8192 2"; bench_sides v2lite "1 8192 2"
+  log done
+fi

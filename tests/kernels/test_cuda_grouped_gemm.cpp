@@ -5,7 +5,8 @@
 // it, at 512 and 4096 tokens on the Qwen3-30B-A3B and DeepSeek-V2-Lite shapes, against the CPU op
 // and against the per-expert cuBLASLt path (MOESERVE_GROUPED_GEMM=0). GroupedGemmBench prints
 // [bench] lines (each tile shape's time and TFLOP/s on each product, and the whole op) when
-// MOESERVE_BENCH_GROUPED=1.
+// MOESERVE_BENCH_GROUPED=1. MOESERVE_GROUPED_TEST_TILES=<names, comma-separated> checks and times
+// those shapes only.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,6 +36,16 @@ Tensor pointer_array(const std::vector<Tensor>& ts) {
   Tensor h = Tensor::empty(DType::I64, {int64_t(ts.size())});
   for (size_t i = 0; i < ts.size(); ++i) h.data<int64_t>()[i] = int64_t(reinterpret_cast<uintptr_t>(ts[i].raw()));
   return h.to(Device::CUDA);
+}
+
+// The shapes the tests check and time: every one built, or MOESERVE_GROUPED_TEST_TILES=<name,name,...>'s.
+std::vector<std::string> tested_tiles() {
+  std::vector<std::string> tiles = cuda::grouped_gemm_tiles();
+  if (const char* only = std::getenv("MOESERVE_GROUPED_TEST_TILES"); only && *only) {
+    const std::string list = std::string(",") + only + ",";
+    std::erase_if(tiles, [&](const std::string& t) { return list.find("," + t + ",") == std::string::npos; });
+  }
+  return tiles;
 }
 
 // Selects a tile shape for the scope (set_grouped_gemm_tile; "" afterwards: the default again).
@@ -101,7 +112,7 @@ void run_case(const Case& c, bool swiglu) {
       }
     }
 
-  for (const std::string& tile : cuda::grouped_gemm_tiles()) {
+  for (const std::string& tile : tested_tiles()) {
     const std::string at = what + " tile " + tile;
     Tensor out = poisoned(DType::BF16, {std::max<int64_t>(max_rows, 1), c_ld});
     args.c = out.raw();
@@ -132,6 +143,14 @@ void run_case(const Case& c, bool swiglu) {
   }
 }
 
+// 48 experts cycling through ragged sizes: 66 row tiles, 5112 rows.
+std::vector<int> many_tiles_sizes() {
+  std::vector<int> sizes;
+  for (int i = 0; i < 6; ++i)
+    for (int n : {0, 1, 127, 129, 64, 300, 200, 31}) sizes.push_back(n);
+  return sizes;
+}
+
 TEST(CudaGroupedGemm, RaggedGroupsMatchHost) {
   MS_REQUIRE_CUDA();
   const std::vector<Case> cases = {
@@ -152,6 +171,10 @@ TEST(CudaGroupedGemm, RaggedGroupsMatchHost) {
       {"qwen3 gate/up N=768 K=2048", {256, 300, 0, 17, 129}, 768, 2048},
       {"deepseek gate/up N=1408 K=2048", {200, 1, 383}, 1408, 2048},
       {"qwen3 down N=2048 K=768", {256, 300, 0, 17, 129}, 2048, 768},
+      // More units (row tile x N tile) than the persistent ws shapes' blocks (one an SM): each
+      // block runs several tiles of different experts, its stage ring wrapping across tiles (6 K
+      // tiles against 4 or 6 stages), at experts of 0, 1, 127 and 129 rows among others.
+      {"many tiles N=600 K=328", many_tiles_sizes(), 600, 328},
   };
   for (const Case& c : cases)
     for (bool swiglu : {false, true}) run_case(c, swiglu);
@@ -291,7 +314,7 @@ void expect_moe_matches(const MoeShape& s, const Experts& ex, int64_t T, bool sk
   Tensor ref = Tensor::empty(DType::F32, {n, s.H});
   cpu::moe_experts(xs, ids_s, w_s, cpu_ex, ref);
   const double err_lt = rel_error(select_rows(out_lt.to_f32(), keep), ref);
-  for (const std::string& tile : cuda::grouped_gemm_tiles()) {
+  for (const std::string& tile : tested_tiles()) {
     const std::string at = what + " tile " + tile;
     Tensor out = poisoned(DType::BF16, {T, s.H});
     {
@@ -338,7 +361,7 @@ TEST(CudaGroupedGemm, GroupedGemmBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_GROUPED");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_GROUPED=1 to time the grouped GEMM";
-  const std::vector<std::string> tiles = cuda::grouped_gemm_tiles();
+  const std::vector<std::string> tiles = tested_tiles();
   // Large groups: 16 experts of 2048 rows, N = K = 4096 (the kernel's ceiling, no ragged tiles).
   {
     const int E = 16;
