@@ -171,9 +171,8 @@ TEST(CudaGroupedGemm, RaggedGroupsMatchHost) {
       {"qwen3 gate/up N=768 K=2048", {256, 300, 0, 17, 129}, 768, 2048},
       {"deepseek gate/up N=1408 K=2048", {200, 1, 383}, 1408, 2048},
       {"qwen3 down N=2048 K=768", {256, 300, 0, 17, 129}, 2048, 768},
-      // More units (row tile x N tile) than the persistent ws shapes' blocks (one an SM): each
-      // block runs several tiles of different experts, its stage ring wrapping across tiles (6 K
-      // tiles against 4 or 6 stages), at experts of 0, 1, 127 and 129 rows among others.
+      // Many row tiles of experts of 0, 1, 127, 129 rows among others: the tile table's binary
+      // search over 48 groups, most tiles partial.
       {"many tiles N=600 K=328", many_tiles_sizes(), 600, 328},
   };
   for (const Case& c : cases)

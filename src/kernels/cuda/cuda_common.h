@@ -42,13 +42,6 @@ bool hopper();
 // pdl_wait() before it reads anything an earlier kernel wrote. MOESERVE_PDL=0 turns it off.
 bool pdl_enabled();
 
-// MOESERVE_SMEM_CARVEOUT=<percent> (an experiment, unset by default): every kernel launched by
-// launch_pdl asks for that shared-memory share of the L1 / shared array (and the device prefers
-// shared memory for the rest), so that consecutive decode kernels with different shared-memory
-// needs do not make an SM drain to change its split between them.
-int smem_carveout();
-void prefer_carveout(const void* kernel);
-
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
 // dynamic shared-memory limit (cudaFuncSetAttribute) belongs to one device.
 class PerDeviceOnce {
@@ -146,7 +139,6 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, A
   cudaLaunchConfig_t config{};
   config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream();
   config.attrs = &attr, config.numAttrs = pdl_enabled() ? 1 : 0;
-  prefer_carveout(reinterpret_cast<const void*>(kernel));
   MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

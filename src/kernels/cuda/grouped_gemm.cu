@@ -2,7 +2,7 @@
 // 8 warps of 64 rows each, K tiles through a multi-stage cp.async pipeline, ldmatrix from padded
 // shared rows) whose grid covers every expert's row tiles at once. The tile shape is a template
 // parameter; kTiles lists the shapes built, picked at run time by name (grouped_gemm.h), the
-// Hopper wgmma shapes of grouped_gemm_wgmma.cu and grouped_gemm_wgmma_ws.cu among them.
+// Hopper wgmma shapes of grouped_gemm_wgmma.cu among them.
 //
 // Shared-memory traffic per m16n8k16 MMA is what the shapes trade. A Hopper SM reads 128 bytes of
 // shared memory a clock, and its tensor cores finish at most one such MMA a clock (the wgmma
@@ -262,13 +262,6 @@ constexpr TileEntry kTiles[] = {
     {"128x256x64", launch<Tile128x256x64>},
     {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]: the default ...
     {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},  // [5]: ... and with many rows an expert
-    // Warp-specialized and persistent (grouped_gemm_wgmma_ws.cu): not yet timed on a GPU; "pp"
-    // ping-pong consumers, "g" stages announced by the producer after cp.async.wait_group.
-    {"ws128x128x64", grouped_gemm_impl::launch_ws_128x128x64},
-    {"ws128x256x64", grouped_gemm_impl::launch_ws_128x256x64},
-    {"wspp128x128x64", grouped_gemm_impl::launch_wspp_128x128x64},
-    {"wsg128x256x64", grouped_gemm_impl::launch_wsg_128x256x64},
-    {"wsppg128x128x64", grouped_gemm_impl::launch_wsppg_128x128x64},
 };
 
 std::mutex g_tile_mutex;
@@ -337,10 +330,7 @@ bool grouped_gemm_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-bool grouped_gemm_on_wgmma() {
-  const char* name = selected_tile().name;
-  return std::strncmp(name, "wgmma", 5) == 0 || std::strncmp(name, "ws", 2) == 0;
-}
+bool grouped_gemm_on_wgmma() { return std::strncmp(selected_tile().name, "wgmma", 5) == 0; }
 
 std::vector<std::string> grouped_gemm_tiles() {
   std::vector<std::string> names;

@@ -37,14 +37,8 @@ __device__ __forceinline__ void store_pair(bf16* p, float lo, float hi, bool pai
   }
 }
 
-// The wgmma shapes (grouped_gemm_wgmma.cu) and the warp-specialized persistent ones
-// (grouped_gemm_wgmma_ws.cu): launch over row_tiles row tiles, as kTiles' entries.
+// The wgmma shapes (grouped_gemm_wgmma.cu): launch over row_tiles row tiles, as kTiles' entries.
 void launch_wgmma_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
 void launch_wgmma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
-void launch_ws_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
-void launch_ws_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
-void launch_wspp_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
-void launch_wsg_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
-void launch_wsppg_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
 
 }  // namespace ms::cuda::grouped_gemm_impl

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 
 #include "core/device_memory.h"
@@ -258,7 +257,6 @@ Runtime* make_runtime(int device) {
   MS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   MS_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   r->hopper = major == 9 && minor == 0;
-  if (smem_carveout() >= 0) MS_CUDA(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
   r->allocator = new CachingAllocator(r->stream);
   r->staging = new Staging(r->stream);
   static std::once_flag registered;
@@ -306,26 +304,6 @@ bool pdl_enabled() {
     return !env || std::string(env) != "0";
   }();
   return on;
-}
-
-int smem_carveout() {
-  static const int pct = [] {
-    const char* env = std::getenv("MOESERVE_SMEM_CARVEOUT");
-    if (!env || !*env) return -1;
-    const int v = std::atoi(env);
-    MS_CHECK(v >= 0 && v <= 100, "MOESERVE_SMEM_CARVEOUT=", env, ": expected a percentage 0..100");
-    return v;
-  }();
-  return pct;
-}
-
-void prefer_carveout(const void* kernel) {
-  if (smem_carveout() < 0) return;
-  static std::mutex mu;
-  static std::set<std::pair<int, const void*>> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.emplace(current_device(), kernel).second)
-    MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, smem_carveout()));
 }
 
 void* lt_workspace(size_t bytes) {
