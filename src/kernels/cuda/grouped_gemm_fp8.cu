@@ -7,8 +7,10 @@
 //
 // Why not the streaming GEMV: at 16 rows an expert it spends 16 FMAs on CUDA cores per weight
 // (0.77 TB/s measured on V3's experts); here a weight costs a conversion (1 cvt per 2 weights, 2
-// multiplies, 1 pack: ~3.5 instructions a weight a warp issues once per block) and 1/16 of an
-// MMA per 16 rows, which at ~36 weights a clock an SM leaves HBM (4.3 TB/s) the limit.
+// f16 -> f32, 2 multiplies, 1 pack: ~3.5 instructions a weight a warp issues once per block) and
+// 1/16 of an MMA per 16 rows. Two of those are conversion-unit instructions (16 a clock an SM),
+// which caps a block's pace near what HBM brings: the integer dequantisation (INT_DEQ,
+// fp8x4_bf16x4 in grouped_gemm_fp8_impl.h, the same values) keeps one of them.
 //
 // Fragments without ldmatrix: the k order inside an MMA is free as long as A and B agree, so a
 // thread (g, t) takes bytes 8t..8t+7 of a 32-wide K step as its B values (one 8-byte shared
@@ -65,7 +67,7 @@ using F8Tile64 = F8Tile<64, 64, 4, 64, 16, 2>;    // 96 KiB
 
 // One K tile of a warp's products over its first NM 16-row slices: as / bs point at the lane's
 // first A row (g) and B row (g) in the stage, column 8t.
-template <class T, int NM>
+template <class T, bool INT_DEQ, int NM>
 __device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, const float (&sc)[T::kNF],
                                           float (&acc)[T::kMF][T::kNF][4]) {
 #pragma unroll
@@ -79,8 +81,9 @@ __device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, con
 #pragma unroll
     for (int nf = 0; nf < T::kNF; ++nf) {
       const uint2 raw = *reinterpret_cast<const uint2*>(bs + nf * 8 * T::kLdb + ks * 32);
-      const uint32_t b00 = fp8x2_bf16x2(raw.x & 0xffffu, sc[nf]), b01 = fp8x2_bf16x2(raw.x >> 16, sc[nf]);
-      const uint32_t b10 = fp8x2_bf16x2(raw.y & 0xffffu, sc[nf]), b11 = fp8x2_bf16x2(raw.y >> 16, sc[nf]);
+      uint32_t b00, b01, b10, b11;
+      fp8x4_bf16x4<INT_DEQ>(raw.x, sc[nf], b00, b01);
+      fp8x4_bf16x4<INT_DEQ>(raw.y, sc[nf], b10, b11);
 #pragma unroll
       for (int mf = 0; mf < NM; ++mf) {
         const uint32_t a0[4] = {lo[mf].x, hi[mf].x, lo[mf].y, hi[mf].y};
@@ -94,16 +97,18 @@ __device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, con
 
 // warp_tile over the warp's `slices` 16-row slices that hold rows (warp-uniform; 0: none), as a
 // choice among straight-line bodies so no branch sits between the loads and the MMAs.
-template <class T, int NM = T::kMF>
+template <class T, bool INT_DEQ, int NM = T::kMF>
 __device__ __forceinline__ void warp_tile_rows(int slices, const bf16* as, const uint8_t* bs,
                                                const float (&sc)[T::kNF], float (&acc)[T::kMF][T::kNF][4]) {
   if constexpr (NM > 0) {
-    if (slices >= NM) warp_tile<T, NM>(as, bs, sc, acc);
-    else warp_tile_rows<T, NM - 1>(slices, as, bs, sc, acc);
+    if (slices >= NM) warp_tile<T, INT_DEQ, NM>(as, bs, sc, acc);
+    else warp_tile_rows<T, INT_DEQ, NM - 1>(slices, as, bs, sc, acc);
   }
 }
 
-template <class T, bool SWIGLU>
+// INT_DEQ: fp8x4_bf16x4's integer dequantisation (grouped_gemm_fp8_impl.h), else the conversion
+// instructions; the same values either way.
+template <class T, bool SWIGLU, bool INT_DEQ>
 __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kernel(const Params p) {
   constexpr int kBM = T::kBM, kBK = T::kBK, kStages = T::kStages, kWarpN = T::kWarpN;
   pdl_wait();  // offsets, tile table and A come from the kernels before
@@ -207,14 +212,14 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
     float sc[T::kNF];
     const int kb = kt * kBK / 128;
 #pragma unroll
-    for (int nf = 0; nf < T::kNF; ++nf) sc[nf] = __ldg(s_row[nf] + kb);
+    for (int nf = 0; nf < T::kNF; ++nf) sc[nf] = fp8_scale<INT_DEQ>(__ldg(s_row[nf] + kb));
     cp_async_wait<kStages - 2>();  // tile kt has landed (this thread's copies) ...
     __syncthreads();               // ... everyone's, and every warp is done with tile kt - 1's stage
     const int next = kt + kStages - 1;
     if (next < kt1) load_stage((next - kt0) % kStages, next);
     cp_async_commit();
     const uint8_t* stage = smem + ((kt - kt0) % kStages) * T::kStageBytes;
-    warp_tile_rows<T>(slices, reinterpret_cast<const bf16*>(stage) + a_lane, stage + b_lane, sc, acc);
+    warp_tile_rows<T, INT_DEQ>(slices, reinterpret_cast<const bf16*>(stage) + a_lane, stage + b_lane, sc, acc);
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
@@ -261,17 +266,24 @@ __global__ void sum_splits(const float* __restrict__ part, int splits, int64_t r
   store_f(c + (idx / N) * c_ld + idx % N, s);
 }
 
-template <class T>
+template <class T, bool INT_DEQ>
 void launch_mma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
   static PerDeviceOnce once;
   once([] {
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(T::kSmemBytes)));
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(T::kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, true, INT_DEQ>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, false, INT_DEQ>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
   });
   launch(p, row_tiles, swiglu, max_rows,
-         Kernels{grouped_gemm_fp8_kernel<T, false>, grouped_gemm_fp8_kernel<T, true>, T::kBK, kThreads, T::kSmemBytes});
+         Kernels{grouped_gemm_fp8_kernel<T, false, INT_DEQ>, grouped_gemm_fp8_kernel<T, true, INT_DEQ>, T::kBK,
+                 kThreads, T::kSmemBytes});
+}
+
+template <class T>
+void launch_mma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, bool int_deq) {
+  if (int_deq) launch_mma<T, true>(p, row_tiles, swiglu, max_rows);
+  else launch_mma<T, false>(p, row_tiles, swiglu, max_rows);
 }
 
 }  // namespace
@@ -353,6 +365,29 @@ Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean) {
   return {rows <= (mean ? 128 : 64) ? 64 : 128, true};
 }
 
+// The one switch for where the integer dequantisation (fp8x4_bf16x4, grouped_gemm_fp8_impl.h)
+// is the default. Where it should win: the shapes whose conversions are a phase of their own or
+// the pace-setter. Decode's mma.sync tiles (BM 16, 32) convert each weight once a block, two
+// conversion instructions a weight pair, so at the conversion unit's 16 a clock an SM they top
+// out at 16 weights a clock, about what HBM brings (4.3 TB/s / 132 SMs at ~1.9 GHz is 17 bytes):
+// V3's experts at a mean of 16 rows ran at 2.4 TB/s, ~60% of that unit. The integer path leaves
+// one conversion a pair and adds three integer ops (64 a clock) and puts the f16 -> f32 steps on
+// the FMA pipes: ~4.5 issue slots a weight against ~3.5, with 4 a clock to spend. The wgmma shapes
+// convert a tile between two barriers while the previous tile's wgmmas run, the same conversions
+// a weight. mma.sync's BM 64 (off Hopper, or MOESERVE_FP8_WGMMA=0) is paced by its MMA issue from
+// ~32 rows, where the extra integer ops would only add to it: the conversions stay there.
+constexpr bool kFp8IntDequantDefault = true;
+
+bool grouped_gemm_fp8_int_dequant(const Fp8RowTile& tile) {
+  const char* v = std::getenv("MOESERVE_FP8_DEQUANT");
+  if (v && *v) {
+    MS_CHECK(std::strcmp(v, "int") == 0 || std::strcmp(v, "cvt") == 0, "MOESERVE_FP8_DEQUANT: '", v,
+             "' (known: int cvt)");
+    return std::strcmp(v, "int") == 0;
+  }
+  return kFp8IntDequantDefault && (tile.wgmma || tile.bm < 64);
+}
+
 bool grouped_gemm_fp8_enabled() {
   const char* v = std::getenv("MOESERVE_FP8_GROUPED");
   return !(v && std::strcmp(v, "0") == 0);
@@ -370,9 +405,11 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
                args.c_ld >= args.N && args.s_ld >= (args.K + 127) / 128 &&
                (dense ? args.w_one && args.s_one && (!swiglu || (args.w2_one && args.s2_one))
                       : args.w && args.s && (!swiglu || (args.w2 && args.s2))) &&
-               (tile.wgmma ? (bm == 64 || bm == 128) && hopper() : bm == 16 || bm == 32 || bm == 64),
+               (tile.wgmma ? (bm == 64 || bm == 128) && hopper() : bm == 16 || bm == 32 || bm == 64) &&
+               args.dequant >= kFp8DequantDefault && args.dequant <= kFp8DequantInt,
            "grouped_gemm_fp8: N ", args.N, " K ", args.K, " w_ld ", args.w_ld, " a_ld ", args.a_ld, " c_ld ",
-           args.c_ld, " s_ld ", args.s_ld, " experts ", args.experts, " bm ", bm, tile.wgmma ? " (wgmma)" : "");
+           args.c_ld, " s_ld ", args.s_ld, " experts ", args.experts, " bm ", bm, tile.wgmma ? " (wgmma)" : "",
+           " dequant ", args.dequant);
   if (args.max_rows == 0) return;
   Tensor tiles;
   if (!dense) tiles = grouped_tile_table(args.offsets, E, bm);
@@ -392,11 +429,13 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
   p.pair_stores = args.c_ld % 2 == 0 && reinterpret_cast<uintptr_t>(args.c) % 8 == 0;
   // Grouped: sum over groups of ceil(rows_e / bm) <= this, the grid's y extent.
   const int64_t row_tiles = (args.max_rows + bm - 1) / bm + (dense ? 0 : E);
-  if (tile.wgmma) return launch_wgmma(p, row_tiles, swiglu, args.max_rows, bm);
+  const bool int_deq =
+      args.dequant == kFp8DequantDefault ? grouped_gemm_fp8_int_dequant(tile) : args.dequant == kFp8DequantInt;
+  if (tile.wgmma) return launch_wgmma(p, row_tiles, swiglu, args.max_rows, bm, int_deq);
   switch (bm) {
-    case 16: launch_mma<F8Tile16>(p, row_tiles, swiglu, args.max_rows); break;
-    case 32: launch_mma<F8Tile32>(p, row_tiles, swiglu, args.max_rows); break;
-    default: launch_mma<F8Tile64>(p, row_tiles, swiglu, args.max_rows); break;
+    case 16: launch_mma<F8Tile16>(p, row_tiles, swiglu, args.max_rows, int_deq); break;
+    case 32: launch_mma<F8Tile32>(p, row_tiles, swiglu, args.max_rows, int_deq); break;
+    default: launch_mma<F8Tile64>(p, row_tiles, swiglu, args.max_rows, int_deq); break;
   }
 }
 

@@ -60,7 +60,9 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], uint64_t a, uint
   else wgmma_bf16_n64(d, a, b, true);
 }
 
-template <class T, bool SWIGLU>
+// INT_DEQ: fp8x4_bf16x4's integer dequantisation (grouped_gemm_fp8_impl.h), else the conversion
+// instructions; the same values either way.
+template <class T, bool SWIGLU, bool INT_DEQ>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_wgmma_kernel(const Params p) {
   constexpr int kBM = T::kBM, kBK = T::kBK, kStages = T::kStages, kAhead = T::kAhead, kWgN = T::kWgN;
   pdl_wait();  // offsets, tile table and A come from the kernels before
@@ -144,10 +146,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
 #pragma unroll
     for (int i = 0; i < T::kWCopies; ++i) {
       const uint4 raw = *reinterpret_cast<const uint4*>(ws + tid * 16 + i * (T::kWBytes / 2));
-      const uint4 lo = make_uint4(fp8x2_bf16x2(raw.x & 0xffffu, sc[i]), fp8x2_bf16x2(raw.x >> 16, sc[i]),
-                                  fp8x2_bf16x2(raw.y & 0xffffu, sc[i]), fp8x2_bf16x2(raw.y >> 16, sc[i]));
-      const uint4 hi = make_uint4(fp8x2_bf16x2(raw.z & 0xffffu, sc[i]), fp8x2_bf16x2(raw.z >> 16, sc[i]),
-                                  fp8x2_bf16x2(raw.w & 0xffffu, sc[i]), fp8x2_bf16x2(raw.w >> 16, sc[i]));
+      uint4 lo, hi;
+      fp8x4_bf16x4<INT_DEQ>(raw.x, sc[i], lo.x, lo.y);
+      fp8x4_bf16x4<INT_DEQ>(raw.y, sc[i], lo.z, lo.w);
+      fp8x4_bf16x4<INT_DEQ>(raw.z, sc[i], hi.x, hi.y);
+      fp8x4_bf16x4<INT_DEQ>(raw.w, sc[i], hi.z, hi.w);
       uint8_t* dst = bf + buf * T::kBf16Bytes;
       const int r = tid / 4 + 64 * i;
       *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 2 * c)) = lo;
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
     const int j = kt - kt0;
     float sc[T::kWCopies];
 #pragma unroll
-    for (int i = 0; i < T::kWCopies; ++i) sc[i] = __ldg(s_row[i] + kt * kBK / 128);
+    for (int i = 0; i < T::kWCopies; ++i) sc[i] = fp8_scale<INT_DEQ>(__ldg(s_row[i] + kt * kBK / 128));
     cp_async_wait<kAhead - 1>();  // tile kt has landed (this thread's copies)
     __syncthreads();              // everyone's; tile kt - 2's wgmmas are done in both warpgroups
     const int next = kt + kAhead;
@@ -233,25 +236,31 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
   }
 }
 
-template <class T>
+template <class T, bool INT_DEQ>
 void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
   static PerDeviceOnce once;
   once([] {
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, true>,
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, true, INT_DEQ>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, false>,
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, false, INT_DEQ>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
   });
   launch(p, row_tiles, swiglu, max_rows,
-         Kernels{grouped_gemm_fp8_wgmma_kernel<T, false>, grouped_gemm_fp8_wgmma_kernel<T, true>, T::kBK,
-                 T::kThreads, T::kSmemBytes});
+         Kernels{grouped_gemm_fp8_wgmma_kernel<T, false, INT_DEQ>, grouped_gemm_fp8_wgmma_kernel<T, true, INT_DEQ>,
+                 T::kBK, T::kThreads, T::kSmemBytes});
+}
+
+template <class T>
+void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, bool int_deq) {
+  if (int_deq) launch_tile<T, true>(p, row_tiles, swiglu, max_rows);
+  else launch_tile<T, false>(p, row_tiles, swiglu, max_rows);
 }
 
 }  // namespace
 
-void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm) {
-  if (bm == 128) launch_tile<WgF8Tile128>(p, row_tiles, swiglu, max_rows);
-  else launch_tile<WgF8Tile64>(p, row_tiles, swiglu, max_rows);
+void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm, bool int_deq) {
+  if (bm == 128) launch_tile<WgF8Tile128>(p, row_tiles, swiglu, max_rows, int_deq);
+  else launch_tile<WgF8Tile64>(p, row_tiles, swiglu, max_rows, int_deq);
 }
 
 }  // namespace ms::cuda::grouped_fp8
