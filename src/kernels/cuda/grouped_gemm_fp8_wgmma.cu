@@ -16,12 +16,13 @@
 // With SwiGLU a warpgroup's tile rows are its gate rows then the same columns' up rows, so both
 // sums of a column sit in one thread.
 //
-// Pipeline, K tile j (STAGES 4 buffers of A (BM x 128 bytes, swizzled) and weight bytes (128 x
-// 64, plain), two BF16 weight tiles): wait for tile j's copies, __syncthreads (everyone's copies;
-// every warpgroup has waited for tile j - 2's wgmmas), issue tile j + 2's copies (into tile
-// j - 2's buffer), convert tile j's bytes into BF16 tile j % 2 while tile j - 1's wgmmas run,
-// fence.proxy.async (the generic-proxy writes, st.shared and cp.async, before wgmma's async-proxy
-// reads), __syncthreads, four wgmmas, commit, wait until only this tile's are pending.
+// Pipeline, K tile j (STAGES buffers of A (BM x 128 bytes, swizzled) and weight bytes (128 x
+// 64, plain), AHEAD of them in flight: 4 and 2, or 5 and 3 in WgF8Tile64D; two BF16 weight
+// tiles): wait for tile j's copies, __syncthreads (everyone's copies; every warpgroup has waited
+// for tile j - 2's wgmmas), issue tile j + AHEAD's copies (into tile j - 2's buffer), convert
+// tile j's bytes into BF16 tile j % 2 while tile j - 1's wgmmas run, fence.proxy.async (the
+// generic-proxy writes, st.shared and cp.async, before wgmma's async-proxy reads),
+// __syncthreads, four wgmmas, commit, wait until only this tile's are pending.
 // Each thread converts exactly the weight bytes it copied (the same 16-byte chunks).
 #include <cstdint>
 
@@ -35,9 +36,9 @@ namespace {
 
 using namespace wg;
 
-template <int BM, int MIN_BLOCKS>
+template <int BM, int MIN_BLOCKS, int STAGES = 4, int AHEAD = 2>
 struct WgF8Tile {
-  static constexpr int kBM = BM, kMinBlocks = MIN_BLOCKS, kBK = 64, kStages = 4, kAhead = 2;
+  static constexpr int kBM = BM, kMinBlocks = MIN_BLOCKS, kBK = 64, kStages = STAGES, kAhead = AHEAD;
   static constexpr int kThreads = 256;
   static constexpr int kWgN = BM == 128 ? kBN : kBN / 2;  // columns (weight rows) a warpgroup
   static constexpr int kAcc = kWgN / 2;                   // f32 sums a thread
@@ -53,6 +54,10 @@ struct WgF8Tile {
 };
 using WgF8Tile64 = WgF8Tile<64, 2>;    // 97 KiB
 using WgF8Tile128 = WgF8Tile<128, 1>;  // 129 KiB
+// BM 64 with the integer dequantisation: its cheaper conversion phase leaves the copies in flight
+// the limit (two 8 KB weight tiles a block, 32 KB an SM), so three ahead in five stages; two
+// blocks of 113 KiB (+1 reserved each) are exactly the SM's 228.
+using WgF8Tile64D = WgF8Tile<64, 2, 5, 3>;
 
 template <class T>
 __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], uint64_t a, uint64_t b) {
@@ -260,7 +265,8 @@ void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_ro
 
 void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm, bool int_deq) {
   if (bm == 128) launch_tile<WgF8Tile128>(p, row_tiles, swiglu, max_rows, int_deq);
-  else launch_tile<WgF8Tile64>(p, row_tiles, swiglu, max_rows, int_deq);
+  else if (int_deq) launch_tile<WgF8Tile64D, true>(p, row_tiles, swiglu, max_rows);
+  else launch_tile<WgF8Tile64, false>(p, row_tiles, swiglu, max_rows);
 }
 
 }  // namespace ms::cuda::grouped_fp8
