@@ -394,12 +394,13 @@ Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean) {
 // the pace-setter. Decode's mma.sync tiles (BM 16, 32) convert each weight once a block, two
 // conversion instructions a weight pair, so at the conversion unit's 16 a clock an SM they top
 // out at 16 weights a clock, about what HBM brings (4.3 TB/s / 132 SMs at ~1.9 GHz is 17 bytes):
-// V3's experts at a mean of 16 rows ran at 2.4 TB/s, ~60% of that unit. The integer path leaves
-// one conversion a pair and adds three integer ops (64 a clock) and puts the f16 -> f32 steps on
-// the FMA pipes: ~4.5 issue slots a weight against ~3.5, with 4 a clock to spend. The wgmma shapes
-// convert a tile between two barriers while the previous tile's wgmmas run, the same conversions
-// a weight. mma.sync's BM 64 (off Hopper, or MOESERVE_FP8_WGMMA=0) is paced by its MMA issue from
-// ~32 rows, where the extra integer ops would only add to it: the conversions stay there.
+// V3's experts at a mean of 16 rows ran at 2.4 TB/s, ~60% of that unit. The integer path trades
+// one conversion a pair for four integer ops (64 a clock): ~4.5 issue slots a weight against
+// ~3.5, of 4 warp instructions a clock an SM, so about 60% of issue at HBM's pace; its tiles keep
+// one more weight stage in flight. The wgmma shapes convert a tile between two barriers while
+// the previous tile's wgmmas run, with the same conversions a weight. mma.sync's BM 64 (off
+// Hopper, or MOESERVE_FP8_WGMMA=0) is paced by its MMA issue from ~32 rows, where the extra
+// integer ops would only add to it: the conversions stay there.
 constexpr bool kFp8IntDequantDefault = true;
 
 bool grouped_gemm_fp8_int_dequant(const Fp8RowTile& tile) {
