@@ -395,7 +395,7 @@ Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean) {
 // conversion instructions a weight pair, so at the conversion unit's 16 a clock an SM they top
 // out at 16 weights a clock, about what HBM brings (4.3 TB/s / 132 SMs at ~1.9 GHz is 17 bytes):
 // V3's experts at a mean of 16 rows ran at 2.4 TB/s, ~60% of that unit. The integer path trades
-// one conversion a pair for four integer ops (64 a clock): ~4.5 issue slots a weight against
+// one conversion a pair for 3.5 integer ops (64 a clock): ~4.25 issue slots a weight against
 // ~3.5, of 4 warp instructions a clock an SM, so about 60% of issue at HBM's pace; its tiles keep
 // one more weight stage in flight. The wgmma shapes convert a tile between two barriers while
 // the previous tile's wgmmas run, with the same conversions a weight. mma.sync's BM 64 (off
