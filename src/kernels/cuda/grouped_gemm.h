@@ -21,8 +21,9 @@ namespace ms::cuda {
 // max_rows bounds offsets[experts] (sizes the grid). Rows of no expert are left untouched.
 // How grouped_gemm_fp8 turns e4m3 into bf16, the same values either way: the conversion
 // instructions (cvt) or integer ops that leave the conversion unit one instruction a weight pair
-// instead of two (int; grouped_gemm_fp8_impl.h), which on mma.sync's BM 16 and 32 and wgmma's
-// BM 64 also takes tiles with one more weight stage in flight. Default: grouped_gemm_fp8_int_dequant.
+// instead of two (int; grouped_gemm_fp8_impl.h), which on mma.sync's BM 16 and 32 and on the
+// wgmma shapes also takes tiles with more weight stages in flight. Default:
+// grouped_gemm_fp8_int_dequant.
 enum Fp8Dequant : int { kFp8DequantDefault = 0, kFp8DequantCvt = 1, kFp8DequantInt = 2 };
 
 struct GroupedGemmArgs {

@@ -17,7 +17,7 @@
 // sums of a column sit in one thread.
 //
 // Pipeline, K tile j (STAGES buffers of A (BM x 128 bytes, swizzled) and weight bytes (128 x
-// 64, plain), AHEAD of them in flight: 4 and 2, or 5 and 3 in WgF8Tile64D; two BF16 weight
+// 64, plain), AHEAD of them in flight: 4 and 2, or more in the D tiles; two BF16 weight
 // tiles): wait for tile j's copies, __syncthreads (everyone's copies; every warpgroup has waited
 // for tile j - 2's wgmmas), issue tile j + AHEAD's copies (into tile j - 2's buffer), convert
 // tile j's bytes into BF16 tile j % 2 while tile j - 1's wgmmas run, fence.proxy.async (the
@@ -51,13 +51,16 @@ struct WgF8Tile {
   static_assert(kWCopies == 2 && kThreads / 4 == 64, "a thread's weight rows: tid / 4 and tid / 4 + 64");
   static_assert(kStages - kAhead >= 2, "the buffer refilled is two tiles back");
   static_assert(kSmemBytes * MIN_BLOCKS <= 227 * 1024, "shared memory of the blocks an SM");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of a block");
 };
 using WgF8Tile64 = WgF8Tile<64, 2>;    // 97 KiB
 using WgF8Tile128 = WgF8Tile<128, 1>;  // 129 KiB
-// BM 64 with the integer dequantisation: its cheaper conversion phase leaves the copies in flight
-// the limit (two 8 KB weight tiles a block, 32 KB an SM), so three ahead in five stages; two
-// blocks of 113 KiB (+1 reserved each) are exactly the SM's 228.
+// With the integer dequantisation the cheaper conversion phase leaves the copies in flight the
+// limit (two 8 KB weight tiles a block: 32 KB an SM at BM 64, 16 at 128), so BM 64 keeps three
+// ahead in five stages (two blocks of 113 KiB, +1 reserved each, are exactly the SM's 228) and
+// BM 128, one block an SM, six ahead in eight (225 KiB).
 using WgF8Tile64D = WgF8Tile<64, 2, 5, 3>;
+using WgF8Tile128D = WgF8Tile<128, 1, 8, 6>;
 
 template <class T>
 __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], uint64_t a, uint64_t b) {
@@ -255,16 +258,11 @@ void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_ro
                  T::kBK, T::kThreads, T::kSmemBytes});
 }
 
-template <class T>
-void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, bool int_deq) {
-  if (int_deq) launch_tile<T, true>(p, row_tiles, swiglu, max_rows);
-  else launch_tile<T, false>(p, row_tiles, swiglu, max_rows);
-}
-
 }  // namespace
 
 void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm, bool int_deq) {
-  if (bm == 128) launch_tile<WgF8Tile128>(p, row_tiles, swiglu, max_rows, int_deq);
+  if (bm == 128 && int_deq) launch_tile<WgF8Tile128D, true>(p, row_tiles, swiglu, max_rows);
+  else if (bm == 128) launch_tile<WgF8Tile128, false>(p, row_tiles, swiglu, max_rows);
   else if (int_deq) launch_tile<WgF8Tile64D, true>(p, row_tiles, swiglu, max_rows);
   else launch_tile<WgF8Tile64, false>(p, row_tiles, swiglu, max_rows);
 }
