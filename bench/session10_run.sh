@@ -100,3 +100,26 @@ if [ $PHASE = 3 ]; then
   bench_sides qwen3 "1 8192 2"; bench_sides v2lite "1 8192 2"
   log done
 fi
+# PHASE=4: $SRC (main with helper-48's integer FP8 dequantisation, the default; MOESERVE_FP8_DEQUANT=cvt
+#   is the old kernels in the same binary): the FP8 tests (also on mma.sync alone), the FP8 grouped
+#   bench, the fixtures, then DeepSeek-V3's EP8 shard (L = 2 / 5) decode at B = 64, 128 (1536 keys)
+#   and 256 (128) with int and cvt alternating, and an op trace of a B = 64 step each way.
+if [ $PHASE = 4 ]; then
+  JOBS=14 build_after test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_fp8_gemm
+  (for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done) &
+  MG=$!
+  gtest fp8 240 /tmp/b/tests/test_cuda_grouped_gemm_fp8 --gtest_filter='CudaGroupedGemmFp8.*-*Bench'
+  MOESERVE_FP8_WGMMA=0 gtest fp8_mma 200 /tmp/b/tests/test_cuda_grouped_gemm_fp8 --gtest_filter='CudaGroupedGemmFp8.*-*Bench'
+  MOESERVE_BENCH_FP8_GROUPED=1 gtest fp8_bench 150 /tmp/b/tests/test_cuda_grouped_gemm_fp8 --gtest_filter='*FP8GroupedBench'
+  gtest fixtures 120 /tmp/b/tests/test_cuda_fixtures
+  gtest engine_graphs 200 /tmp/b/tests/test_cuda_engine_graphs
+  gtest fp8_gemm 120 /tmp/b/tests/test_cuda_fp8_gemm
+  wait $MG
+  SIDES="int cvt:MOESERVE_FP8_DEQUANT=cvt int cvt:MOESERVE_FP8_DEQUANT=cvt"
+  for l in 2 5; do bench_sides v3ep8-$l "64 1536 16" "128 1536 16"; done
+  SIDES="int cvt:MOESERVE_FP8_DEQUANT=cvt"
+  for l in 2 5; do bench_sides v3ep8-$l "256 128 16"; done
+  SIDES="tint:--trace-ops,--disable-cuda-graph tcvt:MOESERVE_FP8_DEQUANT=cvt,--trace-ops,--disable-cuda-graph" bench_sides v3ep8-2 "64 1536 4"
+  grep -A16 'The last decode step' $L/bench.log >> "$OUT/summary.log"
+  log done
+fi
