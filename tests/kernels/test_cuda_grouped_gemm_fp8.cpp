@@ -9,10 +9,6 @@
 // linear on FP8 blocks at 16, 64, 256 and 512 rows (and the host reference), and moe_experts at
 // DeepSeek-V3's EP8 shard (32 experts, hidden 7168, intermediate 2048, top-8) at 64, 256 and
 // 1024 tokens, eagerly and replayed from a captured step with new ids.
-// Each tile in both dequantisations (the conversion instructions and the integer ops,
-// GroupedGemmArgs::dequant), which must agree bit for bit: every e4m3 code's dequantised value
-// read back exactly through an identity product, ragged decode-sized groups at a small shape and
-// at V3's, and the captured moe_experts step under each.
 // FP8GroupedBench prints [bench] lines when MOESERVE_BENCH_FP8_GROUPED=1.
 #include <algorithm>
 #include <chrono>
@@ -42,8 +38,6 @@ std::vector<cuda::Fp8RowTile> row_tiles() {
 std::string tile_name(const cuda::Fp8RowTile& t) {
   return "bm " + std::to_string(t.bm) + (t.wgmma ? " wgmma" : "");
 }
-constexpr int kDequants[] = {cuda::kFp8DequantCvt, cuda::kFp8DequantInt};
-const char* dequant_name(int d) { return d == cuda::kFp8DequantInt ? "int" : "cvt"; }
 
 Tensor gpu_i32(const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty(DType::I32, {int64_t(v.size())});
@@ -67,14 +61,6 @@ struct Fp8GroupedSwitch {
 };
 struct Fp8WgmmaSwitch : Fp8GroupedSwitch {
   explicit Fp8WgmmaSwitch(bool on) : Fp8GroupedSwitch(on, "MOESERVE_FP8_WGMMA") {}
-};
-// MOESERVE_FP8_DEQUANT for the scope (null: unset).
-struct Fp8DequantEnv {
-  explicit Fp8DequantEnv(const char* v) {
-    if (v) setenv("MOESERVE_FP8_DEQUANT", v, 1);
-    else unsetenv("MOESERVE_FP8_DEQUANT");
-  }
-  ~Fp8DequantEnv() { unsetenv("MOESERVE_FP8_DEQUANT"); }
 };
 
 // splitmix64: fast random bytes for the large weights.
@@ -182,41 +168,34 @@ void run_case(const Case& c, bool swiglu) {
 
   for (const cuda::Fp8RowTile& tile : row_tiles())
     for (const DType out_dtype : {DType::BF16, DType::F32}) {
-      Tensor first;  // the cvt output, which the int one must equal bit for bit
-      for (const int dq : kDequants) {
-        const std::string at = what + " " + tile_name(tile) + (out_dtype == DType::F32 ? " f32 " : " bf16 ") +
-                               dequant_name(dq);
-        const int64_t out_rows = std::max<int64_t>(rows, 1);
-        Tensor out = poisoned(out_dtype, {out_rows, c_ld});
-        args.c = out.raw(), args.c_f32 = out_dtype == DType::F32, args.bm = tile.bm, args.wgmma = tile.wgmma;
-        args.dequant = dq;
-        cuda::grouped_gemm_fp8(args, swiglu);
-        if (first.numel() == 0) first = out;
-        else EXPECT_EQ(bit_mismatches(out, first), 0) << at << ": differs from the cvt dequantisation";
-        Tensor host = out.to(Device::CPU);
-        const bool f32 = out_dtype == DType::F32;
-        auto raw_poison = [&](int64_t i) {
-          return f32 ? host.data<uint32_t>()[i] == 0xffffffffu : host.data<uint16_t>()[i] == 0xffff;
-        };
-        auto value = [&](int64_t i) { return f32 ? double(host.data<float>()[i]) : double(bf16_to_f32(host.data<uint16_t>()[i])); };
-        int64_t touched = 0, bad = 0;
-        double num = 0, den = 0;
-        for (int64_t r = 0; r < out_rows; ++r)
-          for (int64_t n = 0; n < c_ld; ++n)
-            if ((r >= rows || n >= c.N) && !raw_poison(r * c_ld + n)) ++touched;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t n = 0; n < c.N; ++n) {
-            const double wv = want[size_t(r * c.N + n)], have = value(r * c_ld + n);
-            // Output rounding (2^-9 relative in BF16) and f32 sums, relative to the output's scale.
-            if (!(std::fabs(have - wv) <= 8e-3 * std::fabs(wv) + 2e-4 * scale)) ++bad;
-            num += (have - wv) * (have - wv), den += wv * wv;
-          }
-        EXPECT_EQ(touched, 0) << at << ": elements outside the groups written";
-        EXPECT_EQ(bad, 0) << at << ": elements off the reference";
-        const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
-        EXPECT_LT(rel, f32 ? 1e-4 : 4e-3) << at;
-        std::printf("%s: rel error %.2e, %lld rows\n", at.c_str(), rel, (long long)rows);
-      }
+      const std::string at = what + " " + tile_name(tile) + (out_dtype == DType::F32 ? " f32" : " bf16");
+      const int64_t out_rows = std::max<int64_t>(rows, 1);
+      Tensor out = poisoned(out_dtype, {out_rows, c_ld});
+      args.c = out.raw(), args.c_f32 = out_dtype == DType::F32, args.bm = tile.bm, args.wgmma = tile.wgmma;
+      cuda::grouped_gemm_fp8(args, swiglu);
+      Tensor host = out.to(Device::CPU);
+      const bool f32 = out_dtype == DType::F32;
+      auto raw_poison = [&](int64_t i) {
+        return f32 ? host.data<uint32_t>()[i] == 0xffffffffu : host.data<uint16_t>()[i] == 0xffff;
+      };
+      auto value = [&](int64_t i) { return f32 ? double(host.data<float>()[i]) : double(bf16_to_f32(host.data<uint16_t>()[i])); };
+      int64_t touched = 0, bad = 0;
+      double num = 0, den = 0;
+      for (int64_t r = 0; r < out_rows; ++r)
+        for (int64_t n = 0; n < c_ld; ++n)
+          if ((r >= rows || n >= c.N) && !raw_poison(r * c_ld + n)) ++touched;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = 0; n < c.N; ++n) {
+          const double wv = want[size_t(r * c.N + n)], have = value(r * c_ld + n);
+          // Output rounding (2^-9 relative in BF16) and f32 sums, relative to the output's scale.
+          if (!(std::fabs(have - wv) <= 8e-3 * std::fabs(wv) + 2e-4 * scale)) ++bad;
+          num += (have - wv) * (have - wv), den += wv * wv;
+        }
+      EXPECT_EQ(touched, 0) << at << ": elements outside the groups written";
+      EXPECT_EQ(bad, 0) << at << ": elements off the reference";
+      const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
+      EXPECT_LT(rel, f32 ? 1e-4 : 4e-3) << at;
+      std::printf("%s: rel error %.2e, %lld rows\n", at.c_str(), rel, (long long)rows);
     }
 }
 
@@ -232,53 +211,6 @@ TEST(CudaGroupedGemmFp8, RaggedGroupsMatchHost) {
   };
   for (const Case& c : cases)
     for (bool swiglu : {false, true}) run_case(c, swiglu);
-}
-
-// Decode-sized groups: empty, 1 row, one short of and one past 16, a full 64 (BM 16 and 32
-// tiles split the larger ones), through a token index.
-TEST(CudaGroupedGemmFp8, DecodeGroupsMatchHost) {
-  MS_REQUIRE_CUDA();
-  for (bool swiglu : {false, true})
-    run_case({"decode N=384 K=640", {0, 1, 15, 17, 64, 16, 0}, 384, 640, 0, 0, 0, 64}, swiglu);
-}
-
-// Every e4m3 code but NaN, times scales from 1e-30 to 217 (products normal in bf16), read back
-// exactly: an identity A makes C[r, n] = W[n, r], so each output is one dequantised weight, summed
-// with zeros in f32. Both dequantisations, every tile.
-TEST(CudaGroupedGemmFp8, DequantisedValuesExact) {
-  MS_REQUIRE_CUDA();
-  const int64_t N = 256, K = 256;  // 2 x 2 scale blocks
-  Tensor w = Tensor::empty(DType::F8_E4M3, {N, K});
-  uint8_t* b = w.data<uint8_t>();
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t code = uint8_t((n * 7 + k) % 256);
-      b[n * K + k] = (code & 0x7f) == 0x7f ? uint8_t(code - 1) : code;  // 0x7f / 0xff are NaN
-    }
-  const float scales[4] = {0.0017f, 3.3f, 217.0f, 1.1e-30f};
-  Tensor s = Tensor::empty(DType::F32, {2, 2});
-  std::copy(scales, scales + 4, s.data<float>());
-  Tensor a = Tensor::zeros(DType::F32, {K, K});
-  for (int64_t r = 0; r < K; ++r) a.data<float>()[r * K + r] = 1.f;
-  Tensor wd = w.to(Device::CUDA), sd = s.to(Device::CUDA), ad = gpu(a);
-  const float* table = fp8_e4m3_table();
-  cuda::GroupedGemmArgs args;
-  args.N = N, args.K = K, args.a = ad.raw(), args.a_ld = K, args.w_one = wd.raw(), args.w_ld = K;
-  args.s_one = sd.data<float>(), args.s_ld = 2, args.max_rows = K, args.c_ld = N, args.c_f32 = true;
-  for (const cuda::Fp8RowTile& tile : row_tiles())
-    for (const int dq : kDequants) {
-      Tensor out = poisoned(DType::F32, {K, N});
-      args.c = out.raw(), args.bm = tile.bm, args.wgmma = tile.wgmma, args.dequant = dq;
-      cuda::grouped_gemm_fp8(args, false);
-      Tensor host = out.to(Device::CPU);
-      int64_t bad = 0;
-      for (int64_t r = 0; r < K; ++r)
-        for (int64_t n = 0; n < N; ++n) {
-          const float want = round_bf16(table[b[n * K + r]] * scales[(n / 128) * 2 + r / 128]);
-          if (host.data<float>()[r * N + n] != want) ++bad;
-        }
-      EXPECT_EQ(bad, 0) << tile_name(tile) << " " << dequant_name(dq);
-    }
 }
 
 TEST(CudaGroupedGemmFp8, DenseMatchesHost) {
@@ -309,21 +241,6 @@ TEST(CudaGroupedGemmFp8, WgmmaTileChoice) {
       const cuda::Fp8RowTile o = cuda::grouped_gemm_fp8_tile(rows, mean);
       EXPECT_TRUE(o.bm == mma && !o.wgmma) << at << " MOESERVE_FP8_WGMMA=0";
     }
-}
-
-// The default dequantisation: integer ops on the wgmma shapes and mma.sync's BM 16 and 32,
-// conversions on mma.sync's BM 64; MOESERVE_FP8_DEQUANT=int / cvt picks one everywhere.
-TEST(CudaGroupedGemmFp8, DequantChoice) {
-  MS_REQUIRE_CUDA();
-  const cuda::Fp8RowTile tiles[] = {{16, false}, {32, false}, {64, false}, {64, true}, {128, true}};
-  {
-    Fp8DequantEnv env(nullptr);
-    for (const auto& t : tiles) EXPECT_EQ(cuda::grouped_gemm_fp8_int_dequant(t), t.wgmma || t.bm < 64) << tile_name(t);
-  }
-  for (const char* v : {"int", "cvt"}) {
-    Fp8DequantEnv env(v);
-    for (const auto& t : tiles) EXPECT_EQ(cuda::grouped_gemm_fp8_int_dequant(t), v[0] == 'i') << tile_name(t) << " " << v;
-  }
 }
 
 // ---- linear ----
@@ -455,80 +372,39 @@ TEST(CudaGroupedGemmFp8, MoeExpertsMatchOldPathAtV3Ep8) {
   }
 }
 
-// Both products at V3's EP8 shapes over ragged groups (0, 1, 15, 17, 64, ... rows), in every
-// tile: the integer dequantisation gives the conversion path's bits.
-TEST(CudaGroupedGemmFp8, IntDequantMatchesCvtAtV3Ep8) {
-  MS_REQUIRE_CUDA();
-  const V3Experts& ex = v3_experts();
-  const cuda::ExpertTable* table = cuda::expert_table(ex.gpu);
-  ASSERT_NE(table, nullptr);
-  const int pattern[8] = {0, 1, 15, 17, 64, 16, 16, 8};
-  std::vector<int32_t> off(kE + 1, 0);
-  for (int e = 0; e < kE; ++e) off[size_t(e) + 1] = off[size_t(e)] + pattern[e % 8];
-  const int64_t T = 64, rows = off.back();
-  std::vector<int32_t> tor(static_cast<size_t>(rows));
-  std::uniform_int_distribution<int32_t> td(0, int32_t(T - 1));
-  for (auto& t : tor) t = td(rng());
-  Tensor x = gpu(randn({T, kH})), offg = gpu_i32(off), torg = gpu_i32(tor);
-  Tensor act = gpu(randn({rows, kI}));
-  cuda::GroupedGemmArgs gu;
-  gu.N = kI, gu.K = kH, gu.a = x.raw(), gu.a_ld = kH, gu.a_rows = torg.data<int32_t>();
-  gu.w = table->gate_up.w, gu.w2 = table->gate_up.w2, gu.s = table->gate_up.s, gu.s2 = table->gate_up.s2;
-  gu.w_ld = table->gate_up.ld, gu.s_ld = table->gate_up.scale_ld;
-  gu.offsets = offg.data<int32_t>(), gu.experts = kE, gu.max_rows = rows, gu.c_ld = kI;
-  cuda::GroupedGemmArgs dn = gu;
-  dn.N = kH, dn.K = kI, dn.a = act.raw(), dn.a_ld = kI, dn.a_rows = nullptr, dn.w = table->down.w, dn.w2 = nullptr;
-  dn.s = table->down.s, dn.s2 = nullptr, dn.w_ld = table->down.ld, dn.s_ld = table->down.scale_ld, dn.c_ld = kH;
-  for (const cuda::Fp8RowTile& tile : row_tiles())
-    for (cuda::GroupedGemmArgs* g : {&gu, &dn}) {
-      const bool swiglu = g == &gu;
-      Tensor out[2];
-      for (int i = 0; i < 2; ++i) {
-        out[i] = poisoned(DType::BF16, {rows, g->N});
-        g->c = out[i].raw(), g->bm = tile.bm, g->wgmma = tile.wgmma, g->dequant = kDequants[i];
-        cuda::grouped_gemm_fp8(*g, swiglu);
-      }
-      EXPECT_EQ(bit_mismatches(out[0], out[1]), 0) << tile_name(tile) << (swiglu ? " gate|up" : " down");
-      EXPECT_LT(rel_error(out[1].to_f32(), out[0].to_f32()), 1e-6);  // and nothing left poisoned (NaN)
-    }
-}
-
 TEST(CudaGroupedGemmFp8, MoeExpertsReplayedWithNewIds) {
   MS_REQUIRE_CUDA();
   const V3Experts& ex = v3_experts();
-  // 64 tokens: 16 rows an expert, mma.sync; 256: 64, wgmma on a Hopper. Each dequantisation,
-  // the choice read at capture.
-  for (const char* dequant : {"cvt", "int"})
-    for (const int64_t T : {64, 256}) {
-      Fp8DequantEnv env(dequant);
-      Tensor ids, w;
-      random_route(T, ids, w);
-      Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
-      Tensor out = Tensor::empty(DType::BF16, {T, kH}, Device::CUDA);
-      auto body = [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); };
-      body();  // builds the expert table outside the capture
-      const StepShape step(T);
-      auto pool = ops::make_graph_pool(Device::CUDA);
-      auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
-      for (int rep = 0; rep < 3; ++rep) {
-        Tensor ids_new, w_new;
-        random_route(T, ids_new, w_new);
-        x.copy_from(gpu(randn({T, kH}))), idsg.copy_from(ids_new.to(Device::CUDA)), wg.copy_from(w_new.to(Device::CUDA));
-        Tensor want = poisoned(DType::BF16, {T, kH});
-        cuda::moe_experts(x, idsg, wg, ex.gpu, want);
-        Tensor old = poisoned(DType::BF16, {T, kH});
-        {
-          Fp8GroupedSwitch off(false);
-          cuda::moe_experts(x, idsg, wg, ex.gpu, old);
-        }
-        out.copy_from(poisoned(DType::BF16, {T, kH}));
-        graph->replay(step.arrays());
-        cudaStreamSynchronize(cuda::stream());
-        EXPECT_LT(rel_error(out.to_f32(), want.to_f32()), 1e-6) << "T=" << T << " " << dequant << " replay " << rep;
-        EXPECT_LT(rel_error(out.to_f32(), old.to_f32()), 1e-2)
-            << "T=" << T << " " << dequant << " replay " << rep << " against the old path";
+  // 64 tokens: 16 rows an expert, mma.sync; 256: 64, wgmma on a Hopper.
+  for (const int64_t T : {64, 256}) {
+    Tensor ids, w;
+    random_route(T, ids, w);
+    Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
+    Tensor out = Tensor::empty(DType::BF16, {T, kH}, Device::CUDA);
+    auto body = [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); };
+    body();  // builds the expert table outside the capture
+    const StepShape step(T);
+    auto pool = ops::make_graph_pool(Device::CUDA);
+    auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
+    for (int rep = 0; rep < 3; ++rep) {
+      Tensor ids_new, w_new;
+      random_route(T, ids_new, w_new);
+      x.copy_from(gpu(randn({T, kH}))), idsg.copy_from(ids_new.to(Device::CUDA)), wg.copy_from(w_new.to(Device::CUDA));
+      Tensor want = poisoned(DType::BF16, {T, kH});
+      cuda::moe_experts(x, idsg, wg, ex.gpu, want);
+      Tensor old = poisoned(DType::BF16, {T, kH});
+      {
+        Fp8GroupedSwitch off(false);
+        cuda::moe_experts(x, idsg, wg, ex.gpu, old);
       }
+      out.copy_from(poisoned(DType::BF16, {T, kH}));
+      graph->replay(step.arrays());
+      cudaStreamSynchronize(cuda::stream());
+      EXPECT_LT(rel_error(out.to_f32(), want.to_f32()), 1e-6) << "T=" << T << " replay " << rep;
+      EXPECT_LT(rel_error(out.to_f32(), old.to_f32()), 1e-2)
+          << "T=" << T << " replay " << rep << " against the old path";
     }
+  }
 }
 
 // ---- timing (time_us, graphed_us: cuda_test_util.h) ----
@@ -549,16 +425,11 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
     Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
     Tensor out = cuda::scratch(DType::BF16, {T, kH});
     const double flop = 2.0 * T * kTopK * 3 * kH * kI;
-    // Modes: the default (grouped, wgmma on a Hopper, the default dequantisation), the same with
-    // MOESERVE_FP8_DEQUANT=cvt, grouped on mma.sync alone, the old path.
-    for (int mode : {3, 2, 1, 0}) {
+    // Modes: grouped with wgmma (the Hopper default), grouped on mma.sync alone, the old path.
+    for (int mode : {2, 1, 0}) {
       Fp8GroupedSwitch sw(mode > 0);
-      Fp8WgmmaSwitch wsw(mode >= 2);
-      Fp8DequantEnv dsw(mode == 2 ? "cvt" : nullptr);
-      const char* name = mode == 3   ? "grouped"
-                         : mode == 2 ? "MOESERVE_FP8_DEQUANT=cvt"
-                         : mode == 1 ? "MOESERVE_FP8_WGMMA=0"
-                                     : "MOESERVE_FP8_GROUPED=0";
+      Fp8WgmmaSwitch wsw(mode == 2);
+      const char* name = mode == 2 ? "grouped" : mode == 1 ? "MOESERVE_FP8_WGMMA=0" : "MOESERVE_FP8_GROUPED=0";
       const double us = time_us(5, [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, out); });
       std::printf("[bench] moe_experts V3-EP8 FP8 T=%lld (%lld rows an expert) %s eager: %.3f ms, "
                   "%.0f GB/s of weights, %.0f TFLOP/s\n",
@@ -587,17 +458,15 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
     dn.N = kH, dn.K = kI, dn.a = act.raw(), dn.a_ld = kI, dn.a_rows = nullptr, dn.w = table->down.w, dn.w2 = nullptr;
     dn.s = table->down.s, dn.s2 = nullptr, dn.w_ld = table->down.ld, dn.s_ld = table->down.scale_ld;
     dn.c = ye.raw(), dn.c_ld = kH;
-    // Each tile in both dequantisations, cvt's line then int's.
-    for (const cuda::Fp8RowTile& tile : row_tiles())
-      for (const int dq : kDequants) {
-        gu.bm = dn.bm = tile.bm, gu.wgmma = dn.wgmma = tile.wgmma, gu.dequant = dn.dequant = dq;
-        const double t_gu = time_us(5, [&] { cuda::grouped_gemm_fp8(gu, true); });
-        const double t_dn = time_us(5, [&] { cuda::grouped_gemm_fp8(dn, false); });
-        std::printf("[bench] grouped_gemm_fp8 V3-EP8 T=%lld %s %s: gate|up+silu %.3f ms (%.0f GB/s, %.0f TFLOP/s), "
-                    "down %.3f ms (%.0f GB/s, %.0f TFLOP/s)\n",
-                    (long long)T, tile_name(tile).c_str(), dequant_name(dq), t_gu / 1e3, 2 * bytes / 3 / t_gu / 1e3,
-                    flop * 2 / 3 / t_gu / 1e6, t_dn / 1e3, bytes / 3 / t_dn / 1e3, flop / 3 / t_dn / 1e6);
-      }
+    for (const cuda::Fp8RowTile& tile : row_tiles()) {
+      gu.bm = dn.bm = tile.bm, gu.wgmma = dn.wgmma = tile.wgmma;
+      const double t_gu = time_us(5, [&] { cuda::grouped_gemm_fp8(gu, true); });
+      const double t_dn = time_us(5, [&] { cuda::grouped_gemm_fp8(dn, false); });
+      std::printf("[bench] grouped_gemm_fp8 V3-EP8 T=%lld %s: gate|up+silu %.3f ms (%.0f GB/s, %.0f TFLOP/s), "
+                  "down %.3f ms (%.0f GB/s, %.0f TFLOP/s)\n",
+                  (long long)T, tile_name(tile).c_str(), t_gu / 1e3, 2 * bytes / 3 / t_gu / 1e3, flop * 2 / 3 / t_gu / 1e6, t_dn / 1e3,
+                  bytes / 3 / t_dn / 1e3, flop / 3 / t_dn / 1e6);
+    }
   }
 
   // Dense FP8 linears (DeepSeek-V3's MLA projections and dense MLP), through linear new and old,
@@ -638,13 +507,12 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
       g.N = s.N, g.K = s.K, g.a = x.raw(), g.a_ld = s.K, g.w_one = wt.w.raw(), g.w_ld = s.K;
       g.s_one = wt.scale_inv.data<float>(), g.s_ld = wt.scale_inv.strides()[0], g.max_rows = T;
       g.c = out.raw(), g.c_ld = s.N;
-      for (const cuda::Fp8RowTile& tile : row_tiles())
-        for (const int dq : kDequants) {
-          g.bm = tile.bm, g.wgmma = tile.wgmma, g.dequant = dq;
-          const double us = time_us(10, [&] { cuda::grouped_gemm_fp8(g, false); });
-          std::printf("[bench] grouped_gemm_fp8 dense %s T=%lld %s %s: %.1f us, %.0f GB/s, %.0f TFLOP/s\n", s.name,
-                      (long long)T, tile_name(tile).c_str(), dequant_name(dq), us, wbytes / us / 1e3, flop / us / 1e6);
-        }
+      for (const cuda::Fp8RowTile& tile : row_tiles()) {
+        g.bm = tile.bm, g.wgmma = tile.wgmma;
+        const double us = time_us(10, [&] { cuda::grouped_gemm_fp8(g, false); });
+        std::printf("[bench] grouped_gemm_fp8 dense %s T=%lld %s: %.1f us, %.0f GB/s, %.0f TFLOP/s\n", s.name,
+                    (long long)T, tile_name(tile).c_str(), us, wbytes / us / 1e3, flop / us / 1e6);
+      }
     }
   }
 }

@@ -19,13 +19,6 @@ namespace ms::cuda {
 // no gathered copy), else row r; rows have a_ld elements (BF16). W_e = w[e] (device array of
 // device pointers), [N, K] BF16 with row stride w_ld; w2 likewise. C is BF16, row stride c_ld.
 // max_rows bounds offsets[experts] (sizes the grid). Rows of no expert are left untouched.
-// How grouped_gemm_fp8 turns e4m3 into bf16, the same values either way: the conversion
-// instructions (cvt) or integer ops that leave the conversion unit one instruction a weight pair
-// instead of two (int; grouped_gemm_fp8_impl.h), which on mma.sync's BM 16 and 32 and on the
-// wgmma shapes also takes tiles with more weight stages in flight. Default:
-// grouped_gemm_fp8_int_dequant.
-enum Fp8Dequant : int { kFp8DequantDefault = 0, kFp8DequantCvt = 1, kFp8DequantInt = 2 };
-
 struct GroupedGemmArgs {
   int64_t N = 0, K = 0;
   const void* a = nullptr;
@@ -55,7 +48,6 @@ struct GroupedGemmArgs {
   bool c_f32 = false;
   int bm = 0;
   bool wgmma = false;
-  int dequant = kFp8DequantDefault;  // Fp8Dequant
 };
 
 // Whether the kernel takes these operands: K, the row strides of A and W multiples of 8
@@ -105,10 +97,6 @@ Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean);
 // MOESERVE_FP8_GROUPED=0 sends FP8 experts and linears back to the streaming GEMV and the
 // dequantise-then-cuBLASLt paths (read at every call, so a test or bench can compare both).
 bool grouped_gemm_fp8_enabled();
-// Whether a tile dequantises with integer ops by default: MOESERVE_FP8_DEQUANT=int or cvt (read at
-// every call; a captured graph keeps the kernel it was captured with), unset: on the wgmma shapes
-// and mma.sync's BM 16 and 32, not on mma.sync's BM 64 (grouped_gemm_fp8.cu says why).
-bool grouped_gemm_fp8_int_dequant(const Fp8RowTile& tile);
 void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu);
 
 }  // namespace ms::cuda

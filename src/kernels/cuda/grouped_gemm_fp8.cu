@@ -7,19 +7,15 @@
 //
 // Why not the streaming GEMV: at 16 rows an expert it spends 16 FMAs on CUDA cores per weight
 // (0.77 TB/s measured on V3's experts); here a weight costs a conversion (1 cvt per 2 weights, 2
-// f16 -> f32, 2 multiplies, 1 pack: ~3.5 instructions a weight a warp issues once per block) and
-// 1/16 of an MMA per 16 rows. Two of those are conversion-unit instructions (16 a clock an SM),
-// which caps a block's pace near what HBM brings: the integer dequantisation (INT_DEQ,
-// fp8x4_bf16x4 in grouped_gemm_fp8_impl.h, the same values) keeps one of them.
+// multiplies, 1 pack: ~3.5 instructions a weight a warp issues once per block) and 1/16 of an
+// MMA per 16 rows, which at ~36 weights a clock an SM leaves HBM (4.3 TB/s) the limit.
 //
 // Fragments without ldmatrix: the k order inside an MMA is free as long as A and B agree, so a
 // thread (g, t) takes bytes 8t..8t+7 of a 32-wide K step as its B values (one 8-byte shared
 // load, two MMAs' worth: bytes 8t..8t+3 are logical k {2t, 2t+1, 2t+8, 2t+9} of the first
 // k16, 8t+4..8t+7 of the second) and the same physical columns of A (one 16-byte load a row).
 // Rows are padded by 32 bytes (B) and 32 elements (A), so that the 8-byte B loads of a half-warp
-// (4 rows x 4 threads) and the 16-byte A loads of a quarter-warp (2 rows x 4) hit distinct banks;
-// the decode tiles of the integer dequantisation (F8Tile16S, F8Tile32S) permute 16-byte chunks
-// instead and spend the padding's shared memory on one more stage.
+// (4 rows x 4 threads) and the 16-byte A loads of a quarter-warp (2 rows x 4) hit distinct banks.
 //
 // Scales: a K tile (64 or 128) lies inside one 128-wide scale block, and a warp's 8-row fragment
 // inside one 128-row block (gate and up rows each come from their own matrix at 8-row
@@ -49,63 +45,42 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// SWZ: rows unpadded, their 16-byte chunks permuted instead (swizzle_a / swizzle_b), BK 128 only.
-template <int BM, int BK, int STAGES, int WM, int WN, int MIN_BLOCKS, bool SWZ = false>
+template <int BM, int BK, int STAGES, int WM, int WN, int MIN_BLOCKS>
 struct F8Tile {
   static constexpr int kBM = BM, kBK = BK, kStages = STAGES, kWarpM = WM, kWarpN = WN, kMinBlocks = MIN_BLOCKS;
-  static constexpr bool kSwz = SWZ;
   static constexpr int kWarpsN = kBN / WN, kWarps = (BM / WM) * kWarpsN;
   static constexpr int kMF = WM / 16, kNF = WN / 8;
-  static constexpr int kLda = SWZ ? BK : BK + 32;  // elements: padded, a row is 64 mod 128 bytes
-  static constexpr int kLdb = SWZ ? BK : BK + 32;  // bytes: padded, a row is 32 or 96 mod 128 bytes
+  static constexpr int kLda = BK + 32;  // elements: a row is 64 mod 128 bytes
+  static constexpr int kLdb = BK + 32;  // bytes: a row is 32 or 96 mod 128 bytes
   static constexpr int kABytes = BM * kLda * 2, kStageBytes = kABytes + kBN * kLdb;
   static constexpr size_t kSmemBytes = size_t(STAGES) * kStageBytes;
   static constexpr int kAChunks = BM * BK / 8, kBChunks = kBN * BK / 16;  // 16-byte copies a stage
   static constexpr int kACopies = (kAChunks + kThreads - 1) / kThreads, kBCopies = kBChunks / kThreads;
   static_assert(kWarps * 32 == kThreads && kBChunks % kThreads == 0 && 128 % BK == 0 && BK % 32 == 0, "tile");
   static_assert(kSmemBytes * MIN_BLOCKS <= 227 * 1024, "shared memory of the blocks an SM");
-  static_assert(!SWZ || BK == 128, "the swizzles are for 256-byte A rows and 128-byte B rows");
 };
 using F8Tile16 = F8Tile<16, 128, 4, 16, 16, 2>;   // 100 KiB
 using F8Tile32 = F8Tile<32, 128, 3, 32, 16, 2>;   // 90 KiB
 using F8Tile64 = F8Tile<64, 64, 4, 64, 16, 2>;    // 96 KiB
-// The decode tiles of the integer dequantisation: the same rows, the padding (a fifth of a stage)
-// spent on one more stage, so a block keeps 4 (BM 16) or 3 (BM 32) weight tiles of 16 KB in
-// flight instead of 3 or 2: with two blocks an SM, 96-128 KB against HBM's latency (~1 us at
-// ~17 bytes a clock an SM is ~35 KB, more under load), where the padded BM 32 had 64.
-using F8Tile16S = F8Tile<16, 128, 5, 16, 16, 2, true>;  // 100 KiB
-using F8Tile32S = F8Tile<32, 128, 4, 32, 16, 2, true>;  // 96 KiB
-
-// Where 16-byte chunk c of tile row r lives in an unpadded stage. A (BF16 rows of 256 bytes): a
-// quarter-warp's 16-byte loads read rows g, g + 1 (g even) at chunks 4 ks + t, t < 4, which the
-// odd row's flip of chunk bit 2 moves to the other 64 bytes of the 128-byte bank window. B (128
-// bytes): a half-warp's 8-byte loads read rows g..g + 3 (g a multiple of 4) at chunks 2 ks,
-// 2 ks + 1, spread over all 8 chunks by row r's flip of bits 1-2 by r % 4.
-__device__ __forceinline__ int swizzle_a(int r, int c) { return c ^ ((r & 1) << 2); }
-__device__ __forceinline__ int swizzle_b(int r, int c) { return c ^ ((r & 3) << 1); }
 
 // One K tile of a warp's products over its first NM 16-row slices: as / bs point at the lane's
-// first A row (g) and B row (g) in the stage, column 8t (unswizzled). With the swizzle, every row
-// the lane reads is g plus a multiple of 8, so its chunks of K step ks sit at ks ^ (g % 2) (A,
-// in 64-byte units) and ks ^ (g % 4) (B, 32-byte units).
-template <class T, bool INT_DEQ, int NM>
-__device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, int g, const float (&sc)[T::kNF],
+// first A row (g) and B row (g) in the stage, column 8t.
+template <class T, int NM>
+__device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, const float (&sc)[T::kNF],
                                           float (&acc)[T::kMF][T::kNF][4]) {
 #pragma unroll
   for (int ks = 0; ks < T::kBK / 32; ++ks) {
-    const int ka = (T::kSwz ? ks ^ (g & 1) : ks) * 32, kb = (T::kSwz ? ks ^ (g & 3) : ks) * 32;
     uint4 lo[NM], hi[NM];
 #pragma unroll
     for (int mf = 0; mf < NM; ++mf) {
-      lo[mf] = *reinterpret_cast<const uint4*>(as + mf * 16 * T::kLda + ka);
-      hi[mf] = *reinterpret_cast<const uint4*>(as + (mf * 16 + 8) * T::kLda + ka);
+      lo[mf] = *reinterpret_cast<const uint4*>(as + mf * 16 * T::kLda + ks * 32);
+      hi[mf] = *reinterpret_cast<const uint4*>(as + (mf * 16 + 8) * T::kLda + ks * 32);
     }
 #pragma unroll
     for (int nf = 0; nf < T::kNF; ++nf) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(bs + nf * 8 * T::kLdb + kb);
-      uint32_t b00, b01, b10, b11;
-      fp8x4_bf16x4<INT_DEQ>(raw.x, sc[nf], b00, b01);
-      fp8x4_bf16x4<INT_DEQ>(raw.y, sc[nf], b10, b11);
+      const uint2 raw = *reinterpret_cast<const uint2*>(bs + nf * 8 * T::kLdb + ks * 32);
+      const uint32_t b00 = fp8x2_bf16x2(raw.x & 0xffffu, sc[nf]), b01 = fp8x2_bf16x2(raw.x >> 16, sc[nf]);
+      const uint32_t b10 = fp8x2_bf16x2(raw.y & 0xffffu, sc[nf]), b11 = fp8x2_bf16x2(raw.y >> 16, sc[nf]);
 #pragma unroll
       for (int mf = 0; mf < NM; ++mf) {
         const uint32_t a0[4] = {lo[mf].x, hi[mf].x, lo[mf].y, hi[mf].y};
@@ -119,18 +94,16 @@ __device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, int
 
 // warp_tile over the warp's `slices` 16-row slices that hold rows (warp-uniform; 0: none), as a
 // choice among straight-line bodies so no branch sits between the loads and the MMAs.
-template <class T, bool INT_DEQ, int NM = T::kMF>
-__device__ __forceinline__ void warp_tile_rows(int slices, const bf16* as, const uint8_t* bs, int g,
+template <class T, int NM = T::kMF>
+__device__ __forceinline__ void warp_tile_rows(int slices, const bf16* as, const uint8_t* bs,
                                                const float (&sc)[T::kNF], float (&acc)[T::kMF][T::kNF][4]) {
   if constexpr (NM > 0) {
-    if (slices >= NM) warp_tile<T, INT_DEQ, NM>(as, bs, g, sc, acc);
-    else warp_tile_rows<T, INT_DEQ, NM - 1>(slices, as, bs, g, sc, acc);
+    if (slices >= NM) warp_tile<T, NM>(as, bs, sc, acc);
+    else warp_tile_rows<T, NM - 1>(slices, as, bs, sc, acc);
   }
 }
 
-// INT_DEQ: fp8x4_bf16x4's integer dequantisation (grouped_gemm_fp8_impl.h), else the conversion
-// instructions; the same values either way.
-template <class T, bool SWIGLU, bool INT_DEQ>
+template <class T, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kernel(const Params p) {
   constexpr int kBM = T::kBM, kBK = T::kBK, kStages = T::kStages, kWarpN = T::kWarpN;
   pdl_wait();  // offsets, tile table and A come from the kernels before
@@ -203,16 +176,14 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
       if (T::kAChunks % kThreads != 0 && idx >= T::kAChunks) break;
       const int kc = (idx % (kBK / 8)) * 8;
       const bool v = a_ok[i] && k + kc < p.K;
-      const int r = idx / (kBK / 8);
-      cp_async16(as + r * T::kLda + (T::kSwz ? swizzle_a(r, kc / 8) * 8 : kc), a_src[i] + (v ? k : 0), v);
+      cp_async16(as + (idx / (kBK / 8)) * T::kLda + kc, a_src[i] + (v ? k : 0), v);
     }
 #pragma unroll
     for (int i = 0; i < T::kBCopies; ++i) {
       const int idx = tid + i * kThreads;
       const int kc = (idx % (kBK / 16)) * 16;
       const bool v = b_ok[i] && k + kc < p.K;
-      const int r = idx / (kBK / 16);
-      cp_async16(bs + r * T::kLdb + (T::kSwz ? swizzle_b(r, kc / 16) * 16 : kc), b_src[i] + (v ? k : 0), v);
+      cp_async16(bs + (idx / (kBK / 16)) * T::kLdb + kc, b_src[i] + (v ? k : 0), v);
     }
   };
 
@@ -236,14 +207,14 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
     float sc[T::kNF];
     const int kb = kt * kBK / 128;
 #pragma unroll
-    for (int nf = 0; nf < T::kNF; ++nf) sc[nf] = fp8_scale<INT_DEQ>(__ldg(s_row[nf] + kb));
+    for (int nf = 0; nf < T::kNF; ++nf) sc[nf] = __ldg(s_row[nf] + kb);
     cp_async_wait<kStages - 2>();  // tile kt has landed (this thread's copies) ...
     __syncthreads();               // ... everyone's, and every warp is done with tile kt - 1's stage
     const int next = kt + kStages - 1;
     if (next < kt1) load_stage((next - kt0) % kStages, next);
     cp_async_commit();
     const uint8_t* stage = smem + ((kt - kt0) % kStages) * T::kStageBytes;
-    warp_tile_rows<T, INT_DEQ>(slices, reinterpret_cast<const bf16*>(stage) + a_lane, stage + b_lane, g, sc, acc);
+    warp_tile_rows<T>(slices, reinterpret_cast<const bf16*>(stage) + a_lane, stage + b_lane, sc, acc);
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
@@ -290,24 +261,17 @@ __global__ void sum_splits(const float* __restrict__ part, int splits, int64_t r
   store_f(c + (idx / N) * c_ld + idx % N, s);
 }
 
-template <class T, bool INT_DEQ>
+template <class T>
 void launch_mma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
   static PerDeviceOnce once;
   once([] {
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, true, INT_DEQ>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, false, INT_DEQ>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(T::kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_kernel<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(T::kSmemBytes)));
   });
   launch(p, row_tiles, swiglu, max_rows,
-         Kernels{grouped_gemm_fp8_kernel<T, false, INT_DEQ>, grouped_gemm_fp8_kernel<T, true, INT_DEQ>, T::kBK,
-                 kThreads, T::kSmemBytes});
-}
-
-template <class T>
-void launch_mma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, bool int_deq) {
-  if (int_deq) launch_mma<T, true>(p, row_tiles, swiglu, max_rows);
-  else launch_mma<T, false>(p, row_tiles, swiglu, max_rows);
+         Kernels{grouped_gemm_fp8_kernel<T, false>, grouped_gemm_fp8_kernel<T, true>, T::kBK, kThreads, T::kSmemBytes});
 }
 
 }  // namespace
@@ -389,30 +353,6 @@ Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean) {
   return {rows <= (mean ? 128 : 64) ? 64 : 128, true};
 }
 
-// The one switch for where the integer dequantisation (fp8x4_bf16x4, grouped_gemm_fp8_impl.h)
-// is the default. Where it should win: the shapes whose conversions are a phase of their own or
-// the pace-setter. Decode's mma.sync tiles (BM 16, 32) convert each weight once a block, two
-// conversion instructions a weight pair, so at the conversion unit's 16 a clock an SM they top
-// out at 16 weights a clock, about what HBM brings (4.3 TB/s / 132 SMs at ~1.9 GHz is 17 bytes):
-// V3's experts at a mean of 16 rows ran at 2.4 TB/s, ~60% of that unit. The integer path trades
-// one conversion a pair for 3.5 integer ops (64 a clock): ~4.25 issue slots a weight against
-// ~3.5, of 4 warp instructions a clock an SM, so about 60% of issue at HBM's pace; its tiles keep
-// one more weight stage in flight. The wgmma shapes convert a tile between two barriers while
-// the previous tile's wgmmas run, with the same conversions a weight. mma.sync's BM 64 (off
-// Hopper, or MOESERVE_FP8_WGMMA=0) is paced by its MMA issue from ~32 rows, where the extra
-// integer ops would only add to it: the conversions stay there.
-constexpr bool kFp8IntDequantDefault = true;
-
-bool grouped_gemm_fp8_int_dequant(const Fp8RowTile& tile) {
-  const char* v = std::getenv("MOESERVE_FP8_DEQUANT");
-  if (v && *v) {
-    MS_CHECK(std::strcmp(v, "int") == 0 || std::strcmp(v, "cvt") == 0, "MOESERVE_FP8_DEQUANT: '", v,
-             "' (known: int cvt)");
-    return std::strcmp(v, "int") == 0;
-  }
-  return kFp8IntDequantDefault && (tile.wgmma || tile.bm < 64);
-}
-
 bool grouped_gemm_fp8_enabled() {
   const char* v = std::getenv("MOESERVE_FP8_GROUPED");
   return !(v && std::strcmp(v, "0") == 0);
@@ -430,11 +370,9 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
                args.c_ld >= args.N && args.s_ld >= (args.K + 127) / 128 &&
                (dense ? args.w_one && args.s_one && (!swiglu || (args.w2_one && args.s2_one))
                       : args.w && args.s && (!swiglu || (args.w2 && args.s2))) &&
-               (tile.wgmma ? (bm == 64 || bm == 128) && hopper() : bm == 16 || bm == 32 || bm == 64) &&
-               args.dequant >= kFp8DequantDefault && args.dequant <= kFp8DequantInt,
+               (tile.wgmma ? (bm == 64 || bm == 128) && hopper() : bm == 16 || bm == 32 || bm == 64),
            "grouped_gemm_fp8: N ", args.N, " K ", args.K, " w_ld ", args.w_ld, " a_ld ", args.a_ld, " c_ld ",
-           args.c_ld, " s_ld ", args.s_ld, " experts ", args.experts, " bm ", bm, tile.wgmma ? " (wgmma)" : "",
-           " dequant ", args.dequant);
+           args.c_ld, " s_ld ", args.s_ld, " experts ", args.experts, " bm ", bm, tile.wgmma ? " (wgmma)" : "");
   if (args.max_rows == 0) return;
   Tensor tiles;
   if (!dense) tiles = grouped_tile_table(args.offsets, E, bm);
@@ -454,20 +392,11 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
   p.pair_stores = args.c_ld % 2 == 0 && reinterpret_cast<uintptr_t>(args.c) % 8 == 0;
   // Grouped: sum over groups of ceil(rows_e / bm) <= this, the grid's y extent.
   const int64_t row_tiles = (args.max_rows + bm - 1) / bm + (dense ? 0 : E);
-  const bool int_deq =
-      args.dequant == kFp8DequantDefault ? grouped_gemm_fp8_int_dequant(tile) : args.dequant == kFp8DequantInt;
-  if (tile.wgmma) return launch_wgmma(p, row_tiles, swiglu, args.max_rows, bm, int_deq);
-  // BM 16 and 32 with the integer dequantisation take the swizzled, one stage deeper tiles.
+  if (tile.wgmma) return launch_wgmma(p, row_tiles, swiglu, args.max_rows, bm);
   switch (bm) {
-    case 16:
-      if (int_deq) launch_mma<F8Tile16S, true>(p, row_tiles, swiglu, args.max_rows);
-      else launch_mma<F8Tile16, false>(p, row_tiles, swiglu, args.max_rows);
-      break;
-    case 32:
-      if (int_deq) launch_mma<F8Tile32S, true>(p, row_tiles, swiglu, args.max_rows);
-      else launch_mma<F8Tile32, false>(p, row_tiles, swiglu, args.max_rows);
-      break;
-    default: launch_mma<F8Tile64>(p, row_tiles, swiglu, args.max_rows, int_deq); break;
+    case 16: launch_mma<F8Tile16>(p, row_tiles, swiglu, args.max_rows); break;
+    case 32: launch_mma<F8Tile32>(p, row_tiles, swiglu, args.max_rows); break;
+    default: launch_mma<F8Tile64>(p, row_tiles, swiglu, args.max_rows); break;
   }
 }
 

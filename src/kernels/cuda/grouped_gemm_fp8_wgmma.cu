@@ -16,13 +16,12 @@
 // With SwiGLU a warpgroup's tile rows are its gate rows then the same columns' up rows, so both
 // sums of a column sit in one thread.
 //
-// Pipeline, K tile j (STAGES buffers of A (BM x 128 bytes, swizzled) and weight bytes (128 x
-// 64, plain), AHEAD of them in flight: 4 and 2, or more in the D tiles; two BF16 weight
-// tiles): wait for tile j's copies, __syncthreads (everyone's copies; every warpgroup has waited
-// for tile j - 2's wgmmas), issue tile j + AHEAD's copies (into tile j - 2's buffer), convert
-// tile j's bytes into BF16 tile j % 2 while tile j - 1's wgmmas run, fence.proxy.async (the
-// generic-proxy writes, st.shared and cp.async, before wgmma's async-proxy reads),
-// __syncthreads, four wgmmas, commit, wait until only this tile's are pending.
+// Pipeline, K tile j (STAGES 4 buffers of A (BM x 128 bytes, swizzled) and weight bytes (128 x
+// 64, plain), two BF16 weight tiles): wait for tile j's copies, __syncthreads (everyone's copies;
+// every warpgroup has waited for tile j - 2's wgmmas), issue tile j + 2's copies (into tile
+// j - 2's buffer), convert tile j's bytes into BF16 tile j % 2 while tile j - 1's wgmmas run,
+// fence.proxy.async (the generic-proxy writes, st.shared and cp.async, before wgmma's async-proxy
+// reads), __syncthreads, four wgmmas, commit, wait until only this tile's are pending.
 // Each thread converts exactly the weight bytes it copied (the same 16-byte chunks).
 #include <cstdint>
 
@@ -36,9 +35,9 @@ namespace {
 
 using namespace wg;
 
-template <int BM, int MIN_BLOCKS, int STAGES = 4, int AHEAD = 2>
+template <int BM, int MIN_BLOCKS>
 struct WgF8Tile {
-  static constexpr int kBM = BM, kMinBlocks = MIN_BLOCKS, kBK = 64, kStages = STAGES, kAhead = AHEAD;
+  static constexpr int kBM = BM, kMinBlocks = MIN_BLOCKS, kBK = 64, kStages = 4, kAhead = 2;
   static constexpr int kThreads = 256;
   static constexpr int kWgN = BM == 128 ? kBN : kBN / 2;  // columns (weight rows) a warpgroup
   static constexpr int kAcc = kWgN / 2;                   // f32 sums a thread
@@ -51,16 +50,9 @@ struct WgF8Tile {
   static_assert(kWCopies == 2 && kThreads / 4 == 64, "a thread's weight rows: tid / 4 and tid / 4 + 64");
   static_assert(kStages - kAhead >= 2, "the buffer refilled is two tiles back");
   static_assert(kSmemBytes * MIN_BLOCKS <= 227 * 1024, "shared memory of the blocks an SM");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of a block");
 };
 using WgF8Tile64 = WgF8Tile<64, 2>;    // 97 KiB
 using WgF8Tile128 = WgF8Tile<128, 1>;  // 129 KiB
-// With the integer dequantisation the cheaper conversion phase leaves the copies in flight the
-// limit (two 8 KB weight tiles a block: 32 KB an SM at BM 64, 16 at 128), so BM 64 keeps three
-// ahead in five stages (two blocks of 113 KiB, +1 reserved each, are exactly the SM's 228) and
-// BM 128, one block an SM, six ahead in eight (225 KiB).
-using WgF8Tile64D = WgF8Tile<64, 2, 5, 3>;
-using WgF8Tile128D = WgF8Tile<128, 1, 8, 6>;
 
 template <class T>
 __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], uint64_t a, uint64_t b) {
@@ -68,9 +60,7 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], uint64_t a, uint
   else wgmma_bf16_n64(d, a, b, true);
 }
 
-// INT_DEQ: fp8x4_bf16x4's integer dequantisation (grouped_gemm_fp8_impl.h), else the conversion
-// instructions; the same values either way.
-template <class T, bool SWIGLU, bool INT_DEQ>
+template <class T, bool SWIGLU>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_wgmma_kernel(const Params p) {
   constexpr int kBM = T::kBM, kBK = T::kBK, kStages = T::kStages, kAhead = T::kAhead, kWgN = T::kWgN;
   pdl_wait();  // offsets, tile table and A come from the kernels before
@@ -154,11 +144,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
 #pragma unroll
     for (int i = 0; i < T::kWCopies; ++i) {
       const uint4 raw = *reinterpret_cast<const uint4*>(ws + tid * 16 + i * (T::kWBytes / 2));
-      uint4 lo, hi;
-      fp8x4_bf16x4<INT_DEQ>(raw.x, sc[i], lo.x, lo.y);
-      fp8x4_bf16x4<INT_DEQ>(raw.y, sc[i], lo.z, lo.w);
-      fp8x4_bf16x4<INT_DEQ>(raw.z, sc[i], hi.x, hi.y);
-      fp8x4_bf16x4<INT_DEQ>(raw.w, sc[i], hi.z, hi.w);
+      const uint4 lo = make_uint4(fp8x2_bf16x2(raw.x & 0xffffu, sc[i]), fp8x2_bf16x2(raw.x >> 16, sc[i]),
+                                  fp8x2_bf16x2(raw.y & 0xffffu, sc[i]), fp8x2_bf16x2(raw.y >> 16, sc[i]));
+      const uint4 hi = make_uint4(fp8x2_bf16x2(raw.z & 0xffffu, sc[i]), fp8x2_bf16x2(raw.z >> 16, sc[i]),
+                                  fp8x2_bf16x2(raw.w & 0xffffu, sc[i]), fp8x2_bf16x2(raw.w >> 16, sc[i]));
       uint8_t* dst = bf + buf * T::kBf16Bytes;
       const int r = tid / 4 + 64 * i;
       *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 2 * c)) = lo;
@@ -186,7 +175,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
     const int j = kt - kt0;
     float sc[T::kWCopies];
 #pragma unroll
-    for (int i = 0; i < T::kWCopies; ++i) sc[i] = fp8_scale<INT_DEQ>(__ldg(s_row[i] + kt * kBK / 128));
+    for (int i = 0; i < T::kWCopies; ++i) sc[i] = __ldg(s_row[i] + kt * kBK / 128);
     cp_async_wait<kAhead - 1>();  // tile kt has landed (this thread's copies)
     __syncthreads();              // everyone's; tile kt - 2's wgmmas are done in both warpgroups
     const int next = kt + kAhead;
@@ -244,27 +233,25 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
   }
 }
 
-template <class T, bool INT_DEQ>
+template <class T>
 void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows) {
   static PerDeviceOnce once;
   once([] {
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, true, INT_DEQ>,
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, true>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
-    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, false, INT_DEQ>,
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_fp8_wgmma_kernel<T, false>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSmemBytes)));
   });
   launch(p, row_tiles, swiglu, max_rows,
-         Kernels{grouped_gemm_fp8_wgmma_kernel<T, false, INT_DEQ>, grouped_gemm_fp8_wgmma_kernel<T, true, INT_DEQ>,
-                 T::kBK, T::kThreads, T::kSmemBytes});
+         Kernels{grouped_gemm_fp8_wgmma_kernel<T, false>, grouped_gemm_fp8_wgmma_kernel<T, true>, T::kBK,
+                 T::kThreads, T::kSmemBytes});
 }
 
 }  // namespace
 
-void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm, bool int_deq) {
-  if (bm == 128 && int_deq) launch_tile<WgF8Tile128D, true>(p, row_tiles, swiglu, max_rows);
-  else if (bm == 128) launch_tile<WgF8Tile128, false>(p, row_tiles, swiglu, max_rows);
-  else if (int_deq) launch_tile<WgF8Tile64D, true>(p, row_tiles, swiglu, max_rows);
-  else launch_tile<WgF8Tile64, false>(p, row_tiles, swiglu, max_rows);
+void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm) {
+  if (bm == 128) launch_tile<WgF8Tile128>(p, row_tiles, swiglu, max_rows);
+  else launch_tile<WgF8Tile64>(p, row_tiles, swiglu, max_rows);
 }
 
 }  // namespace ms::cuda::grouped_fp8
