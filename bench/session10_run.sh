@@ -123,3 +123,27 @@ if [ $PHASE = 4 ]; then
   grep -A16 'The last decode step' $L/bench.log >> "$OUT/summary.log"
   log done
 fi
+# PHASE=5: the session's final tree $SRC: the ceilings; CUPTI kernel timelines (bench/kernel_trace.cpp)
+#   of Qwen3's and V2-Lite's graphed decode steps at B = 1 (4096 in) and Qwen3's at B = 64 (256 in);
+#   bench-one-batch (8k prefills, B = 1, B = 64) twice; then every single-GPU test program.
+if [ $PHASE = 5 ]; then
+  TESTS=$(gpu_tests_of $SRC)
+  FIRST="test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv test_cuda_grouped_gemm test_cuda_flash_prefill test_cuda_mla_prefill"
+  JOBS=15 build_after ms_cuda_ceilings $TESTS
+  cmake --build /tmp/b --target ms_kernel_trace >> $L/build.log 2>&1; log "kernel trace library rc=$?"
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  wait
+  for run in "qwen3 1 4096" "v2lite 1 4096" "qwen3 64 256"; do
+    read -r m b i <<< "$run"
+    CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$m-$b.tsv timeout 60 $B bench-one-batch \
+      --model-path /tmp/$m --device cuda --batch-size $b --input-len $i --output-len 16 > $L/kt-$m-$b.log 2>&1
+    log "kernel trace $m B=$b rc=$? $(grep -E 'Decode\.  median' $L/kt-$m-$b.log) $(wc -l < $L/kt-$m-$b.tsv) lines"
+    python3 $SRC/bench/kernel_trace_summary.py $L/kt-$m-$b.tsv --timeline 0 > $L/kts-$m-$b.txt 2>&1
+    grep -E '^graph|median replay' $L/kts-$m-$b.txt | head -8 >> "$OUT/summary.log"
+  done
+  SIDES="main main" bench_sides qwen3 "1 8192 2" "1 4096 16" "64 256 16"
+  SIDES="main main" bench_sides v2lite "1 8192 2" "1 4096 16" "64 256 16"
+  for t in $FIRST $TESTS; do [ $(left) -gt 40 ] && run_gpu_tests /tmp/b $t; done
+  log done
+fi
