@@ -265,6 +265,10 @@ struct Case {
     } else {
       w.w_one = mats[0].dev.raw();
       if (s.fp8) w.s_one = mats[0].dev_scale.data<float>();
+      if (s.swiglu) {
+        w.w2_one = twins[0].dev.raw();
+        if (s.fp8) w.s2_one = twins[0].dev_scale.data<float>();
+      }
       grows.rows = int(rows);
     }
     // The SwiGLU pair reads tokens through token_of_row; down reads its rows in place, F32 out.
