@@ -5,8 +5,8 @@
 // is traced unchanged:
 //   CUDA_INJECTION64_PATH=build/libms_kernel_trace.so MS_KERNEL_TRACE=trace.tsv moeserve bench-one-batch ...
 // One line a kernel, in the order CUPTI hands them over: start and end (ns, GPU clock), the graph
-// and graph node that launched it (0 when launched directly), grid, block, dynamic shared memory,
-// registers a thread, and the kernel's name without its parameter list.
+// and graph node that launched it (0 when launched directly), grid, block, dynamic + static shared
+// memory, registers a thread, and the kernel's name without its return type and parameter list.
 // bench/kernel_trace_summary.py turns the lines into per-step timelines.
 #include <cupti.h>
 #include <cxxabi.h>
@@ -30,19 +30,26 @@ void check(CUptiResult r, const char* what) {
   std::fprintf(stderr, "kernel_trace: %s failed: %s\n", what, msg ? msg : "?");
 }
 
-// The demangled name up to its parameter list (template arguments kept: they tell variants apart).
+// The demangled name without its return type and parameter list (template arguments kept: they
+// tell variants apart). The parameter list is the parenthesis that closes the name, found from the
+// end: "(anonymous namespace)" earlier in the name is not it.
 std::string short_name(const char* mangled) {
   if (!mangled) return "?";
   int status = 0;
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = status == 0 && d ? d : mangled;
   std::free(d);
-  int depth = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<') ++depth;
-    else if (s[i] == '>') --depth;
-    else if (s[i] == '(' && depth == 0) return s.substr(0, i);
+  if (!s.empty() && s.back() == ')') {
+    int depth = 0;
+    for (size_t i = s.size(); i-- > 0;) {
+      if (s[i] == ')') ++depth;
+      else if (s[i] == '(' && --depth == 0) {
+        s.resize(i);
+        break;
+      }
+    }
   }
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
   return s;
 }
 
@@ -58,10 +65,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (g_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-    std::fprintf(g_out, "%llu\t%llu\t%u\t%llu\t%d,%d,%d\t%d,%d,%d\t%d\t%u\t%s\n", (unsigned long long)k->start,
+    std::fprintf(g_out, "%llu\t%llu\t%u\t%llu\t%d,%d,%d\t%d,%d,%d\t%d+%d\t%u\t%s\n", (unsigned long long)k->start,
                  (unsigned long long)k->end, k->graphId, (unsigned long long)k->graphNodeId, k->gridX, k->gridY,
-                 k->gridZ, k->blockX, k->blockY, k->blockZ, k->dynamicSharedMemory, unsigned(k->registersPerThread),
-                 short_name(k->name).c_str());
+                 k->gridZ, k->blockX, k->blockY, k->blockZ, k->dynamicSharedMemory, k->staticSharedMemory,
+                 unsigned(k->registersPerThread), short_name(k->name).c_str());
   }
   size_t dropped = 0;
   cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
@@ -84,7 +91,7 @@ extern "C" int InitializeInjection(void) {
     std::perror("kernel_trace: cannot open the output");
     return 0;
   }
-  std::fprintf(g_out, "# start_ns\tend_ns\tgraph\tnode\tgrid\tblock\tdyn_smem\tregs\tkernel\n");
+  std::fprintf(g_out, "# start_ns\tend_ns\tgraph\tnode\tgrid\tblock\tsmem (dynamic+static)\tregs\tkernel\n");
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
   std::atexit(at_exit);

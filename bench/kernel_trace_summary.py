@@ -33,7 +33,7 @@ def read(path):
             if len(p) < 9:
                 continue
             rows.append({"start": int(p[0]), "end": int(p[1]), "graph": int(p[2]), "node": int(p[3]),
-                         "grid": p[4], "block": p[5], "smem": int(p[6]), "regs": int(p[7]), "name": p[8]})
+                         "grid": p[4], "block": p[5], "smem": p[6], "regs": int(p[7]), "name": p[8]})
     return rows
 
 
