@@ -77,6 +77,25 @@ bench_before_after() {
     done
   done
 }
+# $BEFORE_SRC's moeserve into /tmp/before, in the background ($! is its build), -j$1 (5). The caller
+# defines $L (logs) and $B (its own moeserve), as for model().
+build_before() {
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j${1:-5} --target moeserve) > $L/build-before.log 2>&1 &
+}
+# $SRC's moeserve and the targets named into /tmp/b (-j$JOBS, 11); exits when moeserve did not build.
+build_after() {
+  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j${JOBS:-11} --target moeserve "$@" >> $L/build.log 2>&1
+  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
+}
+# A test program under its own timeout ($2 s), logged as $L/$1.log, its verdicts and failures in summary.log.
+gtest() {
+  local tag=$1 secs=$2; shift 2
+  timeout $secs "$@" > $L/$tag.log 2>&1
+  log "$tag rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $L/$tag.log | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|Expected|Which is|\[bench\]' $L/$tag.log | head -40 >> "$OUT/summary.log"
+}
 # The random model $1 (shape $2, $3 layers, then extra flags) made by $B into .b4/models unless
 # there, linked as /tmp/$1; the caller defines $B, $L and left() (seconds of its budget left).
 model() {

@@ -26,17 +26,6 @@ ln -sfn $ROOT/.b4/after /tmp/b
 B=/tmp/b/moeserve
 RESULTS=$L
 
-# $BEFORE_SRC's moeserve into /tmp/before, in the background ($! is its build).
-build_before() {
-  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
-  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j${1:-5} --target moeserve) > $L/build-before.log 2>&1 &
-}
-# $SRC's moeserve and the targets named into /tmp/b; exits when moeserve did not build.
-build_after() {
-  configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j11 --target moeserve "$@" >> $L/build.log 2>&1
-  log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
-}
 
 
 [ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
