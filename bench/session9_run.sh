@@ -26,8 +26,6 @@ ln -sfn $ROOT/.b4/after /tmp/b
 B=/tmp/b/moeserve
 RESULTS=$L
 
-
-
 [ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 if [ $PHASE = 1 ]; then
