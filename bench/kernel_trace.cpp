@@ -7,6 +7,8 @@
 // One line a kernel, in the order CUPTI hands them over: start and end (ns, GPU clock), the graph
 // and graph node that launched it (0 when launched directly), grid, block, dynamic + static shared
 // memory, registers a thread, and the kernel's name without its return type and parameter list.
+// Copies and memsets come as lines too ("[memcpy HtoD 16384 bytes]", no grid): in a graph they are
+// nodes between kernels, which a kernel launched early cannot overlap.
 // bench/kernel_trace_summary.py turns the lines into per-step timelines.
 #include <cupti.h>
 #include <cxxabi.h>
@@ -53,6 +55,15 @@ std::string short_name(const char* mangled) {
   return s;
 }
 
+const char* copy_kind(uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "DtoD";
+    default: return "other";
+  }
+}
+
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
   *size = kBufferBytes;
@@ -63,6 +74,20 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::lock_guard<std::mutex> lock(g_mu);
   CUpti_Activity* rec = nullptr;
   while (g_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+      std::fprintf(g_out, "%llu\t%llu\t%u\t%llu\t-\t-\t-\t0\t[memcpy %s %llu bytes]\n", (unsigned long long)m->start,
+                   (unsigned long long)m->end, m->graphId, (unsigned long long)m->graphNodeId,
+                   copy_kind(m->copyKind), (unsigned long long)m->bytes);
+      continue;
+    }
+    if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+      std::fprintf(g_out, "%llu\t%llu\t%u\t%llu\t-\t-\t-\t0\t[memset %llu bytes]\n", (unsigned long long)m->start,
+                   (unsigned long long)m->end, m->graphId, (unsigned long long)m->graphNodeId,
+                   (unsigned long long)m->bytes);
+      continue;
+    }
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
     std::fprintf(g_out, "%llu\t%llu\t%u\t%llu\t%d,%d,%d\t%d,%d,%d\t%d+%d\t%u\t%s\n", (unsigned long long)k->start,
@@ -93,7 +118,9 @@ extern "C" int InitializeInjection(void) {
   }
   std::fprintf(g_out, "# start_ns\tend_ns\tgraph\tnode\tgrid\tblock\tsmem (dynamic+static)\tregs\tkernel\n");
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
-  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(kernels)");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(memcpy)");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(memset)");
   std::atexit(at_exit);
   return 1;
 }
