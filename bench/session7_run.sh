@@ -17,12 +17,8 @@
 # caller's tar (the device tool returns only a few files).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-SRC=${SRC:-.devsrc-s7} BEFORE_SRC=${BEFORE_SRC:-.devsrc-main} PHASE=${PHASE:-2} L=/tmp/logs
-BUDGET=${BUDGET:-565}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-mkdir -p $L .b4/models .b4/after .b4/before
-ln -sfn $ROOT/.b4/after /tmp/b && ln -sfn $ROOT/.b4/before /tmp/before
-B=/tmp/b/moeserve
+SRC=${SRC:-.devsrc-s7} BEFORE_SRC=${BEFORE_SRC:-.devsrc-main} PHASE=${PHASE:-2}
+mkdir -p .b4/before && ln -sfn $ROOT/.b4/before /tmp/before
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 # bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES.
 bench_sides() {

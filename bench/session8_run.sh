@@ -18,11 +18,7 @@
 # Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-SRC=${SRC:-.devsrc-pend} PHASE=${PHASE:-1} L=/tmp/logs BUDGET=${BUDGET:-565}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-mkdir -p $L .b4/models .b4/after
-ln -sfn $ROOT/.b4/after /tmp/b
-B=/tmp/b/moeserve
+SRC=${SRC:-.devsrc-pend} PHASE=${PHASE:-1}
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 

@@ -19,11 +19,7 @@
 # Carry [".deps", "$SRC"]. Logs go to /tmp/logs, which the caller tars into $OUT/logs.tgz.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-SRC=${SRC:-.devsrc-s9} PHASE=${PHASE:-1} L=/tmp/logs BUDGET=${BUDGET:-565}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-mkdir -p $L .b4/models .b4/after
-ln -sfn $ROOT/.b4/after /tmp/b
-B=/tmp/b/moeserve
+SRC=${SRC:-.devsrc-s9} PHASE=${PHASE:-1}
 RESULTS=$L
 
 [ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
