@@ -13,6 +13,9 @@ class DeviceMemory {
   virtual ~DeviceMemory() = default;
   // `bytes` of zero-filled device memory; the Buffer frees it when the last tensor goes.
   virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
+  // The same without the fill, for memory its first user writes whole: in a captured step a
+  // fill is a graph node of its own, which idles the GPU and breaks early launches around it.
+  virtual std::shared_ptr<Buffer> allocate_uninit(size_t bytes) { return allocate(bytes); }
   // Copies between host and this device (either direction) or within the device.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
   // Free and total bytes of the device (free counts memory the backend caches for reuse);

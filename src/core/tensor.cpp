@@ -73,6 +73,16 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
   return from_buffer(std::move(buf), 0, dtype, std::move(shape));
 }
 
+Tensor Tensor::uninit(DType dtype, Shape shape, Device device) {
+  if (device == Device::CPU) return empty(dtype, std::move(shape), device);
+  int64_t n = 1;
+  for (auto d : shape) {
+    MS_CHECK(d >= 0, "negative dimension in ", shape_str(shape));
+    n *= d;
+  }
+  return from_buffer(device_memory(device)->allocate_uninit(size_t(n) * dtype_size(dtype)), 0, dtype, std::move(shape));
+}
+
 Tensor Tensor::from_buffer(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape) {
   Tensor t;
   t.buffer_ = std::move(buffer);
@@ -133,7 +143,7 @@ Tensor Tensor::select(int64_t index) const {
 Tensor Tensor::to(Device target) const {
   if (device() == target && is_contiguous()) return *this;
   Tensor src = is_contiguous() ? *this : clone();
-  Tensor out = empty(dtype_, shape_, target);
+  Tensor out = uninit(dtype_, shape_, target);
   out.copy_from(src);
   return out;
 }
@@ -153,7 +163,7 @@ void Tensor::copy_from(const Tensor& src) {
 Tensor Tensor::clone() const {
   if (device() != Device::CPU) {
     MS_CHECK(is_contiguous(), "clone of a strided device tensor");
-    Tensor out = empty(dtype_, shape_, device());
+    Tensor out = uninit(dtype_, shape_, device());
     out.copy_from(*this);
     return out;
   }

@@ -33,6 +33,9 @@ class Tensor {
   // A new contiguous tensor, zero-filled (device memory through its registered backend).
   static Tensor empty(DType dtype, Shape shape, Device device = Device::CPU);
   static Tensor zeros(DType dtype, Shape shape) { return empty(dtype, std::move(shape)); }
+  // As empty(), but a device tensor's contents are left undefined (no fill launched): for
+  // outputs that their producer writes whole. Host tensors are zeroed as by empty().
+  static Tensor uninit(DType dtype, Shape shape, Device device);
   // A tensor over memory someone else owns (mmapped file, pool); `buffer` keeps it alive.
   static Tensor from_buffer(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape);
   static Tensor from_vector(const std::vector<float>& v, Shape shape);

@@ -53,9 +53,12 @@ struct ForwardContext {
   DType act_dtype = DType::F32;  // activations: F32 on the CPU, BF16 on the GPU
   const ParallelGroups* parallel = nullptr;  // this rank's groups; null when running alone
 
-  // A new activation tensor on this step's device.
-  Tensor empty(Shape shape, DType dtype) const { return Tensor::empty(dtype, std::move(shape), device); }
+  // A new activation tensor on this step's device, for an op that writes every element: on a
+  // GPU its contents start undefined (a fill would be a node of its own in the step's graph).
+  Tensor empty(Shape shape, DType dtype) const { return Tensor::uninit(dtype, std::move(shape), device); }
   Tensor empty(Shape shape) const { return empty(std::move(shape), act_dtype); }
+  // A zero-filled one, for ops that add into their output.
+  Tensor zeros(Shape shape) const { return Tensor::empty(act_dtype, std::move(shape), device); }
 
   void round(Tensor& t) const {
     if (bf16_activations) ops::round_to_bf16(t);

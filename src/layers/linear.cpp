@@ -9,7 +9,7 @@ Linear::Linear(ops::Weight w, Tensor bias) : weight_(std::move(w)) {
 }
 
 Tensor Linear::operator()(const Tensor& x) const {
-  Tensor out = Tensor::empty(x.dtype(), {x.size(0), out_features()}, x.device());
+  Tensor out = Tensor::uninit(x.dtype(), {x.size(0), out_features()}, x.device());
   forward(x, out);
   return out;
 }
@@ -66,7 +66,7 @@ static Tensor as_rows(const Tensor& x, int64_t width) {
 }
 
 Tensor RmsNorm::operator()(const Tensor& x) const {
-  Tensor out = Tensor::empty(x.dtype(), x.shape(), x.device());
+  Tensor out = Tensor::uninit(x.dtype(), x.shape(), x.device());
   Tensor rows = as_rows(out, weight_.numel());
   ops::rms_norm(as_rows(x, weight_.numel()), weight_, eps_, rows);
   return out;

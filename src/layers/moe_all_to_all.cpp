@@ -70,13 +70,13 @@ Tensor SparseMoe::forward_all_to_all(const Tensor& x, const ForwardContext& ctx)
   ops::moe_experts(recv_x, r_ids.to(ctx.device), r_w.to(ctx.device), w_.experts, y);
   Tensor back = ep.all_to_all_v(y, recv_counts, nullptr);  // results return in the order they were sent
 
-  Tensor out = ctx.empty({T, H});
+  Tensor out = ctx.zeros({T, H});
   ops::index_add_rows(out, d.token, back);
   ctx.round(out);
   if (w_.shared.defined()) {  // the unfused shared expert runs whole on every rank, for the rows it owns
     std::vector<int32_t> mine;
     for (int64_t t = attn.rank(); t < T; t += attn.size()) mine.push_back(int32_t(t));
-    Tensor xs = ctx.empty({int64_t(mine.size()), H}), part = ctx.empty({int64_t(mine.size()), H});
+    Tensor xs = ctx.empty({int64_t(mine.size()), H}), part = ctx.zeros({int64_t(mine.size()), H});
     ops::gather_rows(x, mine, xs);
     add_shared(xs, ctx, part);
     ops::index_add_rows(out, mine, part);

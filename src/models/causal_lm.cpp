@@ -40,7 +40,7 @@ Tensor CausalLM::logits(const Tensor& hidden) const {
   std::vector<int32_t> order(size_t(T) * size_t(n));
   for (int64_t t = 0; t < T; ++t)
     for (int r = 0; r < n; ++r) order[size_t(t * n + r)] = int32_t(r * T + t);
-  Tensor out = Tensor::empty(local.dtype(), {T * n, part}, local.device());
+  Tensor out = Tensor::uninit(local.dtype(), {T * n, part}, local.device());
   ops::gather_rows(all.view({n * T, part}), order, out);
   return out.view({T, n * part});
 }

@@ -234,6 +234,7 @@ Runtime& runtime();
 class CurrentDeviceMemory final : public DeviceMemory {
  public:
   std::shared_ptr<Buffer> allocate(size_t bytes) override { return runtime().allocator->allocate(bytes); }
+  std::shared_ptr<Buffer> allocate_uninit(size_t bytes) override { return runtime().allocator->allocate_uninit(bytes); }
   void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
     runtime().allocator->copy(dst, dst_device, src, src_device, bytes);
   }
