@@ -113,7 +113,7 @@ model() {
 }
 # bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
 # ("name" or "name:VAR=v,--flag,...": the binary with those variables set and flags added),
-# /tmp/before's moeserve for "before", else $B; results into ${RESULTS:-$OUT}/bench-<name>.jsonl.
+# /tmp/<name>/moeserve where there is one (before: build_before), else $B; results into ${RESULTS:-$OUT}/bench-<name>.jsonl.
 # The caller defines $B, $L and left(), as for model().
 bench_sides() {
   local name=$1 run b i o side label env flags bin w; shift
@@ -125,7 +125,7 @@ bench_sides() {
       if [ "$side" != "$label" ]; then
         for w in $(echo "${side#*:}" | tr ',' ' '); do case $w in --*) flags="$flags $w" ;; *) env="$env $w" ;; esac; done
       fi
-      bin=$B; [ $label = before ] && bin=/tmp/before/moeserve
+      bin=$B; [ -x /tmp/$label/moeserve ] && bin=/tmp/$label/moeserve
       echo "== $label $name B=$b I=$i O=$o $flags" >> $L/bench.log
       env $env timeout $(( $(left) - 10 )) $bin bench-one-batch --model-path /tmp/$name --device cuda --batch-size $b \
         --input-len $i --output-len $o $flags --result-file "${RESULTS:-$OUT}/bench-$label.jsonl" >> $L/bench.log 2>&1

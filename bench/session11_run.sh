@@ -1,0 +1,42 @@
+#!/bin/bash
+# Session 11's device calls (bench/BENCHMARKS.md, "Session 11"), run from the repository root on
+# the GPU machine: PHASE picks the call. Sources are snapshots (git archive) carried as $SRC,
+# $BEFORE_SRC and $THIRD_SRC; everything lands in $L and $OUT/summary.log.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+for s in ${SRC} ${BEFORE_SRC:-} ${THIRD_SRC:-}; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+
+# Kernel timeline of /tmp/$1's graphed decode at B = $2, $3 keys, with binary $4 (label $5).
+trace() {
+  CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$5-$1-$2.tsv timeout 60 $4 bench-one-batch \
+    --model-path /tmp/$1 --device cuda --batch-size $2 --input-len $3 --output-len 16 > $L/kt-$5-$1-$2.log 2>&1
+  log "kernel trace $5 $1 B=$2 rc=$? $(grep -E 'Decode\.  median' $L/kt-$5-$1-$2.log) $(wc -l < $L/kt-$5-$1-$2.tsv) lines"
+  python3 $SRC/bench/kernel_trace_summary.py $L/kt-$5-$1-$2.tsv --timeline 0 > $L/kts-$5-$1-$2.txt 2>&1
+  grep -E '^graph|median replay' $L/kts-$5-$1-$2.txt | head -8 >> "$OUT/summary.log"
+}
+
+# PHASE=1: $BEFORE_SRC (main at the session's start) against $THIRD_SRC (forward activations
+#   unfilled: no memset nodes in the step) and $SRC (that and the pending early-launched norms):
+#   the GPU tests of $SRC that the change touches, kernel timelines, bench-one-batch of each.
+if [ $PHASE = 1 ]; then
+  build_before 3
+  mkdir -p .b4/third
+  (configure_tree $THIRD_SRC .b4/third && cmake --build .b4/third -j3 --target moeserve) > $L/build-third.log 2>&1 &
+  JOBS=10 build_after ms_kernel_trace test_cuda_fixtures test_cuda_engine_graphs test_cuda_fused test_cuda_moe_combine_norm \
+    test_cuda_attention_moe test_cuda_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  wait
+  ln -sfn $ROOT/.b4/third /tmp/unfilled
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  [ -x /tmp/unfilled/moeserve ] || { tail -20 $L/build-third.log; log "third build failed"; }
+  trace qwen3 1 4096 $B all; trace v2lite 1 4096 $B all; trace qwen3 1 4096 /tmp/before/moeserve before
+  SIDES="before unfilled all" bench_sides qwen3 "1 4096 16" "64 256 16" "1 8192 2"
+  SIDES="before unfilled all" bench_sides v2lite "1 4096 16" "64 256 16" "1 8192 2"
+  SIDES="all unfilled before" bench_sides qwen3 "1 4096 16"
+  SIDES="all unfilled before" bench_sides v2lite "1 4096 16"
+  for t in test_cuda_fixtures test_cuda_engine_graphs test_cuda_fused test_cuda_moe_combine_norm test_cuda_attention_moe \
+    test_cuda_graphs; do [ $(left) -gt 30 ] && run_gpu_tests /tmp/b $t; done
+  log done
+fi
