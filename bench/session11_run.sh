@@ -5,6 +5,11 @@
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
+# The other trees from $SRC itself (the carry is limited): PATCHES "dir:patch,..." each reverse-applied.
+for w in ${PATCHES:-}; do
+  d=${w%%:*}; [ -e $d ] && continue; cp -r $SRC $d
+  for p in $(echo ${w#*:} | tr ',' ' '); do (cd $d && patch -R -p1 -s < $ROOT/$SRC/$p) || log "patch $p into $d failed"; done
+done
 for s in ${SRC} ${BEFORE_SRC:-} ${THIRD_SRC:-}; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 
