@@ -52,6 +52,7 @@ __global__ void rms_norm_kernel(T* x, int64_t xs, const TY* y, int64_t ys, const
                                 int64_t os) {
   __shared__ float partial[32];
   pdl_trigger();  // the product after a norm may start fetching its weights now
+  pdl_wait();     // launched early (launch_pdl): x and y are the kernels' before
   T* xr = x + int64_t(blockIdx.x) * xs;
   T* orow = out + int64_t(blockIdx.x) * os;
   float ss = 0.f;
@@ -179,6 +180,7 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
                          bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
   pdl_trigger();  // the product after a norm may start fetching its weights now
+  pdl_wait();     // launched early (launch_pdl): x and the addend are the kernels' before
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   const int g = int(threadIdx.x) % group, n = D / 8;
   const bool live = row < rows;  // threads past the last row still join the reductions
@@ -246,9 +248,8 @@ void launch_rows(const Tensor& x, const Rows& xr, Addend y, const Tensor& weight
   const bool one_piece = xr.width <= 8 * int64_t(group);
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
     auto kernel = one_piece ? rms_norm_rows_kernel<TW, Addend, 1> : rms_norm_rows_kernel<TW, Addend, kNormPieces>;
-    kernel<<<blocks_for(xr.n, rows_per_block), block, 0, stream()>>>(x.data<bf16>(), xr.stride, y, weight.data<TW>(),
-                                                                      eps, int(xr.width), xr.n, group,
-                                                                      out.data<bf16>(), orow.stride);
+    launch_pdl(kernel, dim3(unsigned(blocks_for(xr.n, rows_per_block))), dim3(unsigned(block)), 0, x.data<bf16>(),
+               xr.stride, y, weight.data<TW>(), eps, int(xr.width), xr.n, group, out.data<bf16>(), orow.stride);
   });
   MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
 }
@@ -271,9 +272,9 @@ void norm_rows(const char* op, const Tensor& x, const Tensor* y, const Tensor& w
   const int threads = xr.width >= 1024 ? 256 : 128;
   const DType ydt = y ? y->dtype() : x.dtype();
   MS_FLOAT_DISPATCH(x.dtype(), T, MS_FLOAT_DISPATCH(ydt, TY, MS_FLOAT_DISPATCH(weight.dtype(), TW,
-    rms_norm_kernel<T, TY, TW><<<unsigned(xr.n), threads, 0, stream()>>>(
-        x.data<T>(), xr.stride, y ? y->data<TY>() : nullptr, yr.stride, weight.data<TW>(), eps, xr.width,
-        out.data<T>(), orow.stride))));
+    launch_pdl(rms_norm_kernel<T, TY, TW>, dim3(unsigned(xr.n)), dim3(unsigned(threads)), 0, x.data<T>(), xr.stride,
+               y ? y->data<TY>() : nullptr, yr.stride, weight.data<TW>(), eps, xr.width, out.data<T>(),
+               orow.stride))));
   MS_CUDA_LAUNCHED("rms_norm_kernel");
 }
 
