@@ -37,6 +37,16 @@ void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* share
   add_rms_norm(residual, f, weight, eps, out);
 }
 
+void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act) {
+  const int64_t T = x.size(0), I = gate.out_features();
+  Tensor gu = Tensor::empty(act.dtype(), {T, 2 * I});
+  Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
+  cpu::linear(x, gate, nullptr, g);
+  cpu::linear(x, up, nullptr, u);
+  if (round_bf16) round_to_bf16(gu);
+  silu_and_mul(gu, act);
+}
+
 namespace {
 void check_rope_rows(const Tensor& x, const ops::RopeArgs& r, std::span<const int32_t> slots, const char* op) {
   MS_CHECK(x.dim() == 3 && x.size(0) == int64_t(slots.size()) && r.rot_dim % 2 == 0 && r.rot_dim <= x.size(2), op,

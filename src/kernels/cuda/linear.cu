@@ -63,26 +63,58 @@ constexpr int64_t kGemvMaxRowsBf16 = 8, kGemvMaxRowsFp8 = 8, kGemvMaxRowsFp8Old 
 // dense MLP's gate|up 503 against 390), so the bound stays 64 on a Hopper too.
 constexpr int64_t kFp8GroupedMaxRows = 64;
 
-bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
-  const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
+// Whether the streaming product takes `w` for the rows of xb.
+bool gemv_takes(const Tensor& xb, const Weight& w) {
+  const int64_t T = xb.size(0), K = xb.size(1);
   const Tensor& wt = w.w;
   const int64_t fp8_max = grouped_gemm_fp8_enabled() ? kGemvMaxRowsFp8 : kGemvMaxRowsFp8Old;
   if (T > (w.is_fp8() ? fp8_max : kGemvMaxRowsBf16) || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
     return false;
-  if (w.is_fp8() && (w.block_k % 16 != 0 || w.scale_inv.dtype() != DType::F32)) return false;
-  if (!w.is_fp8() && wt.dtype() != DType::BF16) return false;
+  if (w.is_fp8()) return w.block_k % 16 == 0 && w.scale_inv.dtype() == DType::F32;
+  return wt.dtype() == DType::BF16;
+}
+
+// A dense weight as the streaming product's single group.
+GemvWeights gemv_weights(const Weight& w) {
   GemvWeights gw;
-  gw.w_one = wt.raw(), gw.ld = wt.strides()[0], gw.fp8 = w.is_fp8();
+  gw.w_one = w.w.raw(), gw.ld = w.w.strides()[0], gw.fp8 = w.is_fp8();
   if (gw.fp8) {
     check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
     gw.s_one = w.scale_inv.data<float>(), gw.scale_ld = w.scale_inv.strides()[0];
     gw.block_n = w.block_n, gw.block_k = w.block_k;
   }
+  return gw;
+}
+
+bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
+  const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
+  if (!gemv_takes(xb, w)) return false;
+  const GemvWeights gw = gemv_weights(w);
   GemvRows rows;
   rows.rows = int(T);
   GemvInput in{xb.data<bf16>(), xb.strides()[0]};
   GemvOutput o{out.raw(), out.dtype(), out.strides()[0], bias ? bias->data<float>() : nullptr};
   gemv(N, K, gw, rows, in, o, false, route);
+  return true;
+}
+
+// gate and up in one pass of the streaming product (its SwiGLU form: both weights' rows side by
+// side, the SiLU applied to the f32 sums), where each would take that product alone.
+bool try_gated_gemv(const Tensor& xb, const Weight& gate, const Weight& up, Tensor& act) {
+  const Fp8Mode mode = fp8_mode();
+  if (mode != Fp8Mode::Dequant && fp8_gemm_all_rows(mode) && (fp8_gemm_supported(gate) || fp8_gemm_supported(up)))
+    return false;
+  if (!gemv_takes(xb, gate) || !gemv_takes(xb, up) || act.strides()[1] != 1) return false;
+  GemvWeights gw = gemv_weights(gate);
+  const GemvWeights uw = gemv_weights(up);
+  if (gw.fp8 != uw.fp8 || gw.ld != uw.ld || gw.scale_ld != uw.scale_ld || gw.block_n != uw.block_n ||
+      gw.block_k != uw.block_k)
+    return false;
+  gw.w2_one = uw.w_one, gw.s2_one = uw.s_one;
+  GemvRows rows;
+  rows.rows = int(xb.size(0));
+  gemv(gate.out_features(), xb.size(1), gw, rows, GemvInput{xb.data<bf16>(), xb.strides()[0]},
+       GemvOutput{act.raw(), act.dtype(), act.strides()[0]}, true);
   return true;
 }
 
@@ -150,6 +182,19 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
 }  // namespace
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { linear_rows(x, w, bias, out, nullptr); }
+
+void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act) {
+  check_device_tensor(act, {DType::BF16, DType::F32}, "gated_linear", "output");
+  const int64_t T = x.size(0), I = gate.out_features();
+  if (T == 0) return;
+  if (try_gated_gemv(rows_bf16(x), gate, up, act)) return;
+  Tensor gu = scratch(act.dtype(), {T, 2 * I});
+  Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
+  cuda::linear(x, gate, nullptr, g);
+  cuda::linear(x, up, nullptr, u);
+  if (round_bf16) round_to_bf16(gu);
+  silu_and_mul(gu, act);
+}
 
 bool linear_then_topk(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& logits, const RouteTail& tail) {
   MS_CHECK(logits.dtype() == DType::F32 && logits.is_contiguous() && tail.tp.T == x.size(0) &&
