@@ -71,10 +71,11 @@ __device__ __forceinline__ void prefetch_row_l2(const bf16* row) {
 }
 
 // Counts this block in (its partial written and fenced) and spins until all `splits` blocks of
-// its group have; then counts it out, the last out resetting the counter. Values between splits
-// and 2 splits - 1 still read as "all in", and no block spins once the last has left. A wait of
-// seconds means blocks that can never be resident (a GPU shared under MPS with fewer
-// multiprocessors than it reports): the launch fails instead of hanging.
+// its group have (the acquire orders the block's reads of their partials after it, through the
+// barrier that follows). Each block then counts itself out, the last out resetting the counter:
+// values between splits and 2 splits - 1 still read as "all in", and no block spins once the
+// last has left. A wait of seconds means blocks that can never be resident (a GPU shared under
+// MPS with fewer multiprocessors than it reports): the launch fails instead of hanging.
 __device__ void wait_for_splits(unsigned* count, unsigned splits) {
   auto now_ns = [] {
     uint64_t ns;
@@ -90,7 +91,6 @@ __device__ void wait_for_splits(unsigned* count, unsigned splits) {
     __nanosleep(32);
     if (now_ns() - start > 2'000'000'000ull) __trap();
   } while (true);
-  if (atomicAdd(count, 1u) == 2 * splits - 1) atomicExch(count, 0u);
 }
 
 // Merges block z's pieces of the group (query t, heads h0 ..) from every split's partial into
@@ -304,12 +304,13 @@ __global__ void __launch_bounds__(kThreads) flash_mla_kernel(MlaLaunch p) {
   cp_async_wait<0>();  // only empty groups remain: the ring is free for the merge
   __threadfence();     // this thread's partial visible device-wide before the block counts in
   __syncthreads();
-  if (threadIdx.x == 0) {
-    wait_for_splits(&g_mla_split_arrivals[t * gridDim.y + blockIdx.y], p.splits);
-    __threadfence();  // the other blocks' partials, counted in before, are read after this
-  }
+  unsigned* count = &g_mla_split_arrivals[t * gridDim.y + blockIdx.y];
+  if (threadIdx.x == 0) wait_for_splits(count, p.splits);
   __syncthreads();
+  unsigned counted = 0;  // counted out now; the atomic's answer is needed only after the merge
+  if (threadIdx.x == 0) counted = atomicAdd(count, 1u);
   merge_splits(p, reinterpret_cast<float4*>(smem4), t, h0, blockIdx.z);
+  if (threadIdx.x == 0 && counted == 2 * unsigned(p.splits) - 1) atomicExch(count, 0u);
 }
 
 template <int STAGES>
