@@ -275,7 +275,8 @@ TEST(CudaOps, DecodeAttentionBench) {
     Tensor wq = gpu(randn({D}, 0.5f)), wk = gpu(randn({D}, 0.5f)), out = poisoned(DType::BF16, {B, Hq, D});
     const ops::HeadNorm norm{wq, wk, 1e-6f};
     auto rope = [&](int i) {
-      cuda::rope_store_kv(q, k, v, table.at(positions), locs, false, kc[size_t(i % views)], vc[size_t(i % views)], &norm);
+      Tensor& kv = kc[size_t(i % views)];
+      cuda::rope_store_kv(q, k, v, table.at(positions), locs, false, kv, vc[size_t(i % views)], &norm);
     };
     const double rope_us = time_calls(layout, keys, rope, positions, locs).first;
     const double pair_us = time_calls(layout, keys, [&](int i) {

@@ -217,11 +217,9 @@ __device__ void merge_partials(const GqaDecodeLaunch& p, int t, int kvh, int fir
         const float m_new = fmaxf(m, ml[b].x);
         if (m_new == -INFINITY) continue;  // no keys so far, nor in this split
         const float keep = exp2f(m - m_new), w = exp2f(ml[b].x - m_new);  // an empty split weighs nothing
+        const float* af = reinterpret_cast<const float*>(a[b]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          acc[4 * h] = acc[4 * h] * keep + a[b][h].x * w, acc[4 * h + 1] = acc[4 * h + 1] * keep + a[b][h].y * w;
-          acc[4 * h + 2] = acc[4 * h + 2] * keep + a[b][h].z * w, acc[4 * h + 3] = acc[4 * h + 3] * keep + a[b][h].w * w;
-        }
+        for (int i = 0; i < 8; ++i) acc[i] = acc[i] * keep + af[i] * w;
         l = l * keep + ml[b].y * w, m = m_new;
       }
     }
