@@ -259,7 +259,9 @@ TEST(CudaOps, DecodeAttentionBench) {
   }
   // A decode layer's pair as the step runs it: Qwen3's rope_store_kv (the new key into the last
   // slot of each sequence), then attention over the cache it wrote, which starts during the rope
-  // kernel (launch_pdl). The attention's cost in the step is the pair's time less the rope's.
+  // kernel (launch_pdl) and prefetches its keys into L2 meanwhile. The attention's cost in the
+  // step is the pair's time less the rope's; without the prefetch (MOESERVE_GQA_DECODE_PREFETCH=0)
+  // for comparison.
   for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 1024}, {1, 4096}, {1, 8192}, {8, 4096}})
   for (bool shuffled : {true, false}) {
     const int64_t Hq = 32, Hkv = 4, D = 128, slots = int64_t(B) * keys;
@@ -279,13 +281,19 @@ TEST(CudaOps, DecodeAttentionBench) {
       cuda::rope_store_kv(q, k, v, table.at(positions), locs, false, kv, vc[size_t(i % views)], &norm);
     };
     const double rope_us = time_calls(layout, keys, rope, positions, locs).first;
-    const double pair_us = time_calls(layout, keys, [&](int i) {
-      rope(i);
-      cuda::attention(q, kc[size_t(i % views)], vc[size_t(i % views)], layout, 0.088f, out);
-    }, positions, locs).first;
+    double pair_us[2];
+    for (int prefetch : {1, 0}) {
+      setenv("MOESERVE_GQA_DECODE_PREFETCH", prefetch ? "1" : "0", 1);
+      pair_us[prefetch] = time_calls(layout, keys, [&](int i) {
+        rope(i);
+        cuda::attention(q, kc[size_t(i % views)], vc[size_t(i % views)], layout, 0.088f, out);
+      }, positions, locs).first;
+    }
+    unsetenv("MOESERVE_GQA_DECODE_PREFETCH");
     std::printf("[bench] GQA 32/4 heads after rope_store_kv, B=%d, %d keys, slots %s: pair %.2f us graphed, rope "
-                "alone %.2f us, attention's share %.2f us\n",
-                B, keys, shuffled ? "shuffled" : "in order", pair_us, rope_us, pair_us - rope_us);
+                "alone %.2f us, attention's share %.2f us (%.2f us without its L2 prefetch)\n",
+                B, keys, shuffled ? "shuffled" : "in order", pair_us[1], rope_us, pair_us[1] - rope_us,
+                pair_us[0] - rope_us);
   }
   // Rope + KV write: positions and slots are the step's arrays (a token's cache row its own);
   // 8192 rows time a prefill's (memory round trips in flight, not launch latency).

@@ -13,7 +13,8 @@
 // in flight while it computes one; the slot indices of a step are loaded one step before its
 // copies are issued. A lane reads back only what it copied itself, so the ring needs no barrier.
 // Before the wait for the kernel before it (launched early: launch_pdl), the block asks L2 for
-// its split's first keys (prefetch_keys), so that the stream of the cache overlaps that kernel.
+// its split's first keys (prefetch_keys), so that the stream of the cache overlaps that kernel;
+// MOESERVE_GQA_DECODE_PREFETCH=0 (read per call) leaves that out, for the bench to compare.
 //
 // Split-KV merges in the kernel itself, with no second kernel: the splits of one (query, KV
 // head) count their partials on a device counter, and the one that completes a group of fan_in
@@ -25,6 +26,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 namespace ms::cuda {
 namespace {
@@ -258,11 +261,11 @@ __device__ void merge_splits(const GqaDecodeLaunch& p, int fan_in, int t, int kv
   merge_partials(p, t, kvh, 0, groups, fan_in, true);
 }
 
-// L2 prefetches of the split's first kPrefetchKeys keys (every line of their K and V rows), one
-// key a thread. A prefetch has no effect on values, so it may run before the wait even for a key
-// the kernel before this one is writing: L2 is where both meet.
-__device__ void prefetch_keys(const GqaDecodeLaunch& p, const int32_t* slots, int kb, int ke, int kvh) {
-  const int n = min(ke - kb, kPrefetchKeys);
+// L2 prefetches of the split's first `keys` keys (every line of their K and V rows), one key a
+// thread. A prefetch has no effect on values, so it may run before the wait even for a key the
+// kernel before this one is writing: L2 is where both meet.
+__device__ void prefetch_keys(const GqaDecodeLaunch& p, const int32_t* slots, int kb, int ke, int kvh, int keys) {
+  const int n = min(ke - kb, keys);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int64_t s = slots[kb + i];
     const uintptr_t rows[2] = {reinterpret_cast<uintptr_t>(p.k + s * p.k_s0 + int64_t(kvh) * p.k_s1),
@@ -274,7 +277,7 @@ __device__ void prefetch_keys(const GqaDecodeLaunch& p, const int32_t* slots, in
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p, int fan_in) {
+__global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p, int fan_in, int prefetch) {
   extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
   pdl_trigger();  // the kernel after this may launch: it waits for this one to finish
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -294,7 +297,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   StepSlots sl[kStages];
 #pragma unroll
   for (int s = 0; s < kStages; ++s) sl[s] = step_slots(slots, first + s * stride, ke, g, q);
-  prefetch_keys(p, slots, kb, ke, kvh);
+  prefetch_keys(p, slots, kb, ke, kvh, prefetch);
   pdl_wait();
   const bf16* kbase = p.k + int64_t(kvh) * p.k_s1 + 32 * q;
   const bf16* vbase = p.v + int64_t(kvh) * p.v_s1 + 16 * g;
@@ -382,7 +385,9 @@ void flash_decode(const GqaDecodeLaunch& l) {
   MS_CHECK(l.splits == 1 || int64_t(l.T) * l.Hkv * (groups + 1) <= kArrivals, "flash_decode: ", l.T, " queries x ",
            l.Hkv, " KV heads in ", l.splits, " splits exceed the merge's counters");
   dim3 grid(unsigned(l.T), unsigned(l.Hkv), unsigned(l.splits));
-  launch_pdl(flash_decode_kernel, grid, dim3(kWarps * 32), kSmem, l, fan_in);
+  const char* env = std::getenv("MOESERVE_GQA_DECODE_PREFETCH");
+  const int prefetch = env && std::string_view(env) == "0" ? 0 : kPrefetchKeys;
+  launch_pdl(flash_decode_kernel, grid, dim3(kWarps * 32), kSmem, l, fan_in, prefetch);
   MS_CUDA_LAUNCHED("flash_decode_kernel");
 }
 
