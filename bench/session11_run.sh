@@ -45,3 +45,26 @@ if [ $PHASE = 1 ]; then
     test_cuda_graphs; do [ $(left) -gt 30 ] && run_gpu_tests /tmp/b $t; done
   log done
 fi
+# PHASE=2: $SRC (the decode attention kernels merging their own splits, GQA's keys prefetched to
+#   L2; gated MLPs in one product) against $BEFORE_SRC (the first call's "all" side): the GPU tests
+#   these touch (also with PDL off), the attention bench, bench-one-batch B = 1 and 64, timelines.
+if [ $PHASE = 2 ]; then
+  build_before 4
+  JOBS=11 build_after ms_cuda_ceilings ms_kernel_trace test_cuda_attention_moe test_cuda_mla_decode_wgmma test_cuda_graphs \
+    test_cuda_engine_graphs test_cuda_fixtures test_cuda_gemv test_cuda_fused
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_mla_decode_wgmma test_cuda_graphs test_cuda_engine_graphs
+  MOESERVE_PDL=0 gtest attn-nopdl 120 /tmp/b/tests/test_cuda_attention_moe
+  MOESERVE_BENCH_ATTENTION=1 gtest attn-bench 120 /tmp/b/tests/test_cuda_attention_moe --gtest_filter=CudaOps.DecodeAttentionBench
+  grep '\[bench\]' $L/attn-bench.log >> "$OUT/summary.log"
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after" bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="before after" bench_sides v2lite "1 4096 16" "64 256 16"
+  SIDES="after before" bench_sides qwen3 "1 4096 16"
+  SIDES="after before" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 $B after; trace v2lite 1 4096 $B after
+  for t in test_cuda_fixtures test_cuda_gemv test_cuda_fused; do [ $(left) -gt 30 ] && run_gpu_tests /tmp/b $t; done
+  log done
+fi
