@@ -40,10 +40,8 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{1, 1000}, {1, 4000}, {1, 17}, {1, 2500}},  // a decode batch (split-KV)
     {{1, 6000}},                                // one long decode (many splits)
     // Single decodes as batch-1 decode at 1k-8k context, whose split-KV merges take, on a 132-SM
-    // H200, 17, 33, 33 and 65 splits (GQA 32/4 heads, 1056, 2080, 4150 and 8300 keys: the
-    // kernel's two-level merge in groups of 5, 6, 6 and 9, the last group short; 1000 keys below
-    // take 16, its flat merge's two loads) and 17, 33, 65 and 130 (MLA, merged in its kernel: each
-    // block merges 1 / splits of the outputs).
+    // H200, 17, 33, 33 and 65 splits (GQA 32/4 heads, 1056, 2080, 4150 and 8300 keys) and 17,
+    // 33, 65 and 130 (MLA, merged in its kernel: each block merges 1 / 130 of the outputs).
     {{1, 1056}},
     {{1, 2080}},
     {{1, 4150}},
@@ -112,25 +110,21 @@ TEST(CudaOps, MlaAttentionMatchesCpuOnStridedQueries) {
 // over them (split_len 0), so a replay with other lengths (shorter, equal to max_kv, a single
 // key) leaves some splits empty and others partly filled. GQA 32/4 and MLA 16 heads in one step,
 // captured at 4096 keys (22 and 44 splits on a 132-SM H200: the merge of many splits) and at 256
-// (4 splits each: the one-pass merge). The GQA kernel merges its splits through device counters
-// that each launch must leave at 0: the step runs it twice (two layers' queries, one launch right
-// after the other) and is replayed three times in a row.
+// (4 splits each: the one-pass merge).
 TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
   MS_REQUIRE_CUDA();
   const int64_t D = 128, Hq = 32, Hkv = 4, H = 16, L = 512, R = 64, pool = 13000, T = 3;
   Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D}), cache = randn({pool, L + R});
   Tensor kg = gpu(kc), vg = gpu(vc), cg = gpu(cache);
-  Tensor q = randn({T, Hq, D}), q2 = randn({T, Hq, D}), ql = randn({T, H, L}, 0.3f), qr = randn({T, H, R});
-  Tensor qg = gpu(q), q2g = gpu(q2), qlg = gpu(ql), qrg = gpu(qr);
+  Tensor q = randn({T, Hq, D}), ql = randn({T, H, L}, 0.3f), qr = randn({T, H, R});
+  Tensor qg = gpu(q), qlg = gpu(ql), qrg = gpu(qr);
   const std::vector<int32_t> ids(T, 0), positions(T, 0), locs(T, 0);
   using Seqs = std::vector<std::pair<int, int>>;
   for (const int max_kv : {4096, 256}) {
-    Tensor out = poisoned(DType::BF16, {T, Hq, D}), out2 = poisoned(DType::BF16, {T, Hq, D});
-    Tensor mla_out = poisoned(DType::BF16, {T, H, L});
+    Tensor out = poisoned(DType::BF16, {T, Hq, D}), mla_out = poisoned(DType::BF16, {T, H, L});
     const auto captured = make_layout({{1, max_kv}, {1, max_kv / 4}, {1, 33}}, int(pool));
     auto body = [&] {
       cuda::attention(qg, kg, vg, captured, 0.088f, out);
-      cuda::attention(q2g, kg, vg, captured, 0.088f, out2);
       cuda::mla_attention(qlg, qrg, cg, captured, 0.06f, mla_out);
     };
     body();  // eagerly first, as the runner does: shared-memory limits, allocations
@@ -142,15 +136,12 @@ TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
                                               {{1, 1}, {1, 17}, {1, 65}}}) {
       const auto layout = make_layout(seqs, int(pool));
       graph->replay(ops::StepArrays{ids, positions, locs, &layout});
-      Tensor ref = Tensor::empty(DType::F32, {T, Hq, D}), ref2 = Tensor::empty(DType::F32, {T, Hq, D});
-      Tensor mla_ref = Tensor::empty(DType::F32, {T, H, L});
+      Tensor ref = Tensor::empty(DType::F32, {T, Hq, D}), mla_ref = Tensor::empty(DType::F32, {T, H, L});
       cpu::attention(q, kc, vc, layout, 0.088f, ref);
-      cpu::attention(q2, kc, vc, layout, 0.088f, ref2);
       cpu::mla_attention(ql, qr, cache, layout, 0.06f, mla_ref);
       const std::string keys = "captured at " + std::to_string(max_kv) + ", keys " + std::to_string(seqs[0].second) +
                                " " + std::to_string(seqs[1].second) + " " + std::to_string(seqs[2].second);
       EXPECT_LT(rel_error(out, ref), kBf16Tol) << "GQA, " << keys;
-      EXPECT_LT(rel_error(out2, ref2), kBf16Tol) << "GQA second launch, " << keys;
       EXPECT_LT(rel_error(mla_out, mla_ref), kBf16Tol) << "MLA, " << keys;
     }
   }
@@ -275,21 +266,19 @@ std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max
 }
 
 // Decode attention: µs a call (split-KV kernel and merge) and the KV bytes it streams per µs,
-// GQA 32/4 heads (Qwen3-30B-A3B) and MLA 16 heads (DeepSeek-V2-Lite): batch 1 at 1024, 4096 and
-// 8192 keys, batch 8 at 4096 keys a query, and batch 64 at 256 (V2-Lite's 2-split MLA decode,
-// where the merge's cost shows). Each call reads another copy of the cache, and the copies
-// together exceed the 50 MB L2, so the numbers are DRAM's. Slots shuffled over the pool (each key
-// a random row), and in order (each sequence's rows contiguous): the difference is DRAM's access
-// pattern, not the kernel's work. Graphed calls follow one another, so a call's early start (its
-// L2 prefetches while the call before it finishes) shows in these; the step's own pair, rope then
-// attention, is timed after them. Then the fused rope + KV-cache writes of the same steps:
-// Qwen3's (32 + 4 heads with q/k norms) at batch 1, V2-Lite's MLA (16 heads, latent 512 + 64) at
-// batch 64. Opt-in (timing, not a check): MOESERVE_BENCH_ATTENTION=1.
+// GQA 32/4 heads (Qwen3-30B-A3B) and MLA 16 heads (DeepSeek-V2-Lite): batch 1 and 8 at 4096 keys
+// a query, and batch 64 at 256 (V2-Lite's 2-split MLA decode, where the merge's cost shows).
+// Each call reads another copy of the cache, and the copies together exceed the 50 MB L2, so the
+// numbers are DRAM's. Slots shuffled over the pool (each key a random row), and in order (each
+// sequence's rows contiguous): the difference is DRAM's access pattern, not the kernel's work.
+// Then the fused rope + KV-cache writes of the same steps: Qwen3's (32 + 4 heads with q/k norms)
+// at batch 1, V2-Lite's MLA (16 heads, latent 512 + 64) at batch 64. Opt-in (timing, not a
+// check): MOESERVE_BENCH_ATTENTION=1.
 TEST(CudaOps, DecodeAttentionBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_ATTENTION");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_ATTENTION=1 to time decode attention";
-  for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 1024}, {1, 4096}, {1, 8192}, {8, 4096}, {64, 256}})
+  for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 4096}, {8, 4096}, {64, 256}})
   for (bool shuffled : {true, false}) {
     const int64_t slots = int64_t(B) * keys;
     const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, keys}), int(slots), shuffled);
@@ -320,44 +309,6 @@ TEST(CudaOps, DecodeAttentionBench) {
                   "%.1f MB a call\n",
                   B, keys, order, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
     }
-  }
-  // A decode layer's pair as the step runs it: Qwen3's rope_store_kv (the new key into the last
-  // slot of each sequence), then attention over the cache it wrote, which starts during the rope
-  // kernel (launch_pdl) and prefetches its keys into L2 meanwhile. The attention's cost in the
-  // step is the pair's time less the rope's; without the prefetch (MOESERVE_GQA_DECODE_PREFETCH=0)
-  // for comparison.
-  for (auto [B, keys] : std::vector<std::pair<int, int>>{{1, 1024}, {1, 4096}, {1, 8192}, {8, 4096}})
-  for (bool shuffled : {true, false}) {
-    const int64_t Hq = 32, Hkv = 4, D = 128, slots = int64_t(B) * keys;
-    const auto layout = make_layout(std::vector<std::pair<int, int>>(size_t(B), {1, keys}), int(slots), shuffled);
-    std::vector<int32_t> positions(size_t(B), keys - 1), locs(positions.size());
-    for (int i = 0; i < B; ++i) locs[size_t(i)] = layout.kv_slots[size_t(layout.kv_start[size_t(i) + 1] - 1)];
-    const double bytes = double(slots) * Hkv * D * 2 * 2;
-    const int views = std::max(2, int(std::ceil(160e6 / bytes)));
-    auto kc = bench_caches(views, slots, {Hkv, D}), vc = bench_caches(views, slots, {Hkv, D});
-    const RopeTable table = RopeTable::build(int(D), 1e6, 8192, false).to(Device::CUDA);
-    Tensor qkv = gpu(randn({B, (Hq + 2 * Hkv) * D})).view({B, Hq + 2 * Hkv, D});
-    Tensor q = qkv.slice(1, 0, Hq), k = qkv.slice(1, Hq, Hq + Hkv), v = qkv.slice(1, Hq + Hkv, Hq + 2 * Hkv);
-    Tensor wq = gpu(randn({D}, 0.5f)), wk = gpu(randn({D}, 0.5f)), out = poisoned(DType::BF16, {B, Hq, D});
-    const ops::HeadNorm norm{wq, wk, 1e-6f};
-    auto rope = [&](int i) {
-      Tensor& kv = kc[size_t(i % views)];
-      cuda::rope_store_kv(q, k, v, table.at(positions), locs, false, kv, vc[size_t(i % views)], &norm);
-    };
-    const double rope_us = time_calls(layout, keys, rope, positions, locs).first;
-    double pair_us[2];
-    for (int prefetch : {1, 0}) {
-      setenv("MOESERVE_GQA_DECODE_PREFETCH", prefetch ? "1" : "0", 1);
-      pair_us[prefetch] = time_calls(layout, keys, [&](int i) {
-        rope(i);
-        cuda::attention(q, kc[size_t(i % views)], vc[size_t(i % views)], layout, 0.088f, out);
-      }, positions, locs).first;
-    }
-    unsetenv("MOESERVE_GQA_DECODE_PREFETCH");
-    std::printf("[bench] GQA 32/4 heads after rope_store_kv, B=%d, %d keys, slots %s: pair %.2f us graphed, rope "
-                "alone %.2f us, attention's share %.2f us (%.2f us without its L2 prefetch)\n",
-                B, keys, shuffled ? "shuffled" : "in order", pair_us[1], rope_us, pair_us[1] - rope_us,
-                pair_us[0] - rope_us);
   }
   // Rope + KV write: positions and slots are the step's arrays (a token's cache row its own);
   // 8192 rows time a prefill's (memory round trips in flight, not launch latency).

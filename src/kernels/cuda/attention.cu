@@ -5,9 +5,7 @@
 // to fill the GPU (decode), the keys are split across blocks and a second kernel merges the
 // partial softmaxes (split-KV). GQA with 128-dim heads and MLA over the 512 + 64 latent run on
 // the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
-// flash-attention kernels, decode as split-KV partials merged here (the GQA and mma.sync MLA decode
-// kernels merge their own);
-// this kernel takes the rest.
+// flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
 #include <type_traits>
 
@@ -362,7 +360,7 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   } else {
     launch_kernel(p, kv_heads, op);
   }
-  if (p.splits > 1 && !p.gqa_tc) launch_combine(p);  // the GQA kernel merges its own splits
+  if (p.splits > 1) launch_combine(p);
 }
 
 // The CUDA-core kernel for p's value width.

@@ -12,22 +12,11 @@
 // memory (piece c of lane l at [c][l]: conflict-free), keeping kStages - 1 steps (16 KB a warp)
 // in flight while it computes one; the slot indices of a step are loaded one step before its
 // copies are issued. A lane reads back only what it copied itself, so the ring needs no barrier.
-// Before the wait for the kernel before it (launched early: launch_pdl), the block asks L2 for
-// its split's first keys (prefetch_keys), so that the stream of the cache overlaps that kernel;
-// MOESERVE_GQA_DECODE_PREFETCH=0 (read per call) leaves that out, for the bench to compare.
-//
-// Split-KV merges in the kernel itself, with no second kernel: the splits of one (query, KV
-// head) count their partials on a device counter, and the one that completes a group of fan_in
-// splits merges the group; the one that completes the groups merges those into the output
-// (merge_splits). The counters go back to 0 as they complete, so every launch, eager or replayed
-// from a graph, finds them zeroed.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/mma.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 
 namespace ms::cuda {
 namespace {
@@ -38,19 +27,6 @@ constexpr int kRing = kStages * kPieces * 32;      // uint4 a warp
 constexpr int kAccStride = kD + 8;                 // merge rows: float2 stores of a warp hit 32 banks
 constexpr size_t kSmem = size_t(kWarps) * kRing * 16;  // 96 KB: two blocks a multiprocessor
 static_assert(size_t(kWarps) * 16 * (kAccStride + 2) * 4 <= kSmem, "the merge reuses the ring");
-// Keys a block prefetches into L2 before its wait: 64 KB of K and V a block, at most 17 MB for
-// the 264 blocks an H200 holds at once, a third of its L2. Batch-1 decode at 4k keys (128 keys
-// a split) so has all of its 8.4 MB asked for before the wait.
-constexpr int kPrefetchKeys = 128;
-constexpr int kFlatMerge = 16;     // up to this many splits merge in one level (two loads a thread)
-constexpr int kMergeBatch = 8;     // partials a merging thread loads at once
-constexpr int kArrivals = 4096;    // counters: (queries x KV heads) x (groups + 1) must fit
-
-// Splits of the running launch that have written their partials, per (query, KV head) and group
-// of splits, then per (query, KV head) the groups merged (see merge_splits). One stream a GPU
-// runs these launches one after another (each waits for the kernel before it to finish before it
-// counts), and each leaves every counter at 0, so one set a GPU serves them all.
-__device__ unsigned g_split_arrivals[kArrivals] = {};
 
 // The cache slots of one step's keys that lane (g, q) copies (-1: past the split's end).
 struct StepSlots {
@@ -168,118 +144,15 @@ __device__ void merge_warps(float* smem, const GqaDecodeLaunch& p, int t, int kv
       p.out[int64_t(t) * p.o_s0 + int64_t(h) * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
       continue;
     }
-    const int64_t prow = ((int64_t(t) * p.Hkv + kvh) * p.splits + blockIdx.z) * group + row;
-    p.part_acc[prow * kD + pos] = acc;  // in the smem order: coalesced, and merge_partials reads it so
-    if (pos == 0) p.part_ml[2 * prow] = M, p.part_ml[2 * prow + 1] = L;  // empty split: -inf, 0
+    const int64_t prow = (int64_t(blockIdx.z) * p.T + t) * p.Hq + h;
+    p.part_acc[prow * kD + d] = acc;
+    if (pos == 0) p.part_ml[2 * prow] = M * float(M_LN2), p.part_ml[2 * prow + 1] = L;  // empty split: -inf, 0
   }
 }
 
-// Whether this block is the last of `n` to arrive at `count` (each arrives once), which it then
-// resets. What any thread of the arriving blocks wrote before the call is seen by the last one's
-// threads after it (as cooperative groups' grid sync: the barrier, then one thread's fences).
-__device__ bool last_to_arrive(unsigned* count, int n) {
-  __syncthreads();
-  bool last = false;
-  if (threadIdx.x == 0) {
-    __threadfence();  // the block's writes, ordered before this by the barrier, before it counts
-    last = atomicAdd(count, 1u) == unsigned(n) - 1;
-    if (last) *count = 0u, __threadfence();  // all n are in: nothing else touches it in this launch
-  }
-  return __syncthreads_or(last);
-}
-
-// Merges n partials of (query t, KV head kvh), those of splits first, first + step, ...: into
-// the output (final), else into the partial of split `first`. A thread takes 8 dims of a row
-// (two float4: dims 16i + c of the output), loading the (max, sum) and dims of kMergeBatch
-// splits at once, so that a merge of up to 8 splits (8 heads) is one round trip to L2, where
-// the other blocks' partials are (__ldcg).
-__device__ void merge_partials(const GqaDecodeLaunch& p, int t, int kvh, int first, int n, int step, bool final) {
-  constexpr int kCols = kD / 8;  // threads a row
-  const int group = p.Hq / p.Hkv, items = group * kCols;
-  const int64_t base = (int64_t(t) * p.Hkv + kvh) * p.splits;  // the partial of split 0
-  float4* acc4 = reinterpret_cast<float4*>(p.part_acc);
-  float2* ml2 = reinterpret_cast<float2*>(p.part_ml);
-  for (int i0 = 0; i0 < items; i0 += blockDim.x) {  // every thread runs every pass (the __syncwarp)
-    const int item = i0 + int(threadIdx.x), row = item / kCols, c = item % kCols;
-    const bool mine = item < items;
-    float m = -INFINITY, l = 0.f, acc[8] = {};
-    for (int z0 = 0; z0 < n; z0 += kMergeBatch) {
-      float2 ml[kMergeBatch];
-      float4 a[kMergeBatch][2];
-#pragma unroll
-      for (int b = 0; b < kMergeBatch; ++b) {
-        const bool in = mine && z0 + b < n;
-        const int64_t r = (base + first + int64_t(in ? z0 + b : 0) * step) * group + (mine ? row : 0);
-        ml[b] = in ? __ldcg(ml2 + r) : make_float2(-INFINITY, 0.f);
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          a[b][h] = in ? __ldcg(acc4 + r * (kD / 4) + 2 * c + h) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int b = 0; b < kMergeBatch; ++b) {
-        const float m_new = fmaxf(m, ml[b].x);
-        if (m_new == -INFINITY) continue;  // no keys so far, nor in this split
-        const float keep = exp2f(m - m_new), w = exp2f(ml[b].x - m_new);  // an empty split weighs nothing
-        const float* af = reinterpret_cast<const float*>(a[b]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = acc[i] * keep + af[i] * w;
-        l = l * keep + ml[b].y * w, m = m_new;
-      }
-    }
-    if (!final) {
-      __syncwarp();  // the row's (max, sum), read by its lanes (of this warp), before its lane 0 overwrites it
-      if (!mine) continue;
-      const int64_t r = (base + first) * group + row;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        acc4[r * (kD / 4) + 2 * c + h] = make_float4(acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]);
-      if (c == 0) ml2[r] = make_float2(m, l);
-      continue;
-    }
-    if (!mine) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    bf16* o = p.out + int64_t(t) * p.o_s0 + int64_t(kvh * group + row) * p.o_s1;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[16 * i + c] = __float2bfloat16_rn(acc[i] * inv);  // pos 8c + i
-  }
-}
-
-// After the block wrote its partial: split z is in group z / fan_in; the group's last block
-// merges the group (one group: into the output), and the last group's merger merges the groups'
-// results (each in the partial of its group's first split) into the output. A level costs a
-// counter's round trip to L2 and one load of up to kMergeBatch partials a thread: up to 16
-// splits merge flat (two loads), more in groups of about sqrt(splits). With 33 splits (batch 1
-// at 4k keys), 6 groups of up to 6: two merges of 6 partials (24 KB for 8 heads) one after the
-// other, where one block would read 33 (132 KB, five loads a thread, ~1 us at an SM's share of
-// L2 bandwidth), and the merge kernel cost 3.6 us.
-__device__ void merge_splits(const GqaDecodeLaunch& p, int fan_in, int t, int kvh) {
-  const int pair = t * p.Hkv + kvh, groups = (p.splits + fan_in - 1) / fan_in;
-  const int grp = int(blockIdx.z) / fan_in, first = grp * fan_in, n = min(fan_in, p.splits - first);
-  if (!last_to_arrive(g_split_arrivals + pair * groups + grp, n)) return;
-  merge_partials(p, t, kvh, first, n, 1, groups == 1);
-  if (groups == 1 || !last_to_arrive(g_split_arrivals + p.T * p.Hkv * groups + pair, groups)) return;
-  merge_partials(p, t, kvh, 0, groups, fan_in, true);
-}
-
-// L2 prefetches of the split's first `keys` keys (every line of their K and V rows), one key a
-// thread. A prefetch has no effect on values, so it may run before the wait even for a key the
-// kernel before this one is writing: L2 is where both meet.
-__device__ void prefetch_keys(const GqaDecodeLaunch& p, const int32_t* slots, int kb, int ke, int kvh, int keys) {
-  const int n = min(ke - kb, keys);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t s = slots[kb + i];
-    const uintptr_t rows[2] = {reinterpret_cast<uintptr_t>(p.k + s * p.k_s0 + int64_t(kvh) * p.k_s1),
-                               reinterpret_cast<uintptr_t>(p.v + s * p.v_s0 + int64_t(kvh) * p.v_s1)};
-#pragma unroll
-    for (uintptr_t r : rows)
-      for (uintptr_t line = r & ~uintptr_t(127); line < r + kD * sizeof(bf16); line += 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-  }
-}
-
-__global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p, int fan_in, int prefetch) {
+__global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
   extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
-  pdl_trigger();  // the kernel after this may launch: it waits for this one to finish
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
   const int kv0 = p.kv_begin[t], visible = p.visible[t];
@@ -297,7 +170,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   StepSlots sl[kStages];
 #pragma unroll
   for (int s = 0; s < kStages; ++s) sl[s] = step_slots(slots, first + s * stride, ke, g, q);
-  prefetch_keys(p, slots, kb, ke, kvh, prefetch);
   pdl_wait();
   const bf16* kbase = p.k + int64_t(kvh) * p.k_s1 + 32 * q;
   const bf16* vbase = p.v + int64_t(kvh) * p.v_s1 + 16 * g;
@@ -343,7 +215,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   }
   __syncthreads();  // every warp is done with its ring: the merge reuses it
   merge_warps(reinterpret_cast<float*>(ring), p, t, kvh, o, m, l);
-  if (p.splits > 1) merge_splits(p, fan_in, t, kvh);
 }
 
 }  // namespace
@@ -379,15 +250,8 @@ void flash_decode(const GqaDecodeLaunch& l) {
   smem_limit([] {
     MS_CUDA(cudaFuncSetAttribute(flash_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   });
-  // Groups of about sqrt(splits) splits balance the two levels of the merge (merge_splits).
-  const int fan_in = l.splits <= kFlatMerge ? l.splits : int(std::ceil(std::sqrt(double(l.splits))));
-  const int64_t groups = (l.splits + fan_in - 1) / fan_in;
-  MS_CHECK(l.splits == 1 || int64_t(l.T) * l.Hkv * (groups + 1) <= kArrivals, "flash_decode: ", l.T, " queries x ",
-           l.Hkv, " KV heads in ", l.splits, " splits exceed the merge's counters");
   dim3 grid(unsigned(l.T), unsigned(l.Hkv), unsigned(l.splits));
-  const char* env = std::getenv("MOESERVE_GQA_DECODE_PREFETCH");
-  const int prefetch = env && std::string_view(env) == "0" ? 0 : kPrefetchKeys;
-  launch_pdl(flash_decode_kernel, grid, dim3(kWarps * 32), kSmem, l, fan_in, prefetch);
+  launch_pdl(flash_decode_kernel, grid, dim3(kWarps * 32), kSmem, l);
   MS_CUDA_LAUNCHED("flash_decode_kernel");
 }
 

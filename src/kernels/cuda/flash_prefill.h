@@ -1,8 +1,8 @@
 // Attention on the tensor cores (flash-attention style), for GQA heads of 128 dims and for
 // absorbed MLA over DeepSeek's 512 + 64 latent cache: prefill kernels used by attention() /
 // mla_attention() when the step's sequences bring many queries each (prefill, extend), and
-// split-KV decode kernels (MLA's partial softmaxes merged by attention.cu, GQA's by the kernel
-// itself). Other shapes keep attention.cu's CUDA-core kernel.
+// split-KV decode kernels whose partial softmaxes attention.cu merges. Other shapes keep
+// attention.cu's CUDA-core kernel.
 #pragma once
 #include "kernels/cuda/cuda_common.h"
 
@@ -82,9 +82,8 @@ void flash_mla_wgmma(const MlaLaunch& l);
 // Its splits: one block a multiprocessor, at least 128 keys each.
 int flash_mla_wgmma_decode_splits(int64_t T, int64_t H, int max_visible);
 
-// GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the splits as
-// in MlaLaunch, but the kernel merges them itself: part_acc and part_ml are its scratch, room
-// for the partials of splits x T x Hq rows (the kernel's own layout), and out is always written.
+// GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the same split
+// and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
 struct GqaDecodeLaunch {
   const bf16* q; int64_t q_s0, q_s1;
   const bf16* k; int64_t k_s0, k_s1;
