@@ -351,8 +351,7 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   if (p.mla_tc) {
     const MlaLaunch l{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
                       p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale};
-    if (!p.mla_wgmma) return flash_mla(l);  // it merges its splits itself
-    flash_mla_wgmma(l);
+    p.mla_wgmma ? flash_mla_wgmma(l) : flash_mla(l);
   } else if (p.gqa_tc) {
     flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
                                  p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,

@@ -10,16 +10,6 @@
 // block's keys read once) keeps two tiles (72 KB) in flight while it computes one; prefill,
 // whose blocks reread the same keys from L2 and are compute-bound, keeps one stage and four
 // blocks a multiprocessor.
-//
-// Decode with several splits merges them in this kernel, not in a second one: a merge kernel
-// waits for the whole grid to finish and flush, then starts its own round trips (~4.5 us after
-// this kernel at batch 1, for ~2 MB of partials). Instead every split block of a (query, head
-// group) writes its partial, counts itself in and waits for the others, then merges 1 / splits
-// of the group's 16 x 512 outputs from every split: each block reads as many bytes of partials
-// (~32 KB) as it wrote, in one round trip to L2. A "last block merges" scheme would put all of
-// it (splits x 32 KB: 2 MB at 64 splits) through one multiprocessor's ~100 GB/s port, ~20 us.
-// The wait needs every block of the grid resident at once: decode's splits are sized to one
-// wave of one block a multiprocessor (flash_mla_decode_splits), and the launch checks it.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/mma.h"
 
@@ -37,18 +27,6 @@ constexpr size_t kTileBytes = size_t(kKeys) * kStride * 2;
 constexpr size_t kScratchBytes = size_t(kWarps) * kHeads * kKeys * 4 + size_t(kHeads) * kPStride * 2 + 2 * kHeads * 4;
 constexpr size_t smem_bytes(int stages) { return stages * kTileBytes + kScratchBytes; }
 
-// The in-kernel merge: a (query, head group)'s output is kPieces float4 pieces, contiguous in
-// each split's partial; block z of `splits` merges pieces [z * per, (z + 1) * per).
-constexpr int kThreads = kWarps * 32, kPieces = kHeads * kL / 4;
-constexpr int kMaxSplits = 256, kMaxGroups = 1024;
-static_assert(((kPieces + kMaxSplits) * 16 + kMaxSplits * kHeads * 8) <= kDecodeStages * kTileBytes,
-              "the merge stages its partials in the decode ring");
-
-// Per (query, head group): its split blocks that have arrived, then left, the wait. The last to
-// leave sets it back to 0, so the next launch (stream order: it reads this after its pdl_wait)
-// and every graph replay start from 0. One stream a GPU: one array a GPU serves every launch.
-__device__ unsigned g_mla_split_arrivals[kMaxGroups];
-
 // Issues the copies of one tile's rows 8w .. 8w + 7 (w: this warp) into `buf`; lane i < 8 holds
 // the slot of row 8w + i (-1: past the block's keys, copied as zeros).
 __device__ __forceinline__ void issue_tile(bf16* buf, const bf16* kv, int64_t kv_s0, int slot, int warp, int lane) {
@@ -62,94 +40,10 @@ __device__ __forceinline__ void issue_tile(bf16* buf, const bf16* kv, int64_t kv
   }
 }
 
-// Brings a cache row into L2 without waiting for it (fire and forget, so safe to issue before
-// pdl_wait: a row the kernel before writes meanwhile is written in L2, the coherence point).
-__device__ __forceinline__ void prefetch_row_l2(const bf16* row) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(unsigned(kDk * 2)) : "memory");
-#endif
-}
-
-// Counts this block in (its partial written and fenced) and spins until all `splits` blocks of
-// its group have (the acquire orders the block's reads of their partials after it, through the
-// barrier that follows). Each block then counts itself out, the last out resetting the counter:
-// values between splits and 2 splits - 1 still read as "all in", and no block spins once the
-// last has left. A wait of seconds means blocks that can never be resident (a GPU shared under
-// MPS with fewer multiprocessors than it reports): the launch fails instead of hanging.
-__device__ void wait_for_splits(unsigned* count, unsigned splits) {
-  auto now_ns = [] {
-    uint64_t ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    return ns;
-  };
-  atomicAdd(count, 1u);
-  const uint64_t start = now_ns();
-  unsigned seen;
-  do {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-    if (seen >= splits) break;
-    __nanosleep(32);
-    if (now_ns() - start > 2'000'000'000ull) __trap();
-  } while (true);
-}
-
-// Merges block z's pieces of the group (query t, heads h0 ..) from every split's partial into
-// p.out. All splits' pieces (and their heads' m, l) come into shared memory at once by cp.async,
-// 16 bytes a copy, ~24 a thread: one L2 round trip. Then q threads a piece (q a power of two, as
-// many as the block has for its pieces) each merge every q-th split, and meet by shuffles.
-__device__ void merge_splits(const MlaLaunch& p, float4* stage, int t, int h0, int z) {
-  const int S = p.splits, per = (kPieces + S - 1) / S, first = z * per;
-  const int64_t rows = int64_t(p.T) * p.H, group = int64_t(t) * p.H + h0;
-  float2* ml_s = reinterpret_cast<float2*>(stage + S * per);  // [S][kHeads]
-  for (int k = threadIdx.x; k < S * per; k += kThreads) {
-    const int zz = k / per, piece = first + k % per;
-    if (piece < kPieces) cp_async16(stage + k, p.part_acc + (zz * rows + group) * kL + 4 * piece, true);
-  }
-  for (int k = threadIdx.x; k < S * kHeads / 2; k += kThreads)
-    cp_async16(ml_s + 2 * k, p.part_ml + 2 * ((k / (kHeads / 2)) * rows + group) + 4 * (k % (kHeads / 2)), true);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-  int q = 1;
-  while (q < 32 && 2 * q * per <= kThreads) q *= 2;
-  const int sub = threadIdx.x % q;
-  for (int i0 = 0; i0 < per; i0 += kThreads / q) {  // uniform over the block: every lane shuffles
-    const int i = i0 + int(threadIdx.x) / q, piece = first + i;
-    const bool in = i < per && piece < kPieces;
-    const int head = in ? piece / (kL / 4) : 0;
-    // The max over this thread's splits first, so that the sums below do not chain on it.
-    float m = -INFINITY, l = 0.f, acc[4] = {};
-    for (int zz = sub; in && zz < S; zz += q) m = fmaxf(m, ml_s[zz * kHeads + head].x);
-    for (int zz = sub; m != -INFINITY && zz < S; zz += q) {
-      const float2 ml = ml_s[zz * kHeads + head];
-      const float w = expf(ml.x - m);  // an empty split (-inf, 0 and zeros) weighs nothing
-      const float4 a = stage[zz * per + i];
-      acc[0] += a.x * w, acc[1] += a.y * w, acc[2] += a.z * w, acc[3] += a.w * w;
-      l += ml.y * w;
-    }
-    for (int o = 1; o < q; o <<= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
-      const float M = fmaxf(m, m2);
-      const float w1 = m == -INFINITY ? 0.f : expf(m - M), w2 = m2 == -INFINITY ? 0.f : expf(m2 - M);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[j] = acc[j] * w1 + __shfl_xor_sync(0xffffffffu, acc[j], o) * w2;
-      l = l * w1 + l2 * w2, m = M;
-    }
-    if (!in || sub != 0) continue;
-    const float inv = l > 0.f ? 1.0f / l : 0.f;
-    auto* dst = reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(t) * p.o_s0 + int64_t(h0 + head) * p.o_s1 +
-                                                  4 * (piece % (kL / 4)));
-    dst[0] = __floats2bfloat162_rn(acc[0] * inv, acc[1] * inv);
-    dst[1] = __floats2bfloat162_rn(acc[2] * inv, acc[3] * inv);
-  }
-}
-
 template <int STAGES>
-__global__ void __launch_bounds__(kThreads) flash_mla_kernel(MlaLaunch p) {
+__global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   extern __shared__ float4 smem4[];
-  // The next kernel may launch (it waits for this one), so every block of this one is resident
-  // by the time any block of the next takes a multiprocessor: the in-kernel merge's wait needs it.
-  pdl_trigger();
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   bf16* ring = reinterpret_cast<bf16*>(smem4);                        // [STAGES][kKeys][kStride]
   float* sp = reinterpret_cast<float*>(ring + STAGES * kKeys * kStride);  // [kWarps][kHeads][kKeys]
   bf16* pb = reinterpret_cast<bf16*>(sp + kWarps * kHeads * kKeys);  // [kHeads][kPStride]
@@ -167,13 +61,10 @@ __global__ void __launch_bounds__(kThreads) flash_mla_kernel(MlaLaunch p) {
   };
   // The first tiles' slots are the step's metadata, on the device before any kernel of the step
   // ran: read before the wait for the kernel before this one (launched early: launch_pdl), whose
-  // writes (the query, the new keys) the rest needs. Their rows head for L2 meanwhile.
+  // writes (the query, the new keys) the rest needs.
   int sl[STAGES];
 #pragma unroll
-  for (int s = 0; s < STAGES; ++s) {
-    sl[s] = slot_of(s);
-    if (sl[s] >= 0) prefetch_row_l2(p.kv + int64_t(sl[s]) * p.kv_s0);
-  }
+  for (int s = 0; s < STAGES; ++s) sl[s] = slot_of(s);
   pdl_wait();
 
   uint32_t qf[kDkWarp / 16][4];
@@ -280,37 +171,25 @@ __global__ void __launch_bounds__(kThreads) flash_mla_kernel(MlaLaunch p) {
   __syncthreads();  // every warp has read the last tile's alpha_s
   if (threadIdx.x % 8 == 0) l_s[srow] = l, alpha_s[srow] = m;
   __syncthreads();
-  if (p.splits == 1) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 2; ++r) {
+    const int h = h0 + g + 8 * r;
+    if (p.splits == 1) {
       const float inv = 1.0f / l_s[g + 8 * r];
-      bf16* dst = p.out + int64_t(t) * p.o_s0 + (h0 + g + 8 * r) * p.o_s1 + warp * kDvWarp + 2 * qd;
+      bf16* dst = p.out + int64_t(t) * p.o_s0 + h * p.o_s1 + warp * kDvWarp + 2 * qd;
 #pragma unroll
       for (int n = 0; n < kDvWarp / 8; ++n)
         *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
             __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      continue;
     }
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = (int64_t(blockIdx.z) * p.T + t) * p.H + h0 + g + 8 * r;
+    const int64_t row = (int64_t(blockIdx.z) * p.T + t) * p.H + h;
     float* dst = p.part_acc + row * kL + warp * kDvWarp + 2 * qd;
 #pragma unroll
     for (int n = 0; n < kDvWarp / 8; ++n) *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
     if (warp == 0 && qd == 0)  // an empty split reports m = -inf, l = 0 and zeros
       p.part_ml[2 * row] = alpha_s[g + 8 * r] * float(M_LN2), p.part_ml[2 * row + 1] = l_s[g + 8 * r];
   }
-  cp_async_wait<0>();  // only empty groups remain: the ring is free for the merge
-  __threadfence();     // this thread's partial visible device-wide before the block counts in
-  __syncthreads();
-  unsigned* count = &g_mla_split_arrivals[t * gridDim.y + blockIdx.y];
-  if (threadIdx.x == 0) wait_for_splits(count, p.splits);
-  __syncthreads();
-  unsigned counted = 0;  // counted out now; the atomic's answer is needed only after the merge
-  if (threadIdx.x == 0) counted = atomicAdd(count, 1u);
-  merge_splits(p, reinterpret_cast<float4*>(smem4), t, h0, blockIdx.z);
-  if (threadIdx.x == 0 && counted == 2 * unsigned(p.splits) - 1) atomicExch(count, 0u);
 }
 
 template <int STAGES>
@@ -321,13 +200,7 @@ void launch(const MlaLaunch& l) {
                                  int(smem_bytes(STAGES))));
   });
   dim3 grid(unsigned(l.T), unsigned(l.H / kHeads), unsigned(l.splits));
-  // Split blocks wait for each other (the in-kernel merge): all of them must be resident at
-  // once, one a multiprocessor at most (the ring's shared memory).
-  MS_CHECK(l.splits == 1 || (STAGES == kDecodeStages && int64_t(grid.x) * grid.y <= kMaxGroups &&
-                             l.splits <= kMaxSplits && int64_t(grid.x) * grid.y * grid.z <= sm_count()),
-           "flash_mla: ", l.T, " queries x ", l.H / kHeads, " head groups x ", l.splits,
-           " splits exceed one block a multiprocessor");
-  launch_pdl(flash_mla_kernel<STAGES>, grid, dim3(kThreads), smem_bytes(STAGES), l);
+  launch_pdl(flash_mla_kernel<STAGES>, grid, dim3(kWarps * 32), smem_bytes(STAGES), l);
   MS_CUDA_LAUNCHED("flash_mla_kernel");
 }
 
@@ -369,9 +242,8 @@ void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tenso
 void flash_mla(const MlaLaunch& l) { launch<kDecodeStages>(l); }
 
 // One resident block a multiprocessor (the decode ring's 119 KB), with two tiles in flight,
-// rounded down so that the launch is one wave (the in-kernel merge needs every block resident);
-// at least 64 keys a split, so that a split's partial (32 KB of f32 for 16 heads, written and
-// read back once by the merge) stays well under the 72 KB of keys it reads.
+// rounded down so that the launch is one wave; at least 64 keys a split, so that a split's
+// partial (32 KB of f32 for 16 heads) stays well under the 72 KB of keys it reads.
 int flash_mla_decode_splits(int64_t T, int64_t H, int max_visible) {
   const int64_t blocks = T * (H / kHeads), want = sm_count();
   return int(std::max<int64_t>(1, std::min<int64_t>(want / blocks, (max_visible + 63) / 64)));

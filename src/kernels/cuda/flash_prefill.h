@@ -59,8 +59,7 @@ void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rop
 // slots[kv_begin[t] + j], j < visible[t]; split z of `splits` takes j in [z * len, (z + 1) * len)
 // with len = split_len, or (split_len 0) visible[t] / splits rounded up to 32. One split writes
 // out; more write f32 partials part_acc [splits, T, H, 512] and part_ml [splits, T, H, 2]
-// (max in natural-log units, sum; an empty split: -inf, 0 and zeros) for attention.cu's merge;
-// flash_mla's blocks merge them themselves and write out (its splits: one wave of the GPU).
+// (max in natural-log units, sum; an empty split: -inf, 0 and zeros) for attention.cu's merge.
 struct MlaLaunch {
   const bf16* ql; int64_t ql_s0, ql_s1;
   const bf16* qr; int64_t qr_s0, qr_s1;
