@@ -4,7 +4,8 @@
 // And what a kernel boundary costs a batch-1 decode step, which runs ~10 dependent kernels a
 // layer: microseconds a launch in a captured chain of 100 empty kernels of 132 blocks, and of 50
 // kernels that each stream 16 MiB (a batch-1 product's weight) from 50 distinct buffers, both
-// plainly launched and launched early (launch_pdl), against 16 MiB over the copy bandwidth.
+// plainly launched and launched early (launch_pdl), against 16 MiB over the copy bandwidth; and
+// what a change of shared-memory need between kernels costs (smem_kernel).
 // Prints one JSON line.
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +31,18 @@ __global__ void empty_kernel(int* flag) {
   pdl_wait();
   pdl_trigger();
   if (threadIdx.x == 0 && blockIdx.x == 0) ++*flag;
+}
+
+// empty_kernel with `dynamic` bytes of shared memory in use: between kernels of different
+// shared-memory needs an SM may have to change its L1 / shared-memory split, which it can only do
+// once the blocks of the kernel before have left it.
+__global__ void smem_kernel(int* flag) {
+  extern __shared__ int scratch_smem[];
+  pdl_wait();
+  pdl_trigger();
+  scratch_smem[threadIdx.x] = threadIdx.x;
+  __syncthreads();
+  if (threadIdx.x == 0 && blockIdx.x == 0) *flag += scratch_smem[5];
 }
 
 // Reads n16 16-byte pieces grid-stride (the loads issued before pdl_wait: they depend on nothing)
@@ -103,12 +116,27 @@ void run() {
       else stream_kernel<<<4 * sms, 512, 0, stream()>>>(p, kSlab / 16, out);
     });
   }
+  // Launched early, 100 kernels: every one with 96 KB of shared memory (two blocks an SM, as the
+  // decode attention kernels), and alternating with the empty kernel (no shared memory), first
+  // with the driver's choice of split, then with both kernels preferring the largest shared
+  // memory (one split for both).
+  constexpr int kBig = 96 * 1024;
+  MS_CUDA(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBig));
+  auto big = [&] { launch_pdl(smem_kernel, dim3(unsigned(sms)), dim3(128), size_t(kBig), flag.data<int32_t>()); };
+  auto small = [&] { launch_pdl(empty_kernel, dim3(unsigned(sms)), dim3(128), 0, flag.data<int32_t>()); };
+  const double smem_us = chain_us(100, [&](int) { big(); });
+  const double alternate_us = chain_us(100, [&](int i) { i % 2 ? big() : small(); });
+  MS_CUDA(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  MS_CUDA(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  const double alternate_one_split_us = chain_us(100, [&](int i) { i % 2 ? big() : small(); });
   MS_CUDA_LAUNCHED("chain kernels");
   std::printf("{\"gpu\": \"%s\", \"copy_GBps\": %.1f, \"bf16_gemm_TFLOPs\": %.1f, \"gemm_ms\": %.3f, "
               "\"empty_launch_us\": %.2f, \"empty_launch_pdl_us\": %.2f, \"stream_16MiB_us\": %.2f, "
-              "\"stream_16MiB_pdl_us\": %.2f, \"stream_16MiB_at_copy_rate_us\": %.2f}\n",
+              "\"stream_16MiB_pdl_us\": %.2f, \"stream_16MiB_at_copy_rate_us\": %.2f, \"smem96K_launch_pdl_us\": %.2f, "
+              "\"alternating_0_96K_pdl_us\": %.2f, \"alternating_one_split_pdl_us\": %.2f}\n",
               prop.name, copy_GBps, 2.0 * double(n) * n * n / (gemm_ms * 1e-3) / 1e12, gemm_ms, empty_us[0],
-              empty_us[1], stream_us[0], stream_us[1], double(kSlab) / (copy_GBps * 1e3));
+              empty_us[1], stream_us[0], stream_us[1], double(kSlab) / (copy_GBps * 1e3), smem_us, alternate_us,
+              alternate_one_split_us);
 }
 
 }  // namespace
