@@ -140,15 +140,15 @@ TEST(CudaMoeRoute, FusedMatchesUnfusedInEveryVariant) {
 
 // Against the CPU op (F32 logits summed in another order): the same experts in the same order,
 // weights within rounding. Random logits sit far apart next to F32 rounding, and tie cases sum
-// small integers exactly on both.
+// small integers exactly on both. BF16 routers only: the GPU rounds scaled FP8 weights to bf16
+// (~2^-9 each), the CPU keeps them in f32.
 TEST(CudaMoeRoute, MatchesHostReference) {
   MS_REQUIRE_CUDA();
   for (const auto& c : kCases) {
-    if (c.E > 256) continue;
+    if (c.E > 256 || c.fp8) continue;
     const Router r = make_router(c);
     ops::Weight hg = r.gate;
     hg.w = r.gate.w.to(Device::CPU);
-    if (r.gate.scale_inv.defined()) hg.scale_inv = r.gate.scale_inv.to(Device::CPU);
     const Tensor hgb = r.gate_bias.defined() ? r.gate_bias.to(Device::CPU) : Tensor();
     const Tensor hcb = r.bias.defined() ? r.bias.to(Device::CPU) : Tensor();
     for (const int64_t T : {1, 3, 8}) {
