@@ -1,13 +1,15 @@
-// The fused routing of a decode batch (cuda::moe_route: the router product whose last block runs
-// the top-k, then sorts the chosen pairs by expert) against the unfused path it replaces
-// (cuda::linear into F32 logits, cuda::moe_topk, then moe_experts' own sort, align_kernel):
-// ids and weights must be bit-identical in every routing variant, at T = 1, 3 and 8 (and past
-// the fused sizes, where moe_route is that path), over repeated launches (the block counter
-// resets itself) and replayed from a captured step with new inputs each time; the sort must be
-// the one align_kernel makes (row order within an expert aside), and a whole MoE layer's output
-// bit-identical, eager and replayed, with one kernel for route, top-k and sort. MoeRouteBench
-// prints fused vs unfused microseconds (graphed), routing alone and the whole layer, when
-// MOESERVE_BENCH_ROUTE=1.
+// The fused routing of a decode batch (cuda::moe_route: the router product, a warp a slab and
+// part of K over many blocks, whose last block sums the parts, runs the top-k, then sorts the
+// chosen pairs by expert) against the unfused path it replaces (cuda::linear into F32 logits,
+// cuda::moe_topk, then moe_experts' own sort, align_kernel): ids and weights must be
+// bit-identical in every routing variant, at T = 1, 3 and 8 (and past the fused sizes, where
+// moe_route is that path), with any number of parts a block, over repeated launches (the block
+// counter resets itself) and replayed from a captured step with new inputs each time; the sort
+// must be the one align_kernel makes (row order within an expert aside), and a whole MoE layer's
+// output bit-identical, eager and replayed, with one kernel for route, top-k and sort.
+// MoeRouteBench prints fused vs unfused microseconds (graphed), routing alone and the whole
+// layer, when MOESERVE_BENCH_ROUTE=1: the routing as the decode step runs it (after the norm
+// that makes its input, launched early), its weight rotated over copies that L2 cannot hold.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -56,6 +58,12 @@ const std::vector<RouteCase> kCases = {
     {"v3 noaux_tc fp8 router", 256, 2048, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), true, false, true},
     {"mixtral top-2 of 8", 8, 1024, router(2, S::Softmax, G::None, 1, 1, true, 1.0f)},
     {"sigmoid greedy no renorm", 32, 512, router(4, S::Sigmoid, G::None, 1, 1, false, 1.5f), true},
+    // K = 1000: the last 64-wide chunk of K is partly past the row.
+    {"64 experts, hidden 1000", 64, 1000, router(6, S::Softmax, G::None, 1, 1, false, 1.0f), false, true},
+    // K = 128: two chunks for four warps' parts, two of them empty (zeros).
+    {"16 experts, hidden 128", 16, 128, router(4, S::Softmax, G::None, 1, 1, true, 1.0f)},
+    {"v3 noaux_tc hidden 7168 fused shared x8, fp8", 256, 7168, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f, 8),
+     true, false, true},
     {"512 experts (unfused)", 512, 1024, router(10, S::Softmax, G::None, 1, 1, true, 1.0f)},
     {"qwen3 ties", 128, 2048, router(8, S::Softmax, G::None, 1, 1, true, 1.0f), false, false, false, true},
     {"v3 noaux_tc ties", 256, 2048, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), false, false, false, true},
@@ -126,6 +134,69 @@ TEST(CudaMoeRoute, FusedMatchesUnfusedInEveryVariant) {
       ops::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
       EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << c.name << " T=" << T << " through ops::";
       EXPECT_EQ(bit_mismatches(w, w_ref), 0) << c.name << " T=" << T << " through ops::";
+    }
+  }
+}
+
+// Against the CPU op (F32 logits summed in another order): the same experts in the same order,
+// weights within rounding. Random logits sit far apart next to F32 rounding, and tie cases sum
+// small integers exactly on both. BF16 routers only: the GPU rounds scaled FP8 weights to bf16
+// (~2^-9 each), the CPU keeps them in f32.
+TEST(CudaMoeRoute, MatchesHostReference) {
+  MS_REQUIRE_CUDA();
+  for (const auto& c : kCases) {
+    if (c.E > 256 || c.fp8) continue;
+    const Router r = make_router(c);
+    ops::Weight hg = r.gate;
+    hg.w = r.gate.w.to(Device::CPU);
+    const Tensor hgb = r.gate_bias.defined() ? r.gate_bias.to(Device::CPU) : Tensor();
+    const Tensor hcb = r.bias.defined() ? r.bias.to(Device::CPU) : Tensor();
+    for (const int64_t T : {1, 3, 8}) {
+      const Tensor x = make_inputs(c, T);
+      const int64_t C = c.p.columns();
+      Tensor ids = poisoned(DType::I32, {T, C}), w = poisoned(DType::F32, {T, C});
+      cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+      Tensor ids_ref = Tensor::empty(DType::I32, {T, C}), w_ref = Tensor::empty(DType::F32, {T, C});
+      ops::moe_route(x.to(Device::CPU).to_f32(), hg, hgb.defined() ? &hgb : nullptr, hcb.defined() ? &hcb : nullptr,
+                     c.p, ids_ref, w_ref);
+      const std::string at = std::string(c.name) + " T=" + std::to_string(T);
+      EXPECT_EQ(to_ids(ids.to(Device::CPU)), to_ids(ids_ref)) << at;
+      EXPECT_LT(rel_error(w.to(Device::CPU), w_ref), 1e-5) << at;
+    }
+  }
+}
+
+// Restores the launch shape a test changed.
+struct TuningGuard {
+  cuda::GemvTuning saved = cuda::gemv_tuning();
+  ~TuningGuard() { cuda::set_gemv_tuning(saved); }
+};
+
+// One to eight parts a block (a warp each; the automatic shape has one on an H200): the same
+// ids and weights, every part summed once.
+TEST(CudaMoeRoute, PartsPerBlockAgree) {
+  MS_REQUIRE_CUDA();
+  TuningGuard guard;
+  for (const auto& c : kCases) {
+    if (c.E > 256) continue;  // unfused anyway
+    const Router r = make_router(c);
+    for (const int64_t T : {1, 3, 8}) {
+      const Tensor x = make_inputs(c, T);
+      const int64_t C = c.p.columns();
+      Tensor ids_ref = poisoned(DType::I32, {T, C}), w_ref = poisoned(DType::F32, {T, C});
+      unfused(x, r, c.p, ids_ref, w_ref);
+      for (const int per_block : {1, 2, 3, 8}) {
+        cuda::GemvTuning t = guard.saved;
+        t.route_tasks = per_block;
+        cuda::set_gemv_tuning(t);
+        Tensor ids = poisoned(DType::I32, {T, C}), w = poisoned(DType::F32, {T, C});
+        cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+        const std::string at = std::string(c.name) + " T=" + std::to_string(T) + " parts a block " +
+                               std::to_string(per_block);
+        EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << at;
+        EXPECT_EQ(bit_mismatches(w, w_ref), 0) << at;
+      }
+      cuda::set_gemv_tuning(guard.saved);
     }
   }
 }
@@ -366,6 +437,7 @@ TEST(CudaMoeRoute, MoeRouteBench) {
       {"v3 (256 experts, 8 groups top-4, top-8, hidden 7168)", 256, 7168,
        router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), true},
   };
+  TuningGuard guard;
   for (const auto& c : shapes)
     for (const int64_t T : {1, 8}) {
       const Router r = make_router(c);
@@ -373,6 +445,46 @@ TEST(CudaMoeRoute, MoeRouteBench) {
       const int E = all_experts(c);
       Tensor ids = Tensor::empty(DType::I32, {T, c.p.columns()}, Device::CUDA);
       Tensor w = Tensor::empty(DType::F32, {T, c.p.columns()}, Device::CUDA);
+      // As a decode step runs it: after the norm that makes its input (launched early, so the
+      // routing's weight loads overlap it), its weight the next of `copies` that L2 (50 MB) cannot
+      // hold together, as a step's experts evict it. Routing = (norm + routing) - norm alone.
+      const int copies = int(std::max<int64_t>(16, (int64_t(96) << 20) / (c.E * c.H * 2)));
+      std::vector<ops::Weight> gates(static_cast<size_t>(copies));
+      for (auto& g : gates) {
+        g.w = Tensor::empty(DType::BF16, {c.E, c.H}, Device::CUDA);
+        g.w.copy_from(r.gate.w);
+      }
+      const Tensor x0 = make_inputs(c, T), norm_w = gpu(randn({c.H}, 0.1f));
+      Tensor xn = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
+      auto norm = [&] { cuda::rms_norm(x0, norm_w, 1e-6f, xn); };
+      const double t_norm = graphed_us(T, norm, copies);
+      size_t next = 0;
+      auto after_norm = [&](auto&& route) {
+        return graphed_us(T, [&] {
+                 norm();
+                 route(gates[next++ % gates.size()]);
+               }, copies) - t_norm;
+      };
+      std::string shapes_us;
+      for (const int per_block : {0, 1, 2, 4}) {
+        cuda::GemvTuning t = guard.saved;
+        t.route_tasks = per_block;
+        cuda::set_gemv_tuning(t);
+        const double us = after_norm([&](const ops::Weight& g) { cuda::moe_route(xn, g, r.gb(), r.cb(), c.p, ids, w); });
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f", us);
+        shapes_us += (per_block ? ", " + std::to_string(per_block) : std::string("auto")) + ": " + buf;
+      }
+      cuda::set_gemv_tuning(guard.saved);
+      const double split_mem = after_norm([&](const ops::Weight& g) {
+        Router rg = r;
+        rg.gate = g;
+        unfused(xn, rg, c.p, ids, w);
+      });
+      std::printf("[bench] route after norm, weight from memory, %s T=%lld: fused (parts a block: us) %s; unfused "
+                  "(product + topk_kernel) %.2f us; norm alone %.2f us (graphed, %d weight copies)\n",
+                  c.name, (long long)T, shapes_us.c_str(), split_mem, t_norm, copies);
+      // Back to back, the weight in L2: throughput rather than the step's critical path.
       const double fused = graphed_us(T, [&] { cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w); });
       const double split = graphed_us(T, [&] { unfused(x, r, c.p, ids, w); });
       std::printf("[bench] route %s T=%lld: fused %.2f us, unfused (product + topk_kernel) %.2f us (graphed)\n",

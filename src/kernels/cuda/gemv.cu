@@ -32,12 +32,7 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
-  RouteTail route;  // read by the kernels with NV > 0 only
 };
-
-// Blocks of the running routed product (NV > 0) that have finished; its last block resets it.
-// One stream a GPU runs these products one after another, so one counter a GPU serves them all.
-__device__ unsigned g_route_blocks_done = 0;
 
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
 template <bool FP8>
@@ -101,9 +96,8 @@ __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, f
 }
 
 // NT tiles of 8 rows per pass; U chunks loaded before the first mma (loads in flight per lane:
-// U x MATS x 2 rows x 32 bytes). NV > 0: the router's product, whose last block to finish runs
-// the top-k (NV experts a lane) over the complete logits.
-template <bool FP8, class TO, bool SWIGLU, int NT, int U, int NV = 0>
+// U x MATS x 2 rows x 32 bytes).
+template <bool FP8, class TO, bool SWIGLU, int NT, int U>
 __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
@@ -209,7 +203,82 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       __syncthreads();  // red is rewritten by the next slab
     }
   }
-  if constexpr (NV > 0) route_in_last_block<NV>(p.route, static_cast<const float*>(p.out), &g_route_blocks_done, red);
+}
+
+// Blocks of the running router product that have finished; its last block resets it. One
+// stream a GPU runs these products one after another, so one counter a GPU serves them all.
+__device__ unsigned g_route_blocks_done = 0;
+
+// The router's product with its top-k (gemv with a RouteTail), cut into tasks of a warp each:
+// task (slab, first) is what warp `first` of the S warps of gemv_kernel's block for that slab
+// computes (chunks first, first + S, ... in that order), so its F32 parts are that warp's, bit
+// for bit. per_block tasks a block (warps past them only join the top-k) spread the weight over
+// as many multiprocessors as there are tasks: Qwen3's router (128 x 2048 BF16, S = 8) is 64
+// blocks of 8 KB where gemv_kernel ran 8 of 64 KB. A warp asks for its first round of weights
+// before pdl_wait (they do not depend on the kernel before, whose tail hides their latency) and
+// L2 for the rest. Parts go to `part` [S][T][E]; the last block to finish sums them in
+// gemv_kernel's order and runs the top-k (route_in_last_block).
+template <bool FP8, int NV>
+__global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail route, float* part, int S, int per_block) {
+  constexpr int U = 4;  // unroll(false), gemv_kernel's U for these rows
+  extern __shared__ float smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int task = blockIdx.x * per_block + warp;
+  const bool streams = warp < per_block && task < p.slabs * S;
+  const int n0 = task / S * kSlab, first = task % S;
+  const char* W = static_cast<const char*>(p.w.w_one);
+  // This lane's k0 in chunk c (past the last chunk: K, which loads zeros).
+  auto k0_of = [&](int c) { return c < p.chunks ? c * kChunk + q * 16 : p.K; };
+  uint32_t a[U][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
+  auto load_round = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      load_weights<FP8>(p, W, p.w.s_one, n0 + g, k0_of(c0 + u * S), a[u][0]);
+      load_weights<FP8>(p, W, p.w.s_one, n0 + g + 8, k0_of(c0 + u * S), a[u][1]);
+    }
+  };
+  if (streams) {
+    load_round(first);
+    const int rest = (p.chunks - first - S * U + S - 1) / S;  // this warp's chunks after its first round
+    for (int i = lane; i < rest * kSlab; i += 32) {
+      const int n = n0 + i % kSlab, c = first + S * U + i / kSlab * S;
+      if (n < p.N)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (int64_t(n) * p.w.ld + int64_t(c) * kChunk) * (FP8 ? 1 : 2)));
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (streams) {
+    const int src = g < p.rows.rows ? (p.in.x_rows ? p.in.x_rows[g] : g) : -1;
+    float acc[4] = {};
+    for (int c0 = first; c0 < p.chunks; c0 += S * U) {
+      if (c0 != first) load_round(c0);
+      uint32_t xs[U][8];
+#pragma unroll
+      for (int u = 0; u < U; ++u) load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
+      // gemv_kernel's mmas, in its order.
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (c0 + u * S >= p.chunks) break;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t frag[4] = {a[u][0][2 * s], a[u][1][2 * s], a[u][0][2 * s + 1], a[u][1][2 * s + 1]};
+          mma_bf16(acc, frag, xs[u][2 * s], xs[u][2 * s + 1]);
+        }
+      }
+    }
+    // Lane (g, q) holds features g and g + 8 for rows 2q and 2q + 1 (a warp with no chunk: zeros,
+    // as gemv_kernel's does).
+    float* out = part + int64_t(first) * p.rows.rows * p.N;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int n = n0 + g + 8 * h, row = 2 * q + j;
+        if (n < p.N && row < p.rows.rows) out[int64_t(row) * p.N + n] = acc[2 * h + j];
+      }
+  }
+  route_in_last_block<NV>(route, part, S, p.bias, static_cast<float*>(p.out), &g_route_blocks_done, smem);
 }
 
 template <bool FP8, class TO, bool SWIGLU, int NT>
@@ -226,18 +295,28 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
   else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
 }
 
-// The router's product (F32 logits, one tile of rows) with its top-k: shared memory for whichever
-// needs most, the product's partial sums, the top-k's group scores or the sort of the pairs.
+GemvTuning& tuning();
+
+// The router's launch: a warp for each of the slabs x S tasks, per_block of them a block (as few
+// as fill the multiprocessors, or tuning().route_tasks), with at least a warp a row for the top-k.
+// Shared memory for the top-k's group scores or the sort of the pairs, whichever needs more.
 template <bool FP8>
-void launch_routed(const GemvParams& p, dim3 grid, int warps) {
-  const size_t smem = std::max(size_t(warps) * std::max<size_t>(kSlab * 8 * sizeof(float), topk_warp_smem(p.route.tp)),
-                               p.route.sort.offsets ? sort_pairs_smem(p.route.sort.experts) : size_t(0));
-  switch (p.route.nv) {
-    case 1: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 1>, grid, dim3(warps * 32), smem, p); break;
-    case 2: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 2>, grid, dim3(warps * 32), smem, p); break;
-    case 4: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 4>, grid, dim3(warps * 32), smem, p); break;
-    case 8: launch_pdl(gemv_kernel<FP8, float, false, 1, 4, 8>, grid, dim3(warps * 32), smem, p); break;
-    default: fail("gemv: a routed product of ", p.route.nv, " experts a lane");
+void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
+  MS_CHECK(S <= kRouteMaxParts, "gemv: a routed product in ", S, " parts");
+  const int tasks = p.slabs * S, tuned = tuning().route_tasks;
+  const int per_block = std::min(8, tuned ? tuned : (tasks + sm_count() - 1) / sm_count());
+  const int blocks = (tasks + per_block - 1) / per_block, warps = std::max(per_block, int(r.tp.T));
+  const size_t smem = std::max(size_t(warps) * topk_warp_smem(r.tp),
+                               r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
+  Tensor part = scratch(DType::F32, {int64_t(S), r.tp.T, r.tp.E});
+  float* pp = part.data<float>();
+  const dim3 grid{unsigned(blocks)}, block{unsigned(warps * 32)};
+  switch (r.nv) {
+    case 1: launch_pdl(route_kernel<FP8, 1>, grid, block, smem, p, r, pp, S, per_block); break;
+    case 2: launch_pdl(route_kernel<FP8, 2>, grid, block, smem, p, r, pp, S, per_block); break;
+    case 4: launch_pdl(route_kernel<FP8, 4>, grid, block, smem, p, r, pp, S, per_block); break;
+    case 8: launch_pdl(route_kernel<FP8, 8>, grid, block, smem, p, r, pp, S, per_block); break;
+    default: fail("gemv: a routed product of ", r.nv, " experts a lane");
   }
 }
 
@@ -249,9 +328,10 @@ void dispatch_out(const GemvParams& p, DType dtype, int nt, dim3 grid, int warps
 }
 
 GemvTuning checked(const GemvTuning& t) {
-  MS_CHECK(t.warps >= 0 && t.warps <= 8 && t.blocks_y >= 0 && (t.nt == 0 || t.nt == 1 || t.nt == 2 || t.nt == 4),
+  MS_CHECK(t.warps >= 0 && t.warps <= 8 && t.blocks_y >= 0 && (t.nt == 0 || t.nt == 1 || t.nt == 2 || t.nt == 4) &&
+               t.route_tasks >= 0 && t.route_tasks <= 8,
            "gemv tuning: warps ", t.warps, " (0..8), blocks_y ", t.blocks_y, " (>= 0), nt ", t.nt,
-           " (0, 1, 2, 4)");
+           " (0, 1, 2, 4), route_tasks ", t.route_tasks, " (0..8)");
   return t;
 }
 
@@ -283,7 +363,7 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab), route ? *route : RouteTail{}};
+               int((N + kSlab - 1) / kSlab)};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
@@ -295,11 +375,13 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {
-    MS_CHECK(!swiglu && !rows.offsets && rows.rows <= 8 && out.dtype == DType::F32 && route->tp.T == rows.rows &&
+    MS_CHECK(!swiglu && !rows.offsets && !w.w && rows.rows <= 8 && out.dtype == DType::F32 && route->tp.T == rows.rows &&
                  route->tp.E == N && route->tp.ls == out.out_ld,
              "gemv: a routed product takes a dense F32 output of at most 8 rows");
-    if (w.fp8) launch_routed<true>(p, grid, warps);
-    else launch_routed<false>(p, grid, warps);
+    // The router's parts are those of gemv_kernel's warps at this automatic shape, so its logits
+    // are the unrouted product's (cuda::linear's) bit for bit.
+    if (w.fp8) launch_routed<true>(p, *route, warps);
+    else launch_routed<false>(p, *route, warps);
     return;
   }
   const GemvTuning& tune = tuning();

@@ -89,22 +89,21 @@ __device__ __forceinline__ float load_logit(const TL* p) {
   else return load_f(p);
 }
 
-// Token t's top-k by the calling warp (all 32 lanes), row = its logits. Expert e = i * 32 + lane
-// in register i of a lane (32 * NV >= E). The selection keeps everything in registers: each of
-// the K rounds is a lane's scan of its NV keys and two warp reductions (largest key, then the
-// lowest expert holding it: the CPU op's tie rule). Lane j keeps the j-th pick, so ids and
-// weights are written once, together, at the end. cs: this warp's E floats of shared memory
-// (used by a grouped selection only).
-template <class TL, int NV>
-__device__ __forceinline__ void topk_row(const TL* row, const TopkParams& p, int64_t t, float* cs, int32_t* ids,
-                                         float* weights) {
+// Token t's top-k by the calling warp (all 32 lanes) from its logits in registers: expert
+// e = i * 32 + lane in x[i] of a lane (32 * NV >= E; -inf past E). The selection keeps everything
+// in registers: each of the K rounds is a lane's scan of its NV keys and two warp reductions
+// (largest key, then the lowest expert holding it: the CPU op's tie rule). Lane j keeps the j-th
+// pick, so ids and weights are written once, together, at the end. cs: this warp's E floats of
+// shared memory (used by a grouped selection only).
+template <int NV>
+__device__ __forceinline__ void topk_select(const float (&x)[NV], const TopkParams& p, int64_t t, float* cs,
+                                            int32_t* ids, float* weights) {
   constexpr uint32_t kAll = 0xffffffffu;
   const int lane = threadIdx.x % 32;
-  float x[NV], s[NV], choice[NV];
+  float s[NV], choice[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int e = i * 32 + lane;
-    x[i] = e < p.E ? load_logit(row + e) : -INFINITY;
     choice[i] = p.bias && e < p.E ? p.bias[e] : 0.f;
   }
   float mx = -INFINITY, sum = 0.f;
@@ -183,6 +182,17 @@ __device__ __forceinline__ void topk_row(const TL* row, const TopkParams& p, int
   if (lane == 0 && p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
 }
 
+// The same from token t's logits in memory (row: E of them).
+template <class TL, int NV>
+__device__ __forceinline__ void topk_row(const TL* row, const TopkParams& p, int64_t t, float* cs, int32_t* ids,
+                                         float* weights) {
+  const int lane = threadIdx.x % 32;
+  float x[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) x[i] = i * 32 + lane < p.E ? load_logit(row + i * 32 + lane) : -INFINITY;
+  topk_select<NV>(x, p, t, cs, ids, weights);
+}
+
 // By one warp (lane = its lane): the exclusive scan of counts[0, out.experts) 32 experts a step
 // into out.offsets (and first_row, which may be counts itself: each lane reads its expert's count
 // before it writes there), the experts with rows in order into out.active, and their number.
@@ -236,28 +246,55 @@ __device__ __forceinline__ void sort_pairs_by_expert(const int32_t* ids, int pai
   }
 }
 
-// Called by every thread of every block of a kernel once its part of `logits` is written (and
-// no block-wide barrier of the kernel follows): the block that finishes last runs the top-k of
-// every row, a warp a row, then (r.sort) the sort of the chosen pairs by expert, with smem
-// (warps * topk_warp_smem bytes, and sort_pairs_smem) free for them. `done` counts finished
-// blocks; the last one sets it back to 0, so the next launch (or graph replay) starts from 0
-// with no memset.
+// Called by every thread of every block of the router's product once its share of the partial
+// sums `part` [parts][T][E] is written (and no block-wide barrier of the kernel follows): the
+// block that finishes last sums each logit's parts in order from 0.f, adds bias[e] (the linear's
+// own; may be null), as the streaming product sums its warps' parts, writes the logits [T, E]
+// (row stride r.tp.ls), runs the top-k of every row, a warp a row, then (r.sort) the sort of the
+// chosen pairs by expert, with smem (warps * topk_warp_smem bytes, and sort_pairs_smem) free for
+// them. `done` counts finished blocks; the last one sets it back to 0, so the next launch (or
+// graph replay) starts from 0 with no memset. parts <= kRouteMaxParts.
+constexpr int kRouteMaxParts = 8;
 template <int NV>
-__device__ __forceinline__ void route_in_last_block(const RouteTail& r, const float* logits, unsigned* done,
-                                                    float* smem) {
+__device__ __forceinline__ void route_in_last_block(const RouteTail& r, const float* part, int parts,
+                                                    const float* bias, float* logits, unsigned* done, float* smem) {
   __shared__ bool last;
-  __threadfence();  // this thread's logits visible device-wide before the block counts as done
+  __threadfence();  // this thread's parts visible device-wide before the block counts as done
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
   __syncthreads();
   if (!last) return;  // the whole block: the barriers below see every thread
-  __threadfence();  // every other block's logits, counted before, are seen after this
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int64_t t = warp; t < r.tp.T; t += warps)
-    topk_row<float, NV>(logits + t * r.tp.ls, r.tp, t, smem + warp * r.tp.E, r.ids, r.weights);
+  __threadfence();  // every other block's parts, counted before, are seen after this
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int64_t T = r.tp.T, E = r.tp.E;
+  for (int64_t t = warp; t < T; t += warps) {
+    // Every part of the lane's NV logits requested before the first is added: one L2 round trip.
+    float v[NV][kRouteMaxParts];
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int s = 0; s < kRouteMaxParts; ++s) {
+        const int64_t e = i * 32 + lane;
+        v[i][s] = s < parts && e < E ? __ldcg(part + (s * T + t) * E + e) : 0.f;  // past L1: other blocks wrote them
+      }
+    float x[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = i * 32 + lane;
+      x[i] = -INFINITY;
+      if (e >= E) continue;
+      float sum = 0.f;
+#pragma unroll
+      for (int s = 0; s < kRouteMaxParts; ++s)
+        if (s < parts) sum += v[i][s];
+      if (bias) sum += bias[e];
+      logits[t * r.tp.ls + e] = x[i] = sum;
+    }
+    topk_select<NV>(x, r.tp, t, smem + warp * E, r.ids, r.weights);
+  }
   if (r.sort.offsets) {
     __syncthreads();  // every row's ids written (a barrier makes this block's writes visible to it)
-    sort_pairs_by_expert(r.ids, int(r.tp.T) * r.tp.C, r.tp.C, 0, r.sort, reinterpret_cast<int32_t*>(smem));
+    sort_pairs_by_expert(r.ids, int(T) * r.tp.C, r.tp.C, 0, r.sort, reinterpret_cast<int32_t*>(smem));
   }
   if (threadIdx.x == 0) *done = 0u;
 }
