@@ -68,3 +68,22 @@ if [ $PHASE = 2 ]; then
   for t in test_cuda_fixtures test_cuda_gemv test_cuda_fused; do [ $(left) -gt 30 ] && run_gpu_tests /tmp/b $t; done
   log done
 fi
+# PHASE=3: $SRC (the router product over many blocks, its parts summed by the last one; the
+#   ceilings' shared-memory switch cost) against $BEFORE_SRC (main before the router change).
+if [ $PHASE = 3 ]; then
+  build_before 4
+  JOBS=11 build_after ms_cuda_ceilings ms_kernel_trace test_cuda_moe_route test_cuda_gemv test_cuda_attention_moe \
+    test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_gemv test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+  MOESERVE_BENCH_ROUTE=1 gtest route-bench 120 /tmp/b/tests/test_cuda_moe_route --gtest_filter=CudaMoeRoute.MoeRouteBench
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after" bench_sides qwen3 "1 4096 16" "8 1024 16"
+  SIDES="before after" bench_sides v2lite "1 4096 16" "8 1024 16"
+  SIDES="after before" bench_sides qwen3 "1 4096 16"
+  SIDES="after before" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 $B after; trace v2lite 1 4096 $B after
+  log done
+fi
