@@ -87,3 +87,29 @@ if [ $PHASE = 3 ]; then
   trace qwen3 1 4096 $B after; trace v2lite 1 4096 $B after
   log done
 fi
+# PHASE=4: the session's final tree $SRC (the experts' down product prefetching its weights before
+#   its wait) against $BEFORE_SRC (the tree before that commit): the ceilings, every single-GPU test
+#   program, bench-one-batch B = 1, 8, 64 both sides (B = 1 again reversed), the 8k prefills, kernel
+#   timelines, and DeepSeek-V3's EP8 shard (L = 2 / 5) at B = 64, 128 (1536 keys) and 256 (128).
+if [ $PHASE = 4 ]; then
+  build_before 4
+  TESTS=$(gpu_tests_of $SRC)
+  JOBS=11 build_after ms_cuda_ceilings ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  (for l in 2 5; do model v3ep8-$l deepseek-v3 $l --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; done) &
+  timeout 60 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  FIRST="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route"
+  for t in $FIRST $TESTS; do [ $(left) -gt 250 ] && run_gpu_tests /tmp/b $t; done
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after" bench_sides qwen3 "1 4096 16" "8 1024 16" "64 256 16"
+  SIDES="before after" bench_sides v2lite "1 4096 16" "8 1024 16" "64 256 16"
+  SIDES="after before" bench_sides qwen3 "1 4096 16"
+  SIDES="after before" bench_sides v2lite "1 4096 16"
+  SIDES="after" bench_sides qwen3 "1 8192 2"
+  SIDES="after" bench_sides v2lite "1 8192 2"
+  trace qwen3 1 4096 $B after; trace v2lite 1 4096 $B after
+  SIDES="after"
+  for l in 2 5; do bench_sides v3ep8-$l "64 1536 16" "128 1536 16" "256 128 16"; done
+  log done
+fi
