@@ -262,7 +262,6 @@ struct Case {
       routing = make_routing(s.tokens, s.top_k, E);
       dev_routing = upload(routing);
       grows = dev_routing.rows(rows, E, expected_groups(s));
-      grows.known_early = !s.swiglu;  // as the experts' down product runs: its blocks prefetch their expert's slab
     } else {
       w.w_one = mats[0].dev.raw();
       if (s.fp8) w.s_one = mats[0].dev_scale.data<float>();

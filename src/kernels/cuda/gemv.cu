@@ -77,14 +77,14 @@ __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0
 // Asks L2 for rows [n0, n0 + 16) of a dense weight (and its SwiGLU twin): one 128-byte line a
 // thread at a time.
 template <bool FP8, int MATS>
-__device__ __forceinline__ void prefetch_slab(const GemvParams& p, const void* w0, const void* w1, int n0) {
+__device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
   const int64_t row_bytes = int64_t(p.K) * (FP8 ? 1 : 2), lines = (row_bytes + 127) / 128;
   const int rows = min(kSlab, p.N - n0);
   for (int64_t i = threadIdx.x; i < rows * lines; i += blockDim.x) {
     const int64_t off = int64_t(n0 + i / lines) * p.w.ld * (FP8 ? 1 : 2) + (i % lines) * 128;
 #pragma unroll
     for (int m = 0; m < MATS; ++m) {
-      const char* w = static_cast<const char*>(m == 0 ? w0 : w1) + off;
+      const char* w = static_cast<const char*>(m == 0 ? p.w.w_one : p.w.w2_one) + off;
       asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
     }
   }
@@ -109,14 +109,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
   // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
   // the routing of grouped rows). The next kernel may start its own prefetch meanwhile.
-  // Grouped weights known early (GemvRows::known_early) likewise, the group read past L1.
-  if (!p.w.w && blockIdx.y < p.slabs) {
-    prefetch_slab<FP8, MATS>(p, p.w.w_one, p.w.w2_one, blockIdx.y * kSlab);
-  } else if (p.rows.known_early && p.rows.active && blockIdx.y < p.slabs &&
-             int(blockIdx.x) < __ldcg(p.rows.n_active)) {
-    const int early = __ldcg(p.rows.active + blockIdx.x);
-    prefetch_slab<FP8, MATS>(p, p.w.w[early], MATS > 1 ? p.w.w2[early] : nullptr, blockIdx.y * kSlab);
-  }
+  if (!p.w.w && blockIdx.y < p.slabs) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
   pdl_wait();
   pdl_trigger();
   int group = 0;

@@ -34,11 +34,6 @@ struct GemvRows {
   const int32_t* n_active = nullptr;
   int max_groups = 1;  // grid size over groups (a bound on *n_active, fixed for graph capture)
   int expected_groups = 1;  // groups likely active: sizes the grid over output tiles
-  // The groups were written two or more kernels before this product (the routing, before the
-  // experts' gate|up product when this is their down product): complete and visible once the
-  // kernel before this one started early, so a block reads its group and asks L2 for its first
-  // slab of weights before waiting for that kernel.
-  bool known_early = false;
 };
 
 // Input rows: row r of the product reads x[x_rows ? x_rows[r] : r] (row stride x_ld, BF16;
