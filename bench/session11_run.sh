@@ -113,3 +113,15 @@ if [ $PHASE = 4 ]; then
   for l in 2 5; do bench_sides v3ep8-$l "64 1536 16" "128 1536 16" "256 128 16"; done
   log done
 fi
+# PHASE=5: the final tree $SRC: the GPU test programs the fourth call's budget left unrun, then
+#   bench-one-batch B = 1 of both models.
+if [ $PHASE = 5 ]; then
+  REST="test_cuda_moe_prefill test_cuda_moe_combine_norm test_cuda_ops test_cuda_grouped_gemm_fp8 test_cuda_mla_decode_wgmma test_cuda_mla_prefill test_cuda_sampling"
+  JOBS=15 build_after $REST
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  for t in $REST; do [ $(left) -gt 50 ] && run_gpu_tests /tmp/b $t; done
+  wait
+  SIDES="after after" bench_sides qwen3 "1 4096 16"
+  SIDES="after after" bench_sides v2lite "1 4096 16"
+  log done
+fi
