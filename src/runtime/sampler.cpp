@@ -101,7 +101,7 @@ Tensor take_rows(const Tensor& logits, std::span<const int32_t> rows) {
   bool all = int64_t(rows.size()) == logits.size(0);
   for (size_t i = 0; all && i < rows.size(); ++i) all = rows[i] == int32_t(i);
   if (all) return logits;
-  Tensor out = Tensor::empty(logits.dtype(), {int64_t(rows.size()), logits.size(1)}, logits.device());
+  Tensor out = Tensor::uninit(logits.dtype(), {int64_t(rows.size()), logits.size(1)}, logits.device());
   if (!rows.empty()) ops::gather_rows(logits, rows, out);
   return out;
 }
@@ -123,7 +123,7 @@ std::vector<SampleResult> sample_rows(const Tensor& logits, std::span<const Requ
   if (!device.empty()) {  // drawn where the logits are: only the ids cross
     std::vector<ops::RowSampling> rows;
     for (int32_t i : device) rows.push_back(next_row_sampling(*reqs[size_t(i)]));
-    Tensor ids = Tensor::empty(DType::I32, {int64_t(device.size())}, logits.device());
+    Tensor ids = Tensor::uninit(DType::I32, {int64_t(device.size())}, logits.device());
     ops::sample_rows_into(take_rows(logits, device), rows, ids);
     const Tensor host = ids.to(Device::CPU);
     for (size_t j = 0; j < device.size(); ++j) out[size_t(device[j])].token = host.data<int32_t>()[j];

@@ -150,7 +150,7 @@ int MtpDraft::chain(std::span<const DraftSeq> seqs, const ReqToTokenTable& table
     rows.push_back(seqs[i].req->row);
   }
   if (active.empty()) return 0;
-  Tensor hidden = Tensor::empty(model_.act_dtype, {int64_t(active.size()), model_.config.hidden_size}, model_.device);
+  Tensor hidden = Tensor::uninit(model_.act_dtype, {int64_t(active.size()), model_.config.hidden_size}, model_.device);
   ops::gather_rows(last_hidden_, rows, hidden);
   for (int k = 1;; ++k) {  // k drafts so far; the next one comes from MTP position start + k - 1
     std::vector<size_t> still;
