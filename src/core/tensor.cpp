@@ -45,13 +45,18 @@ DeviceMemory* device_memory(Device device) {
 // Host allocations from this size on are mapped pages rather than heap blocks.
 static constexpr size_t kLazyZeroBytes = size_t(1) << 20;
 
-Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
+// Bytes of a contiguous tensor of `shape`, whose dimensions must not be negative.
+static size_t checked_bytes(DType dtype, const Shape& shape) {
   int64_t n = 1;
   for (auto d : shape) {
     MS_CHECK(d >= 0, "negative dimension in ", shape_str(shape));
     n *= d;
   }
-  size_t bytes = size_t(n) * dtype_size(dtype);
+  return size_t(n) * dtype_size(dtype);
+}
+
+Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
+  const size_t bytes = checked_bytes(dtype, shape);
   if (device != Device::CPU) return from_buffer(device_memory(device)->allocate(bytes), 0, dtype, std::move(shape));
   auto buf = std::make_shared<Buffer>();
   buf->bytes = bytes;
@@ -75,12 +80,8 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
 
 Tensor Tensor::uninit(DType dtype, Shape shape, Device device) {
   if (device == Device::CPU) return empty(dtype, std::move(shape), device);
-  int64_t n = 1;
-  for (auto d : shape) {
-    MS_CHECK(d >= 0, "negative dimension in ", shape_str(shape));
-    n *= d;
-  }
-  return from_buffer(device_memory(device)->allocate_uninit(size_t(n) * dtype_size(dtype)), 0, dtype, std::move(shape));
+  const size_t bytes = checked_bytes(dtype, shape);
+  return from_buffer(device_memory(device)->allocate_uninit(bytes), 0, dtype, std::move(shape));
 }
 
 Tensor Tensor::from_buffer(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape) {
