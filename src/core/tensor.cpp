@@ -78,8 +78,23 @@ Tensor Tensor::empty(DType dtype, Shape shape, Device device) {
   return from_buffer(std::move(buf), 0, dtype, std::move(shape));
 }
 
+// MOESERVE_POISON_UNINIT=1 (read once): host tensors from uninit() are filled with 0xff bytes
+// (NaN in floating point, -1 in integers) rather than zeros, so that a reader of an element its
+// producer left unwritten shows up on the CPU as it could on a GPU. The CPU test suite runs so.
+static bool poison_uninit() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOESERVE_POISON_UNINIT");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
 Tensor Tensor::uninit(DType dtype, Shape shape, Device device) {
-  if (device == Device::CPU) return empty(dtype, std::move(shape), device);
+  if (device == Device::CPU) {
+    Tensor t = empty(dtype, std::move(shape), device);
+    if (poison_uninit() && t.nbytes() > 0) std::memset(t.raw(), 0xff, t.nbytes());
+    return t;
+  }
   const size_t bytes = checked_bytes(dtype, shape);
   return from_buffer(device_memory(device)->allocate_uninit(bytes), 0, dtype, std::move(shape));
 }

@@ -34,7 +34,8 @@ class Tensor {
   static Tensor empty(DType dtype, Shape shape, Device device = Device::CPU);
   static Tensor zeros(DType dtype, Shape shape) { return empty(dtype, std::move(shape)); }
   // As empty(), but a device tensor's contents are left undefined (no fill launched): for
-  // outputs that their producer writes whole. Host tensors are zeroed as by empty().
+  // outputs that their producer writes whole. Host tensors are zeroed as by empty(), or
+  // poisoned under MOESERVE_POISON_UNINIT=1 (tensor.cpp).
   static Tensor uninit(DType dtype, Shape shape, Device device);
   // A tensor over memory someone else owns (mmapped file, pool); `buffer` keeps it alive.
   static Tensor from_buffer(std::shared_ptr<Buffer> buffer, size_t offset, DType dtype, Shape shape);
