@@ -21,7 +21,11 @@ static Tensor select_rows(const Tensor& hidden, const ForwardContext& ctx) {
   const ForwardBatch& b = ctx.batch;
   if (b.all_logits) return hidden;
   std::vector<int32_t> last(static_cast<size_t>(b.num_seqs()));
-  for (int s = 0; s < b.num_seqs(); ++s) last[s] = b.attn.q_start[s + 1] - 1;
+  bool every_row = b.num_seqs() == hidden.size(0);
+  for (int s = 0; s < b.num_seqs(); ++s) every_row &= (last[s] = b.attn.q_start[s + 1] - 1) == s;
+  // A decode step's rows are all last rows: no gather (in a captured step, its row list would be
+  // a host-to-device copy node of its own before the lm_head).
+  if (every_row) return hidden;
   Tensor out = ctx.empty({b.num_seqs(), hidden.size(1)});
   ops::gather_rows(hidden, last, out);
   return out;
