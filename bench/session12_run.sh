@@ -1,0 +1,45 @@
+#!/bin/bash
+# Session 12's device calls (bench/BENCHMARKS.md, "Session 12"), run from the repository root on
+# the GPU machine: PHASE picks the call. Sources are snapshots (git archive) carried as $SRC; other
+# trees are made from it by PATCHES "dir:patch,..." (each reverse-applied) or, for STAMPS, by
+# applying bench/gpu_pending.patch forward. Everything lands in $L and $OUT/summary.log.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+for w in ${PATCHES:-}; do
+  d=${w%%:*}; [ -e $d ] && continue; cp -r $SRC $d
+  for p in $(echo ${w#*:} | tr ',' ' '); do (cd $d && patch -R -p1 -s < $ROOT/$SRC/$p) || log "patch $p into $d failed"; done
+done
+for s in ${SRC} ${BEFORE_SRC:-}; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+
+# Kernel timeline of /tmp/$1's graphed decode at B = $2, $3 keys, with binary $4 (label $5).
+trace() {
+  CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$5-$1-$2.tsv timeout 60 $4 bench-one-batch \
+    --model-path /tmp/$1 --device cuda --batch-size $2 --input-len $3 --output-len 16 > $L/kt-$5-$1-$2.log 2>&1
+  log "kernel trace $5 $1 B=$2 rc=$? $(grep -E 'Decode\.  median' $L/kt-$5-$1-$2.log) $(wc -l < $L/kt-$5-$1-$2.tsv) lines"
+  python3 $SRC/bench/kernel_trace_summary.py $L/kt-$5-$1-$2.tsv --timeline 0 > $L/kts-$5-$1-$2.txt 2>&1
+  grep -E '^graph|median replay' $L/kts-$5-$1-$2.txt | head -8 >> "$OUT/summary.log"
+}
+
+# PHASE=1: main as it stands ($SRC): the GPU tests of the commits no GPU has run (sampling, fixtures,
+#   engine graphs), kernel timelines of both models at B = 1 (no copy or memset node expected),
+#   bench-one-batch B = 1; and, in a second tree with bench/gpu_pending.patch, the decode kernel's
+#   stamps (CudaOps.DecodeAttentionStamps) and that whole test program.
+if [ $PHASE = 1 ]; then
+  cp -r $SRC .devsrc-s && (cd .devsrc-s && patch -p1 -s < bench/gpu_pending.patch) || log "stamps patch failed"
+  mkdir -p .b4/stamps
+  (configure_tree .devsrc-s .b4/stamps && cmake --build .b4/stamps -j6 --target test_cuda_attention_moe) > $L/build-stamps.log 2>&1 &
+  JOBS=10 build_after ms_kernel_trace test_cuda_sampling test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_sampling test_cuda_fixtures test_cuda_engine_graphs
+  wait
+  if [ -x .b4/stamps/tests/test_cuda_attention_moe ]; then
+    MOESERVE_DECODE_STAMPS=1 gtest stamps 120 .b4/stamps/tests/test_cuda_attention_moe --gtest_filter=CudaOps.DecodeAttentionStamps
+    MOESERVE_DECODE_STAMPS=1 gtest attn-stamped 200 .b4/stamps/tests/test_cuda_attention_moe
+  else tail -20 $L/build-stamps.log >> "$OUT/summary.log"; log "stamps build failed"; fi
+  trace qwen3 1 4096 $B main; trace v2lite 1 4096 $B main
+  SIDES="main main" bench_sides qwen3 "1 4096 16"
+  SIDES="main main" bench_sides v2lite "1 4096 16"
+  log done
+fi
