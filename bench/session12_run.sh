@@ -43,3 +43,21 @@ if [ $PHASE = 1 ]; then
   SIDES="main main" bench_sides v2lite "1 4096 16"
   log done
 fi
+# PHASE=2: $SRC (the attention merges trigger the product after them at entry, so that it
+#   prefetches its weights while the attention runs) against $BEFORE_SRC (main before that):
+#   the GPU tests it touches, bench-one-batch B = 1 both orders and B = 64, timelines.
+if [ $PHASE = 2 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_mla_decode_wgmma
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_mla_decode_wgmma
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after" bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="before after" bench_sides v2lite "1 4096 16" "64 256 16"
+  SIDES="after before" bench_sides qwen3 "1 4096 16"
+  SIDES="after before" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 $B after; trace v2lite 1 4096 $B after
+  log done
+fi
