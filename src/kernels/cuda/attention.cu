@@ -162,11 +162,8 @@ constexpr int kFewSplits = 16;      // the most splits the one-pass merge loads 
 template <int V, int NS>
 __global__ void __launch_bounds__(kMergeThreads) combine_few(AttnParams p) {
   using Vec = std::conditional_t<V == 4, float4, float2>;
-  // Lets the product after the merge launch now, while the attention still runs: its blocks
-  // ask L2 for their weights (gemv.cu), which the attention's latency-bound stream leaves the
-  // bandwidth for. Then waits for the partials (launched early itself: launch_pdl).
+  pdl_wait();  // launched early (launch_pdl): the partials are the attention kernel's
   pdl_trigger();
-  pdl_wait();
   const int pieces = p.dv / V;
   const int64_t rows = int64_t(p.T) * p.hq, idx = int64_t(blockIdx.x) * kMergeThreads + threadIdx.x;
   if (idx >= rows * pieces) return;
@@ -224,8 +221,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams 
   using Vec = std::conditional_t<V == 4, float4, float2>;
   __shared__ float acc_s[kCombineWarps][kCombineCols * V];
   __shared__ float2 ml_s[kCombineWarps];
-  pdl_trigger();  // as in combine_few
-  pdl_wait();
+  pdl_wait();  // as in combine_few
+  pdl_trigger();
   const int64_t row = blockIdx.x, stride = int64_t(p.T) * p.hq;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = int(blockIdx.y) * kCombineCols + lane;  // in V-wide pieces
