@@ -61,3 +61,21 @@ if [ $PHASE = 2 ]; then
   trace qwen3 1 4096 $B after; trace v2lite 1 4096 $B after
   log done
 fi
+# PHASE=3: Nsight Compute on the graphed B = 1 decode of both models (main): per kernel of one step's
+#   stretch, its time, DRAM and L2 throughput, L2 hit rate, occupancy and warp stall reasons.
+if [ $PHASE = 3 ]; then
+  JOBS=15 build_after
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  wait
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for m in qwen3 v2lite; do
+    timeout $(( $(left) / 2 )) $NCU --clock-control none --target-processes all \
+      -k regex:'gemv_kernel|flash_decode_kernel|combine_splits|route_kernel|rms_norm_rows_kernel|rope_store|flash_mla|nvjet' \
+      --launch-skip 600 --launch-count 16 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats --csv --page details \
+      $B bench-one-batch --model-path /tmp/$m --device cuda --batch-size 1 --input-len 4096 --output-len 16 \
+      > $L/ncu-$m.csv 2> $L/ncu-$m.err
+    log "ncu $m rc=$? $(wc -l < $L/ncu-$m.csv) lines"; tail -3 $L/ncu-$m.err >> "$OUT/summary.log"
+  done
+  log done
+fi
