@@ -281,10 +281,25 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
   route_in_last_block<NV>(route, part, S, p.bias, static_cast<float*>(p.out), &g_route_blocks_done, smem);
 }
 
+// Whether a warp takes all its chunks in one round of 8 (gemv_kernel's U = 8): when the grid
+// has no more blocks than multiprocessors, a block is alone on its SM and nothing else hides the
+// drain between two rounds of loads (each round waits for all its loads before the next is
+// asked for). Qwen3's o product (128 slabs x 64 chunks, 8 warps) took two rounds of 4. BF16
+// single-matrix products of one row tile only (234 registers; FP8's dequantisation spills).
+bool one_round(const GemvParams& p, dim3 grid, int warps) {
+  const int64_t per_warp = (p.chunks + warps - 1) / warps;
+  return int64_t(grid.x) * grid.y <= sm_count() && per_warp > unroll(false) && per_warp <= 8;
+}
+
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
+  if constexpr (!FP8 && !SWIGLU && NT == 1)
+    if (one_round(p, grid, warps)) {
+      launch_pdl(gemv_kernel<FP8, TO, false, 1, 8>, grid, dim3(warps * 32), smem, p);
+      return;
+    }
   launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
 }
 
