@@ -54,6 +54,9 @@ const std::vector<std::vector<std::pair<int, int>>> kLayouts = {
     {{1, 4096}, {1, 1000}, {1, 33}},
     {{1, 4096}, {1, 17}, {1, 2500}, {1, 4000}, {1, 129}, {1, 3333}, {1, 64}, {1, 1}},
     {{300, 300}, {130, 1200}, {16, 16}},        // prefill tiles on the tensor cores: causal, cached prefix, partial tiles
+    // Few queries a sequence (speculative verification) stay on the decode kernels: each query
+    // sees its own causal count of keys, down to 1.
+    {{4, 700}, {1, 50}, {3, 3}},
     // The one-pass merge of few splits (GQA 32/4 and MLA 16 heads at batch 1 on a 132-SM H200:
     // 2, 3, 8 and 16 splits of 64 keys), and DeepSeek-V2-Lite's batch-64 decode at ~256 keys
     // (MLA: 2 splits over 1024 (query, head) rows; GQA: one split, written directly), lengths

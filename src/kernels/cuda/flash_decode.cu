@@ -2,18 +2,19 @@
 // split of the keys); its warps take turns over the split's 16-key steps (warp w: steps w, w + 4,
 // ...) and merge their softmaxes in shared memory at the end, so a split writes one partial for 4
 // warps' keys. The query heads sharing the KV head are the rows of mma.m16n8k16 (up to 16), keys
-// its columns for S = Q K^T and its k for O += P V. Since a dot product does not care in which
-// order it sums, the dims of Q and K (and the dims of V and O) are numbered so that each lane's
-// pieces are contiguous: lane (g, q) holds dims 32q .. 32q + 31 of its Q and K rows, and dims
-// 16g .. 16g + 15 of the V rows of keys 2q, 2q + 1, 2q + 8, 2q + 9 of each step.
+// its columns for S = Q K^T and its k for O += P V: flash_softmax.cuh's step, on 16 keys.
 //
-// Decode reads every key once, so the kernel is a stream of the KV cache: each lane copies its
-// own 16-byte pieces of a step with cp.async into a private ring of kStages steps in shared
-// memory (piece c of lane l at [c][l]: conflict-free), keeping kStages - 1 steps (16 KB a warp)
-// in flight while it computes one; the slot indices of a step are loaded one step before its
-// copies are issued. A lane reads back only what it copied itself, so the ring needs no barrier.
+// Decode reads every key once, so the kernel is a stream of the KV cache: each warp copies the
+// K and V rows of its steps with cp.async into a private ring of kStages steps in shared memory,
+// keeping kStages - 1 steps (16 KB) in flight while it computes one; the slot indices of a step
+// are loaded one step before its copies are issued. Each copy instruction reads two whole
+// 256-byte rows (lanes 0-15 one key, 16-31 the next), so that every 32-byte sector it asks L2
+// for is used whole: the stream's rate is bounded by the requests a multiprocessor can issue,
+// and pieces scattered over half-used sectors took twice as many. Rows are padded to 272 bytes,
+// which makes ldmatrix's 8 rows of a matrix hit 8 different bank quads. A lane reads rows other
+// lanes copied, so the warp synchronises after its wait; no other warp touches its ring.
 #include "kernels/cuda/flash_prefill.h"
-#include "kernels/cuda/mma.h"
+#include "kernels/cuda/flash_softmax.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -22,138 +23,84 @@ namespace ms::cuda {
 namespace {
 
 constexpr int kD = 128, kStep = 16, kWarps = 4, kStages = 3;
-constexpr int kPieces = 16;                        // 16-byte pieces a lane copies a step: 8 of K, 8 of V
-constexpr int kRing = kStages * kPieces * 32;      // uint4 a warp
-constexpr int kAccStride = kD + 8;                 // merge rows: float2 stores of a warp hit 32 banks
-constexpr size_t kSmem = size_t(kWarps) * kRing * 16;  // 96 KB: two blocks a multiprocessor
-static_assert(size_t(kWarps) * 16 * (kAccStride + 2) * 4 <= kSmem, "the merge reuses the ring");
+constexpr int kRow = kD + 8;                            // bf16 a row in shared memory (16 bytes of padding)
+constexpr int kStage = 2 * kStep * kRow;                // bf16 a stage: the step's K rows, then its V rows
+constexpr int kRing = kStages * kStage;                 // bf16 a warp
+constexpr size_t kSmem = size_t(kWarps) * kRing * 2;    // 102 KB: two blocks a multiprocessor
+constexpr int kAccStride = kD + 8;                      // merge rows: a warp's float2 stores hit 32 banks
+static_assert(size_t(16) * kAccStride * 4 + 16 * 8 <= size_t(kRing) * 2, "a warp's merge rows fit its ring");
 
-// The cache slots of one step's keys that lane (g, q) copies (-1: past the split's end).
-struct StepSlots {
-  int k[2], v[4];
-};
-
-__device__ __forceinline__ StepSlots step_slots(const int32_t* slots, int k0, int ke, int g, int q) {
-  StepSlots s;
-#pragma unroll
-  for (int n = 0; n < 2; ++n) s.k[n] = k0 + 8 * n + g < ke ? slots[k0 + 8 * n + g] : -1;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int key = k0 + (i >> 1) * 8 + 2 * q + (i & 1);
-    s.v[i] = key < ke ? slots[key] : -1;
-  }
-  return s;
+// The cache slot of key k0 + lane % 16 (-1: past the split's end); issue_step hands them around.
+__device__ __forceinline__ int lane_slot(const int32_t* slots, int k0, int ke, int lane) {
+  const int key = k0 + lane % kStep;
+  return key < ke ? slots[key] : -1;
 }
 
-// Issues the copies of one step into `dst` (this lane's pieces of one ring stage).
-__device__ __forceinline__ void issue_step(uint4* dst, const StepSlots& s, const bf16* kbase, int64_t k_s0,
+// Issues the copies of one step into the stage `st`: row r (K at st + r kRow, V kStep rows on)
+// from lanes 16 (r % 2) .. + 15, 16 bytes each, at the slot lane r holds. Keys past the split's
+// end are zero-filled.
+__device__ __forceinline__ void issue_step(bf16* st, int slot, int lane, const bf16* kbase, int64_t k_s0,
                                            const bf16* vbase, int64_t v_s0) {
+  const int c = 8 * (lane % 16);
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    const bf16* src = kbase + (s.k[n] >= 0 ? int64_t(s.k[n]) * k_s0 : 0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cp_async16(dst + (4 * n + i) * 32, src + 8 * i, s.k[n] >= 0);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bf16* src = vbase + (s.v[i] >= 0 ? int64_t(s.v[i]) * v_s0 : 0);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) cp_async16(dst + (8 + 2 * i + j) * 32, src + 8 * j, s.v[i] >= 0);
-  }
-}
-
-__device__ __forceinline__ void unpack(const uint4& v, uint32_t* w) { w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w; }
-
-// Online softmax and P V of the step whose pieces lie at `st`, keys k0 .. k0 + 15 (those from ke
-// on masked). Rows g (values 0, 1) and g + 8 (values 2, 3) of S; a quad shares a row.
-__device__ __forceinline__ void compute_step(const uint4* st, const uint32_t (&qa)[kD / 16][4], int k0, int ke,
-                                             int q, float scale_log2, float (&o)[kD / 8][4], float (&m)[2],
-                                             float (&l)[2]) {
-  uint32_t kw[2][16], vw[4][8];
-#pragma unroll
-  for (int c = 0; c < 8; ++c) unpack(st[c * 32], &kw[c / 4][4 * (c % 4)]);
-#pragma unroll
-  for (int c = 0; c < 8; ++c) unpack(st[(8 + c) * 32], &vw[c / 2][4 * (c % 2)]);
-  float s[2][4] = {};
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int st16 = 0; st16 < kD / 16; ++st16) mma_bf16(s[n], qa[st16], kw[n][2 * st16], kw[n][2 * st16 + 1]);
-  float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s[n][i] = k0 + 8 * n + 2 * q + (i & 1) < ke ? s[n][i] * scale_log2 : -INFINITY;
-      tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
-    }
-  float alpha[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-    const float m_new = fmaxf(m[r], tile_max[r]);  // finite: key k0 < ke is in every step
-    alpha[r] = exp2f(m[r] - m_new);
-    m[r] = m_new, l[r] *= alpha[r];
-  }
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) s[n][i] = exp2f(s[n][i] - m[i >> 1]), l[i >> 1] += s[n][i];
-  const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]), pack_bf16(s[1][0], s[1][1]),
-                         pack_bf16(s[1][2], s[1][3])};
-#pragma unroll
-  for (int dn = 0; dn < kD / 8; ++dn) {
-    o[dn][0] *= alpha[0], o[dn][1] *= alpha[0], o[dn][2] *= alpha[1], o[dn][3] *= alpha[1];
-    const uint32_t sel = dn % 2 ? 0x7632 : 0x5410;  // high or low bf16 of the two keys' words
-    mma_bf16(o[dn], a, __byte_perm(vw[0][dn / 2], vw[1][dn / 2], sel), __byte_perm(vw[2][dn / 2], vw[3][dn / 2], sel));
+  for (int i = 0; i < kStep / 2; ++i) {
+    const int row = 2 * i + lane / 16, s = __shfl_sync(0xffffffffu, slot, row);
+    const int64_t at = s >= 0 ? s : 0;
+    cp_async16(st + row * kRow + c, kbase + at * k_s0 + c, s >= 0);
+    cp_async16(st + (kStep + row) * kRow + c, vbase + at * v_s0 + c, s >= 0);
   }
 }
 
 // The block's 4 softmaxes (max in log2 units and sum per row, unnormalised O) into one: the
-// output itself when there is one split, else the split's partial. smem holds the warps' O with
-// dims reordered (dim 16j + dn at 8dn + j) so that both the stores and the loads are
-// conflict-free.
-__device__ void merge_warps(float* smem, const GqaDecodeLaunch& p, int t, int kvh, const float (&o)[kD / 8][4],
+// output itself when there is one split, else the split's partial. Each warp leaves its rows in
+// its own ring (done with it), so one barrier suffices; then each warp merges whole rows, a
+// float4 of dims a lane: the (max, sum) loads are broadcasts, the row's 4 weights are computed
+// once for 4 dims, and the stores are contiguous.
+__device__ void merge_warps(bf16* ring, const GqaDecodeLaunch& p, int t, int kvh, const float (&o)[kD / 8][4],
                             const float (&m)[2], const float (&l)[2]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4, group = p.Hq / p.Hkv;
-  float* acc_s = smem;                                                          // [kWarps][16][kAccStride]
-  float2* ml_s = reinterpret_cast<float2*>(smem + kWarps * 16 * kAccStride);  // [kWarps][16]
+  auto acc_of = [&](int w) { return reinterpret_cast<float*>(ring + w * kRing); };  // [16][kAccStride]
+  auto ml_of = [&](int w) { return reinterpret_cast<float2*>(acc_of(w) + 16 * kAccStride); };  // [16]
+  float* acc_s = acc_of(warp);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = warp * 16 + g + 8 * r;
-    if (q == 0) ml_s[row] = make_float2(m[r], l[r]);
+    const int row = g + 8 * r;
+    if (q == 0) ml_of(warp)[row] = make_float2(m[r], l[r]);
 #pragma unroll
     for (int dn = 0; dn < kD / 8; ++dn)
       *reinterpret_cast<float2*>(acc_s + row * kAccStride + 8 * dn + 2 * q) = make_float2(o[dn][2 * r], o[dn][2 * r + 1]);
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < group * kD; idx += blockDim.x) {
-    const int row = idx / kD, pos = idx % kD, d = 16 * (pos % 8) + pos / 8, h = kvh * group + row;
+  for (int idx = threadIdx.x; idx < group * (kD / 4); idx += blockDim.x) {
+    const int row = idx / (kD / 4), d = 4 * (idx % (kD / 4)), h = kvh * group + row;
+    float2 ml[kWarps];
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ml_s[w * 16 + row].x);
-    float acc = 0.f, L = 0.f;
+    for (int w = 0; w < kWarps; ++w) ml[w] = ml_of(w)[row], M = fmaxf(M, ml[w].x);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float L = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float2 ml = ml_s[w * 16 + row];
-      const float f = ml.x == -INFINITY ? 0.f : exp2f(ml.x - M);  // a warp without keys weighs nothing
-      acc += f * acc_s[(w * 16 + row) * kAccStride + pos], L += f * ml.y;
+      const float f = ml[w].x == -INFINITY ? 0.f : exp2f(ml[w].x - M);  // a warp without keys weighs nothing
+      const float4 a = *reinterpret_cast<const float4*>(acc_of(w) + row * kAccStride + d);
+      acc.x += f * a.x, acc.y += f * a.y, acc.z += f * a.z, acc.w += f * a.w, L += f * ml[w].y;
     }
     if (p.splits == 1) {
-      p.out[int64_t(t) * p.o_s0 + int64_t(h) * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      auto* dst = reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(t) * p.o_s0 + int64_t(h) * p.o_s1 + d);
+      dst[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv), dst[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
       continue;
     }
     const int64_t prow = (int64_t(blockIdx.z) * p.T + t) * p.Hq + h;
-    p.part_acc[prow * kD + d] = acc;
-    if (pos == 0) p.part_ml[2 * prow] = M * float(M_LN2), p.part_ml[2 * prow + 1] = L;  // empty split: -inf, 0
+    *reinterpret_cast<float4*>(p.part_acc + prow * kD + d) = acc;
+    if (d == 0) p.part_ml[2 * prow] = M * float(M_LN2), p.part_ml[2 * prow + 1] = L;  // empty split: -inf, 0
   }
 }
 
 __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
-  extern __shared__ uint4 ring[];  // [kWarps][kStages][kPieces][32]
+  extern __shared__ uint4 smem[];  // [kWarps][kStages][2 kStep][kRow] bf16
   pdl_trigger();  // the merge after this may launch: it waits for these partials
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
   const int kv0 = p.kv_begin[t], visible = p.visible[t];
   const int len = p.split_len > 0 ? p.split_len : ((visible + p.splits - 1) / p.splits + 31) / 32 * 32;
@@ -167,45 +114,44 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   // device before any kernel of the step ran, so they are read before the wait for the kernel
   // before this one (launched early: launch_pdl), whose writes (the query, the new keys) the
   // copies need.
-  StepSlots sl[kStages];
+  int sl[kStages];
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) sl[s] = step_slots(slots, first + s * stride, ke, g, q);
+  for (int s = 0; s < kStages; ++s) sl[s] = lane_slot(slots, first + s * stride, ke, lane);
   pdl_wait();
-  const bf16* kbase = p.k + int64_t(kvh) * p.k_s1 + 32 * q;
-  const bf16* vbase = p.v + int64_t(kvh) * p.v_s1 + 16 * g;
-  uint4* mine = ring + warp * kRing + lane;
+  const bf16* kbase = p.k + int64_t(kvh) * p.k_s1;
+  const bf16* vbase = p.v + int64_t(kvh) * p.v_s1;
+  bf16* ring = reinterpret_cast<bf16*>(smem);
+  bf16* mine = ring + warp * kRing;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue_step(mine + s * kPieces * 32, sl[s], kbase, p.k_s0, vbase, p.v_s0);
+    if (s < steps) issue_step(mine + s * kStage, sl[s], lane, kbase, p.k_s0, vbase, p.v_s0);
     cp_async_commit();
   }
-  uint32_t qa[kD / 16][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = g + 8 * r;
-    const uint4* src = reinterpret_cast<const uint4*>(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group + row) * p.q_s1 + 32 * q);
-    uint32_t w[16];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) unpack(row < group ? src[i] : make_uint4(0, 0, 0, 0), &w[4 * i]);
-#pragma unroll
-    for (int s = 0; s < kD / 16; ++s) qa[s][r] = w[2 * s], qa[s][2 + r] = w[2 * s + 1];
-  }
+  uint32_t qf[kD / 16][4];  // rows: the KV head's query heads (zero past the group)
+  flash_load_q<kD>(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group) * p.q_s1, p.q_s1, 0, 0, 0,
+                   {lane / 4, lane / 4 + 8}, group, lane % 4, qf);
   float o[kD / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float scale_log2 = p.scale * float(M_LOG2E);
+  const int seen[2] = {ke, ke};
 
-  StepSlots pending = sl[kStages - 1];
+  int pending = sl[kStages - 1];
   for (int j = 0, stage = 0; j < steps; ++j, stage = stage + 1 == kStages ? 0 : stage + 1) {
-    // Step j + kStages - 1 goes into the stage step j - 1 used. This lane's reads of it fed the
-    // mma instructions of step j - 1, which are issued in order before these copies, so they
-    // have completed.
+    // Step j + kStages - 1 goes into the stage step j - 1 used. The warp's ldmatrix reads of it
+    // fed the mma instructions of step j - 1, which are issued in order before these copies, so
+    // they have completed.
     const int ahead = j + kStages - 1;
     const int ahead_stage = stage == 0 ? kStages - 1 : stage - 1;
-    if (ahead < steps) issue_step(mine + ahead_stage * kPieces * 32, pending, kbase, p.k_s0, vbase, p.v_s0);
+    if (ahead < steps) issue_step(mine + ahead_stage * kStage, pending, lane, kbase, p.k_s0, vbase, p.v_s0);
     cp_async_commit();
-    pending = step_slots(slots, first + (ahead + 1) * stride, ke, g, q);
-    cp_async_wait<kStages - 1>();  // step j has landed
-    compute_step(mine + stage * kPieces * 32, qa, first + j * stride, ke, q, scale_log2, o, m, l);
+    pending = lane_slot(slots, first + (ahead + 1) * stride, ke, lane);
+    cp_async_wait<kStages - 1>();  // this lane's copies of step j have landed
+    __syncwarp();                  // and every other lane's
+    const bf16* st = mine + stage * kStage;
+    const int k0 = first + j * stride;
+    float s[kStep / 8][4] = {};
+    flash_scores<kStep, kD, kRow>(qf, st, lane, s);
+    flash_softmax_pv<kStep, kD, kRow>(s, k0 + kStep > ke, k0, seen, scale_log2, st + kStep * kRow, lane, m, l, o);
   }
   cp_async_wait<0>();
 #pragma unroll
@@ -213,8 +159,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  __syncthreads();  // every warp is done with its ring: the merge reuses it
-  merge_warps(reinterpret_cast<float*>(ring), p, t, kvh, o, m, l);
+  __syncwarp();  // every lane is done with the ring: its merge rows overwrite it
+  merge_warps(ring, p, t, kvh, o, m, l);
 }
 
 }  // namespace
@@ -228,7 +174,7 @@ bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor
          wide(k_cache) && wide(v_cache);
 }
 
-// Two resident blocks a multiprocessor (the ring's 96 KB each): 8 warps, each with two steps
+// Two resident blocks a multiprocessor (the ring's 102 KB each): 8 warps, each with two steps
 // (16 KB) in flight, 128 KB an SM, which is past what the SM's share of the bandwidth needs
 // over the memory latency (~30 KB). Rounded down, so that every block of the launch is resident
 // at once (no second wave); at least 64 keys a split: one step for each of its warps.
