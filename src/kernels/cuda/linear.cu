@@ -1,4 +1,4 @@
-// Linear layers and the MLA absorptions on the GPU. A few rows (decode, verify) stream the
+// Linear layers on the GPU (the MLA absorptions: mla_absorb.cu). A few rows (decode, verify) stream the
 // weight through the weight-streaming product of gemv.h, FP8 blocks dequantised in registers;
 // FP8 blocks at 9..kFp8GroupedMaxRows rows take the tensor-core grouped_gemm_fp8 as one group
 // (weights read once as bytes, dequantised in the kernel); more rows go to cuBLASLt in BF16 (FP8
@@ -201,45 +201,6 @@ bool linear_then_topk(const Tensor& x, const Weight& w, const Tensor* bias, Tens
                tail.tp.E == w.out_features() && tail.tp.ls == w.out_features(),
            "linear_then_topk: logits ", logits.describe(), " for a top-k of ", tail.tp.T, " x ", tail.tp.E);
   return linear_rows(x, w, bias, logits, &tail);
-}
-
-// Both absorptions read the whole of kv_b on every call (decode: 33.5 MB of BF16 a V3 layer for
-// a few rows), so FP8 blocks are dequantised once into a kept copy (weight_bf16_kept), not into
-// scratch at every call (~18 us a V3 layer a decode step on the H200).
-
-// Per head h, a strided batched product: q_latent[:, h] = q_nope[:, h] . W_uk[h], where W_uk[h]
-// is kv_b's rows [h(nope+v), h(nope+v)+nope). Column-major: D[L, T] = W_uk^T-as-stored[L, nope]
-// times q_nope[nope, T].
-void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
-  const int64_t T = q_nope.size(0), H = q_nope.size(1), L = kv_b.in_features();
-  MS_CHECK(q_nope.size(2) == nope && q_latent.size(2) == L && kv_b.out_features() == H * (nope + v),
-           "mla_absorb_q: shapes ", q_nope.describe(), " ", kv_b.w.describe(), " ", q_latent.describe());
-  check_device_tensor(q_nope, {DType::BF16}, "mla_absorb_q", "q_nope");
-  check_device_tensor(q_latent, {DType::BF16}, "mla_absorb_q", "q_latent");
-  MS_CHECK(q_nope.strides()[2] == 1 && q_latent.strides()[2] == 1, "mla_absorb_q: heads must be contiguous");
-  if (T == 0) return;
-  Tensor wb = weight_bf16_kept(kv_b);
-  const int64_t ws = wb.strides()[0];
-  matmul(L, T, nope, MatRef{wb.raw(), ws, (nope + v) * ws, false},
-         MatRef{q_nope.raw(), q_nope.strides()[0], q_nope.strides()[1], false}, q_latent.raw(), DType::BF16,
-         q_latent.strides()[0], q_latent.strides()[1], int(H));
-}
-
-// out[:, h] = latent[:, h] . W_uv[h]^T with W_uv[h] = kv_b's v rows of head h.
-void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out) {
-  const int64_t T = latent.size(0), H = latent.size(1), L = kv_b.in_features();
-  MS_CHECK(latent.size(2) == L && out.size(2) == v && kv_b.out_features() == H * (nope + v),
-           "mla_expand_v: shapes ", latent.describe(), " ", kv_b.w.describe(), " ", out.describe());
-  check_device_tensor(latent, {DType::BF16}, "mla_expand_v", "latent");
-  check_device_tensor(out, {DType::BF16}, "mla_expand_v", "output");
-  MS_CHECK(latent.strides()[2] == 1 && out.strides()[2] == 1, "mla_expand_v: heads must be contiguous");
-  if (T == 0) return;
-  Tensor wb = weight_bf16_kept(kv_b);
-  const int64_t ws = wb.strides()[0];
-  const bf16* w_uv = wb.data<bf16>() + nope * ws;
-  matmul(v, T, L, MatRef{w_uv, ws, (nope + v) * ws, true},
-         MatRef{latent.raw(), latent.strides()[0], latent.strides()[1], false}, out.raw(), DType::BF16,
-         out.strides()[0], out.strides()[1], int(H));
 }
 
 }  // namespace ms::cuda

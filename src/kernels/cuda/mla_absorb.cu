@@ -1,0 +1,285 @@
+// The MLA absorptions on the GPU. Head h's rows of kv_b [H (nope + v), L] are W_UK (its first
+// nope) and W_UV (its last v):
+//   absorb: q_latent[t, h, c] = sum_d q_nope[t, h, d] W_UK[h][d, c]   (x times W)
+//   expand: out[t, h, j]      = sum_c latent[t, h, c] W_UV[h][j, c]   (x times W^T)
+// Both read their half of kv_b whole for a few tokens (2 MB each for V2-Lite's 16 heads, 16.8 MB
+// for V3's 128), so at decode sizes they are weight streams: kernels launched early (launch_pdl)
+// that load their weights before they wait for the kernel before them — no kernel writes kv_b or
+// its kept BF16 copy — and end about a round trip after their input is ready. cuBLASLt's batched
+// product, launched plainly, started only then (~3.3 us each a V2-Lite layer on the H200, most of
+// it the weight's latency). More tokens go to cuBLASLt; f32 accumulation, one rounding to bf16.
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mla_absorb.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+namespace ms::cuda {
+namespace {
+
+// Strides (elements) of a [T, H, *] activation whose last dimension is contiguous.
+struct HeadRows {
+  int64_t token, head;
+};
+
+// One product over every head: rows of head h's part of kv_b start at w + h * head_ld, K is the
+// summed dimension and N the output's (absorb: K = nope, N = L; expand: K = L, N = v).
+struct MlaStream {
+  const bf16* w;
+  int64_t w_ld, head_ld;
+  const bf16* x;
+  HeadRows xs;
+  bf16* out;
+  HeadRows os;
+  int T, K, N;
+};
+
+// Absorb: a block takes kAbsorbCols output columns of one head, 8 lanes of 8 columns (a 128-byte
+// line of a weight row) and 32 groups of lanes over the rows: group g sums rows g, g + 32, ...
+// One round of loads (4 rows a group) covers V2's and V3's nope = 128, so the whole slice is in
+// flight before the wait.
+constexpr int kAbsorbThreads = 256;
+constexpr int kAbsorbCols = 64;
+constexpr int kAbsorbGroups = kAbsorbThreads / 8;
+constexpr int kAbsorbRound = 4;
+constexpr int kAbsorbWarps = kAbsorbThreads / 32;
+
+template <int NT>
+__global__ void __launch_bounds__(kAbsorbThreads) mla_absorb_kernel(MlaStream p) {
+  extern __shared__ float smem[];
+  float* xs = smem;                  // [T][K]: the head's q_nope rows
+  float* red = smem + p.T * p.K;     // [warps][NT][kAbsorbCols]: each warp's sums
+  const int h = blockIdx.y, lane = threadIdx.x % 32, col8 = threadIdx.x % 8, group = threadIdx.x / 8;
+  const int c = blockIdx.x * kAbsorbCols + col8 * 8;
+  const bf16* w = p.w + h * p.head_ld + c;
+  uint4 wr[kAbsorbRound];
+  auto load_round = [&](int d0) {
+#pragma unroll
+    for (int u = 0; u < kAbsorbRound; ++u) {
+      const int d = d0 + group + u * kAbsorbGroups;
+      wr[u] = c < p.N && d < p.K ? __ldg(reinterpret_cast<const uint4*>(w + int64_t(d) * p.w_ld))
+                                 : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load_round(0);
+  pdl_trigger();  // the attention after this may launch: it waits for q_latent
+  pdl_wait();     // q_nope is the rope kernel's
+  for (int i = threadIdx.x; i < p.T * p.K; i += blockDim.x) {
+    const int t = i / p.K, d = i % p.K;
+    xs[i] = __bfloat162float(p.x[t * p.xs.token + h * p.xs.head + d]);
+  }
+  __syncthreads();
+  float acc[NT][8] = {};
+  for (int d0 = 0; d0 < p.K; d0 += kAbsorbRound * kAbsorbGroups) {
+    if (d0 > 0) load_round(d0);
+#pragma unroll
+    for (int u = 0; u < kAbsorbRound; ++u) {
+      const int d = d0 + group + u * kAbsorbGroups;
+      if (d >= p.K) break;
+      float wf[8];
+      unpack8(wr[u], wf);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= p.T) break;
+        const float q = xs[t * p.K + d];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[t][j] = fmaf(q, wf[j], acc[t][j]);
+      }
+    }
+  }
+  // A warp's 4 groups are lanes 8 apart; then the warps meet in shared memory.
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      acc[t][j] += __shfl_xor_sync(0xffffffffu, acc[t][j], 8);
+      acc[t][j] += __shfl_xor_sync(0xffffffffu, acc[t][j], 16);
+      if (lane < 8) red[(warp * NT + t) * kAbsorbCols + col8 * 8 + j] = acc[t][j];
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.T * kAbsorbCols; i += blockDim.x) {
+    const int t = i / kAbsorbCols, cc = i % kAbsorbCols, col = blockIdx.x * kAbsorbCols + cc;
+    if (col >= p.N) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int v = 0; v < kAbsorbWarps; ++v) s += red[(v * NT + t) * kAbsorbCols + cc];
+    p.out[t * p.os.token + h * p.os.head + col] = __float2bfloat16_rn(s);
+  }
+}
+
+// Expand: a block takes kExpandRows rows of one head's W_UV, a quad of lanes a row; lane q of a
+// quad loads columns 32 s + 8 q of step s (a warp's load is 8 rows x 64 contiguous bytes). One
+// round of loads (16 steps) covers V2's and V3's 512-wide rows, so the whole slice is in flight
+// before the wait. The latent rows sit in shared memory as f32.
+constexpr int kExpandThreads = 64;
+constexpr int kExpandRows = kExpandThreads / 4;
+constexpr int kExpandRound = 16;
+
+template <int NT>
+__global__ void __launch_bounds__(kExpandThreads) mla_expand_kernel(MlaStream p) {
+  extern __shared__ float4 xs4[];  // [T][K / 4]: the head's latent rows
+  const int h = blockIdx.y, q = threadIdx.x % 4, row0 = blockIdx.x * kExpandRows;
+  const int j = row0 + threadIdx.x / 4, steps = p.K / 32;
+  const bf16* w = p.w + h * p.head_ld + int64_t(j < p.N ? j : 0) * p.w_ld + q * 8;
+  uint4 wr[kExpandRound];
+  auto load_round = [&](int s0) {
+#pragma unroll
+    for (int u = 0; u < kExpandRound; ++u)
+      wr[u] = j < p.N && s0 + u < steps ? __ldg(reinterpret_cast<const uint4*>(w + (s0 + u) * 32))
+                                        : make_uint4(0, 0, 0, 0);
+  };
+  load_round(0);
+  pdl_trigger();  // the o projection after this may launch and fetch its weights
+  pdl_wait();     // the latent is the attention merge's
+  const int vecs = p.K / 8;
+  for (int i = threadIdx.x; i < p.T * vecs; i += blockDim.x) {
+    const int t = i / vecs, k = i % vecs;
+    float f[8];
+    unpack8(reinterpret_cast<const uint4*>(p.x + t * p.xs.token + h * p.xs.head)[k], f);
+    xs4[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+    xs4[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  __syncthreads();
+  float acc[NT] = {};
+  for (int s0 = 0; s0 < steps; s0 += kExpandRound) {
+    if (s0 > 0) load_round(s0);
+#pragma unroll
+    for (int u = 0; u < kExpandRound; ++u) {
+      const int s = s0 + u;
+      if (s >= steps) break;
+      float wf[8];
+      unpack8(wr[u], wf);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= p.T) break;
+        const float4 a = xs4[t * (p.K / 4) + s * 8 + q * 2], b = xs4[t * (p.K / 4) + s * 8 + q * 2 + 1];
+        acc[t] = fmaf(wf[0], a.x, fmaf(wf[1], a.y, fmaf(wf[2], a.z, fmaf(wf[3], a.w, acc[t]))));
+        acc[t] = fmaf(wf[4], b.x, fmaf(wf[5], b.y, fmaf(wf[6], b.z, fmaf(wf[7], b.w, acc[t]))));
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 1);
+    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 2);
+    if (j < p.N && t < p.T && t % 4 == q) p.out[t * p.os.token + h * p.os.head + j] = __float2bfloat16_rn(acc[t]);
+  }
+}
+
+std::atomic<bool>& streaming_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("MOESERVE_MLA_STREAM");
+    return !env || std::string(env) != "0";
+  }()};
+  return on;
+}
+
+// The token tile (1, 2, 4 or 8) of T tokens; f called with it as a constant.
+int tile_of(int64_t T) { return T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8; }
+template <class F>
+void with_tile(int64_t T, F f) {
+  switch (tile_of(T)) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    default: f(std::integral_constant<int, 8>{});
+  }
+}
+
+constexpr size_t kMaxSmem = 48 * 1024;  // no opt-in needed
+
+// kv_b as the streaming kernels read it, or an undefined tensor where they do not run: only
+// weights that no kernel of the step writes may be read before the wait — a BF16 weight as
+// stored, an FP8 one's kept copy (weight_bf16_kept; with keeping off it is dequantised into
+// scratch by a kernel just before, and cuBLASLt takes it) — in 16-byte rows.
+Tensor streamed_weight(const Weight& kv_b, int64_t T) {
+  if (T > kMlaStreamMaxTokens || !mla_streaming()) return {};
+  if (kv_b.w.dtype() != DType::BF16 && !(kv_b.is_fp8() && keep_bf16())) return {};
+  Tensor wb = weight_bf16_kept(kv_b);
+  return aligned16(wb.raw(), wb.strides()[0] * 2) ? wb : Tensor{};
+}
+
+bool try_absorb(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
+  const int64_t T = q_nope.size(0), H = q_nope.size(1), L = kv_b.in_features();
+  Tensor wb = streamed_weight(kv_b, T);
+  if (!wb.defined() || L % 8 != 0) return false;
+  const int64_t ws = wb.strides()[0];
+  MlaStream p{wb.data<bf16>(), ws, (nope + v) * ws, q_nope.data<bf16>(), {q_nope.strides()[0], q_nope.strides()[1]},
+              q_latent.data<bf16>(), {q_latent.strides()[0], q_latent.strides()[1]}, int(T), nope, int(L)};
+  const size_t smem = (size_t(T) * nope + size_t(kAbsorbWarps) * tile_of(T) * kAbsorbCols) * sizeof(float);
+  if (smem > kMaxSmem) return false;
+  with_tile(T, [&](auto nt) {
+    launch_pdl(mla_absorb_kernel<decltype(nt)::value>, dim3(unsigned(blocks_for(L, kAbsorbCols)), unsigned(H)),
+               dim3(kAbsorbThreads), smem, p);
+  });
+  MS_CUDA_LAUNCHED("mla_absorb_kernel");
+  return true;
+}
+
+bool try_expand(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out) {
+  const int64_t T = latent.size(0), H = latent.size(1), L = kv_b.in_features();
+  Tensor wb = streamed_weight(kv_b, T);
+  const size_t smem = size_t(T) * L * sizeof(float);
+  if (!wb.defined() || L % 32 != 0 || smem > kMaxSmem || !aligned16(latent.raw(), latent.strides()[0] * 2) ||
+      latent.strides()[1] * 2 % 16 != 0)
+    return false;
+  const int64_t ws = wb.strides()[0];
+  MlaStream p{wb.data<bf16>() + nope * ws, ws, (nope + v) * ws, latent.data<bf16>(),
+              {latent.strides()[0], latent.strides()[1]}, out.data<bf16>(), {out.strides()[0], out.strides()[1]},
+              int(T), int(L), v};
+  with_tile(T, [&](auto nt) {
+    launch_pdl(mla_expand_kernel<decltype(nt)::value>, dim3(unsigned(blocks_for(v, kExpandRows)), unsigned(H)),
+               dim3(kExpandThreads), smem, p);
+  });
+  MS_CUDA_LAUNCHED("mla_expand_kernel");
+  return true;
+}
+
+}  // namespace
+
+void set_mla_streaming(bool on) { streaming_flag().store(on); }
+bool mla_streaming() { return streaming_flag().load(); }
+
+// Both absorptions read the whole of kv_b on every call (decode: 33.5 MB of BF16 a V3 layer for
+// a few rows), so FP8 blocks are dequantised once into a kept copy (weight_bf16_kept), not into
+// scratch at every call (~18 us a V3 layer a decode step on the H200).
+
+// cuBLASLt: per head h, a strided batched product q_latent[:, h] = q_nope[:, h] . W_uk[h].
+// Column-major: D[L, T] = W_uk^T-as-stored[L, nope] times q_nope[nope, T].
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
+  const int64_t T = q_nope.size(0), H = q_nope.size(1), L = kv_b.in_features();
+  MS_CHECK(q_nope.size(2) == nope && q_latent.size(2) == L && kv_b.out_features() == H * (nope + v),
+           "mla_absorb_q: shapes ", q_nope.describe(), " ", kv_b.w.describe(), " ", q_latent.describe());
+  check_device_tensor(q_nope, {DType::BF16}, "mla_absorb_q", "q_nope");
+  check_device_tensor(q_latent, {DType::BF16}, "mla_absorb_q", "q_latent");
+  MS_CHECK(q_nope.strides()[2] == 1 && q_latent.strides()[2] == 1, "mla_absorb_q: heads must be contiguous");
+  if (T == 0 || try_absorb(q_nope, kv_b, nope, v, q_latent)) return;
+  Tensor wb = weight_bf16_kept(kv_b);
+  const int64_t ws = wb.strides()[0];
+  matmul(L, T, nope, MatRef{wb.raw(), ws, (nope + v) * ws, false},
+         MatRef{q_nope.raw(), q_nope.strides()[0], q_nope.strides()[1], false}, q_latent.raw(), DType::BF16,
+         q_latent.strides()[0], q_latent.strides()[1], int(H));
+}
+
+// cuBLASLt: out[:, h] = latent[:, h] . W_uv[h]^T with W_uv[h] = kv_b's v rows of head h.
+void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out) {
+  const int64_t T = latent.size(0), H = latent.size(1), L = kv_b.in_features();
+  MS_CHECK(latent.size(2) == L && out.size(2) == v && kv_b.out_features() == H * (nope + v),
+           "mla_expand_v: shapes ", latent.describe(), " ", kv_b.w.describe(), " ", out.describe());
+  check_device_tensor(latent, {DType::BF16}, "mla_expand_v", "latent");
+  check_device_tensor(out, {DType::BF16}, "mla_expand_v", "output");
+  MS_CHECK(latent.strides()[2] == 1 && out.strides()[2] == 1, "mla_expand_v: heads must be contiguous");
+  if (T == 0 || try_expand(latent, kv_b, nope, v, out)) return;
+  Tensor wb = weight_bf16_kept(kv_b);
+  const int64_t ws = wb.strides()[0];
+  const bf16* w_uv = wb.data<bf16>() + nope * ws;
+  matmul(v, T, L, MatRef{w_uv, ws, (nope + v) * ws, true},
+         MatRef{latent.raw(), latent.strides()[0], latent.strides()[1], false}, out.raw(), DType::BF16,
+         out.strides()[0], out.strides()[1], int(H));
+}
+
+}  // namespace ms::cuda
