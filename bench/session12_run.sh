@@ -79,3 +79,37 @@ if [ $PHASE = 3 ]; then
   done
   log done
 fi
+# PHASE=4: $SRC (main with the one-round product, helper-52's coalesced GQA decode, helper-54's
+#   MLA absorptions) against .devsrc-r (main: the one-round product only) and $BEFORE_SRC (main
+#   before it): the GPU tests of the new code, the attention and MLA benches, bench-one-batch,
+#   timelines. A third tree: build_tree SRC DIR TARGETS (its moeserve as /tmp/<label>).
+build_tree() {
+  local src=$1 dir=$2; shift 2
+  [ -e $src/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $src/tests/fixtures
+  mkdir -p $dir; (configure_tree $src $dir && cmake --build $dir -j${JOBS_T:-4} --target moeserve "$@") > $L/build-$(basename $dir).log 2>&1
+}
+if [ $PHASE = 4 ]; then
+  build_before 3
+  build_tree .devsrc-r .b4/round test_cuda_attention_moe & 
+  JOBS=9 build_after ms_kernel_trace test_cuda_attention_moe test_cuda_mla_absorb test_cuda_gemv test_cuda_fixtures \
+    test_cuda_engine_graphs test_cuda_mla_decode_wgmma
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_mla_absorb test_cuda_gemv test_cuda_fixtures \
+    test_cuda_engine_graphs test_cuda_mla_decode_wgmma
+  MOESERVE_BENCH_MLA=1 gtest mla-bench 100 /tmp/b/tests/test_cuda_mla_absorb --gtest_filter=CudaMlaAbsorb.Bench
+  MOESERVE_BENCH_ATTENTION=1 gtest attn-bench-all 100 /tmp/b/tests/test_cuda_attention_moe --gtest_filter=CudaOps.DecodeAttentionBench
+  wait
+  ln -sfn $ROOT/.b4/round /tmp/round
+  [ -x /tmp/round/tests/test_cuda_attention_moe ] && MOESERVE_BENCH_ATTENTION=1 gtest attn-bench-round 100 \
+    /tmp/round/tests/test_cuda_attention_moe --gtest_filter=CudaOps.DecodeAttentionBench
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  [ -x /tmp/round/moeserve ] || { tail -20 $L/build-round.log; log "round build failed"; }
+  SIDES="before round all" bench_sides qwen3 "1 4096 16"
+  SIDES="before round all all:MOESERVE_MLA_STREAM=0" bench_sides v2lite "1 4096 16"
+  SIDES="all round before" bench_sides qwen3 "1 4096 16"
+  SIDES="all:MOESERVE_MLA_STREAM=0 all round before" bench_sides v2lite "1 4096 16"
+  SIDES="round all" bench_sides qwen3 "64 256 16"
+  SIDES="round all" bench_sides v2lite "64 256 16"
+  trace qwen3 1 4096 $B all; trace v2lite 1 4096 $B all
+  log done
+fi
