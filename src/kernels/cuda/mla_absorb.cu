@@ -178,18 +178,6 @@ std::atomic<bool>& streaming_flag() {
   return on;
 }
 
-// The token tile (1, 2, 4 or 8) of T tokens; f called with it as a constant.
-int tile_of(int64_t T) { return T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8; }
-template <class F>
-void with_tile(int64_t T, F f) {
-  switch (tile_of(T)) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    default: f(std::integral_constant<int, 8>{});
-  }
-}
-
 constexpr size_t kMaxSmem = 48 * 1024;  // no opt-in needed
 
 // kv_b as the streaming kernels read it, or an undefined tensor where they do not run: only
@@ -210,12 +198,10 @@ bool try_absorb(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tenso
   const int64_t ws = wb.strides()[0];
   MlaStream p{wb.data<bf16>(), ws, (nope + v) * ws, q_nope.data<bf16>(), {q_nope.strides()[0], q_nope.strides()[1]},
               q_latent.data<bf16>(), {q_latent.strides()[0], q_latent.strides()[1]}, int(T), nope, int(L)};
-  const size_t smem = (size_t(T) * nope + size_t(kAbsorbWarps) * tile_of(T) * kAbsorbCols) * sizeof(float);
+  const size_t smem = (size_t(T) * nope + size_t(kAbsorbWarps) * kAbsorbCols) * sizeof(float);
   if (smem > kMaxSmem) return false;
-  with_tile(T, [&](auto nt) {
-    launch_pdl(mla_absorb_kernel<decltype(nt)::value>, dim3(unsigned(blocks_for(L, kAbsorbCols)), unsigned(H)),
-               dim3(kAbsorbThreads), smem, p);
-  });
+  launch_pdl(mla_absorb_kernel<1>, dim3(unsigned(blocks_for(L, kAbsorbCols)), unsigned(H)), dim3(kAbsorbThreads), smem,
+             p);
   MS_CUDA_LAUNCHED("mla_absorb_kernel");
   return true;
 }
@@ -231,10 +217,8 @@ bool try_expand(const Tensor& latent, const Weight& kv_b, int nope, int v, Tenso
   MlaStream p{wb.data<bf16>() + nope * ws, ws, (nope + v) * ws, latent.data<bf16>(),
               {latent.strides()[0], latent.strides()[1]}, out.data<bf16>(), {out.strides()[0], out.strides()[1]},
               int(T), int(L), v};
-  with_tile(T, [&](auto nt) {
-    launch_pdl(mla_expand_kernel<decltype(nt)::value>, dim3(unsigned(blocks_for(v, kExpandRows)), unsigned(H)),
-               dim3(kExpandThreads), smem, p);
-  });
+  launch_pdl(mla_expand_kernel<1>, dim3(unsigned(blocks_for(v, kExpandRows)), unsigned(H)), dim3(kExpandThreads), smem,
+             p);
   MS_CUDA_LAUNCHED("mla_expand_kernel");
   return true;
 }

@@ -8,7 +8,11 @@
 
 namespace ms::cuda {
 
-inline constexpr int64_t kMlaStreamMaxTokens = 8;
+// One token: on the H200 (session 12) the streaming kernels took 1.76 / 1.79 µs against cuBLASLt's
+// 2.90 / 3.37 at 16 heads and 5.4 / 5.2 against 6.4 / 6.3 at 128, but at 8 tokens 5.2 / 8.3
+// against 2.9 / 3.4 (16 heads) and 20.6 / 15.3 against 6.5 / 6.3 (128): their CUDA-core sums
+// grow with the tokens where cuBLASLt's tensor cores do not.
+inline constexpr int64_t kMlaStreamMaxTokens = 1;
 
 // Whether the streaming kernels may run (default on; MOESERVE_MLA_STREAM=0 keeps cuBLASLt at
 // every size, for A/B timing).
