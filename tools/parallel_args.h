@@ -24,9 +24,9 @@ struct ParallelArgs {
     cmd->add_option("--moe-a2a-backend", config.moe_a2a_backend, "MoE dispatch: none (all-gather) or all2all")
         ->check(CLI::IsMember({"none", "all2all"}));
     cmd->add_flag("--disable-shared-experts-fusion", config.disable_shared_experts_fusion,
-                  "keep DeepSeek-V3's shared expert out of the routed experts");
+                  "keep DeepSeek's shared expert out of the routed experts");
     cmd->add_option("--n-share-experts-fusion", config.n_share_experts_fusion,
-                    "replicas of the fused shared expert (default: --ep-size)");
+                    "replicas of the fused shared expert, n_shared_experts experts each (default: --ep-size)");
     cmd->add_option("--nnodes", config.nnodes, "nodes (one process each)")->check(CLI::PositiveNumber);
     cmd->add_option("--node-rank", config.node_rank, "this node's index")->check(CLI::NonNegativeNumber);
     cmd->add_option("--dist-init-addr", config.dist_init_addr, "host:port of node 0's rendezvous");

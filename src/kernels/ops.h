@@ -150,11 +150,15 @@ struct RouterParams {
   int n_group = 1, topk_group = 1;
   bool renormalize = false;
   float scale = 1.0f;
-  // Shared-experts fusion: when > 0, ids/weights get one more column naming the shared
-  // expert's replica (n_routed + t % fused_shared_replicas) with weight 1 (= 1/scale before
-  // the routed weights are scaled), so the shared expert is summed like a routed one.
+  // Shared-experts fusion: when replicas > 0, the shared expert (pieces times a routed
+  // expert's width) is `pieces` experts of the routed shape a replica, ids
+  // n_routed + r * pieces + p, and ids/weights get `pieces` more columns naming token t's
+  // replica r = t % replicas, each with weight 1 (not scaled: the routed weights alone are), so
+  // the shared expert is summed like routed ones.
   int fused_shared_replicas = 0;
-  int columns() const { return top_k + (fused_shared_replicas > 0 ? 1 : 0); }
+  int fused_shared_pieces = 1;
+  int fused_shared_experts() const { return fused_shared_replicas * fused_shared_pieces; }
+  int columns() const { return top_k + (fused_shared_replicas > 0 ? fused_shared_pieces : 0); }
 };
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
 // The whole routing of x [T, hidden]: F32 logits = linear(x, gate, gate_bias), then moe_topk with

@@ -23,8 +23,9 @@ ops::RouterParams make_router_params(std::string_view scoring, std::string_view 
 
 SparseMoe::SparseMoe(MoeWeights w, ops::RouterParams router) : w_(std::move(w)), router_(router) {
   const int64_t routed = w_.gate.out_features();
-  MS_CHECK(w_.experts.total() == routed + router_.fused_shared_replicas, "MoE: ", w_.experts.total(),
-           " experts for a router of ", routed, " outputs and ", router_.fused_shared_replicas, " fused shared replicas");
+  MS_CHECK(router_.fused_shared_pieces >= 1 && w_.experts.total() == routed + router_.fused_shared_experts(), "MoE: ",
+           w_.experts.total(), " experts for a router of ", routed, " outputs and ", router_.fused_shared_replicas,
+           " fused shared replicas of ", router_.fused_shared_pieces, " pieces");
   MS_CHECK(!w_.correction_bias.defined() || w_.correction_bias.numel() == routed, "e_score_correction_bias has ",
            w_.correction_bias.numel(), " entries for ", routed, " experts");
   if (w_.correction_bias.defined())

@@ -97,17 +97,23 @@ DecoderLayer load_decoder_layer(WeightLoader& w, const ModelConfig& c, const Sha
 }
 
 ops::ExpertWeights load_experts(WeightLoader& w, const Sharding& s, const std::string& prefix, int n_routed,
-                                int fused_replicas, const std::string& fused_source, int64_t hidden, int64_t inter) {
-  const int total = n_routed + fused_replicas;
+                                const FusedShared& fused, int64_t hidden, int64_t inter) {
+  const int total = n_routed + fused.experts();
   auto [first, count] = s.local_experts(total);
-  auto shard = [&](int dim, int64_t full) { return s.expert(dim, full); };
   ops::ExpertWeights experts;
   experts.first_expert = first, experts.total_experts = total;
   for (int e = 0; e < n_routed; ++e)  // other ranks' experts are theirs to load
     if (e < first || e >= first + count) w.ignore_prefix(prefix + "experts." + std::to_string(e) + ".");
   for (int e = first; e < first + count; ++e) {
-    std::string ep = e < n_routed ? prefix + "experts." + std::to_string(e) + "." : fused_source;
-    GatedMlp mlp = load_gated_mlp(w, ep, hidden, inter, shard);
+    GatedMlp mlp = [&] {
+      if (e < n_routed) {
+        auto shard = [&](int dim, int64_t full) { return s.expert(dim, full); };
+        return load_gated_mlp(w, prefix + "experts." + std::to_string(e) + ".", hidden, inter, shard);
+      }
+      const int piece = (e - n_routed) % fused.pieces;  // of replica (e - n_routed) / pieces
+      auto shard = [&](int dim, int64_t) { return s.expert_piece(dim, inter, piece); };
+      return load_gated_mlp(w, fused.source, hidden, inter * fused.pieces, shard);
+    }();
     experts.gate.push_back(mlp.gate().weight()), experts.up.push_back(mlp.up().weight());
     experts.down.push_back(mlp.down().weight());
   }

@@ -76,11 +76,19 @@ std::unique_ptr<CausalLM> load_model(const std::string& dir, const LoadOptions& 
 // The lm head: `lm_head.weight`, or the embedding itself when tie_word_embeddings is set; its
 // vocabulary rows split over the attention-TP group.
 Linear load_lm_head(WeightLoader& loader, const ModelConfig& config, const Tensor& embed, const Sharding& sharding);
+// The shared expert fused into the routed experts: `replicas` copies of the gated MLP under
+// `source`, whose intermediate dimension is `pieces` routed experts wide; each copy is `pieces`
+// experts of the routed shape (rows of gate / up and columns of down, piece by piece).
+struct FusedShared {
+  int replicas = 0, pieces = 1;
+  std::string source;
+  int experts() const { return replicas * pieces; }
+};
 // This rank's experts of an MoE block under `prefix` (".../mlp."): routed expert e reads
-// `experts.e.`, the fused shared expert's replicas (ids n_routed..) read `fused_source`; the
-// experts other ranks hold are skipped.
+// `experts.e.`, the fused shared expert's pieces (ids n_routed + replica * pieces + piece) read
+// theirs of `fused.source`; the experts other ranks hold are skipped.
 ops::ExpertWeights load_experts(WeightLoader& w, const Sharding& s, const std::string& prefix, int n_routed,
-                                int fused_replicas, const std::string& fused_source, int64_t hidden, int64_t inter);
+                                const FusedShared& fused, int64_t hidden, int64_t inter);
 // Layer `layer` of a family: its norms, the attention `attention(prefix)` builds, and a dense
 // MLP (intermediate_size) or the MoE `moe(prefix)` builds, as the config's layer rule says.
 DecoderLayer load_decoder_layer(WeightLoader& w, const ModelConfig& c, const Sharding& s, int layer,

@@ -51,24 +51,24 @@ struct Builder {
     return MlaAttention(std::move(m), mla_dims(), rope);
   }
 
-  // Routed experts (this rank's), then the shared expert fused as `replicas` extra experts or
-  // kept as its own MLP.
+  // Routed experts (this rank's), then the shared expert (n_shared_experts routed experts wide)
+  // fused as `replicas` copies of n_shared_experts extra experts each, or kept as its own MLP.
   SparseMoe moe(const std::string& p) const {
     const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
-    const int replicas = s.fused_shared_replicas(c.model_type == "deepseek_v3" && c.n_shared_experts == 1);
+    const FusedShared fused{s.fused_shared_replicas(c.n_shared_experts > 0), c.n_shared_experts, p + "shared_experts."};
     MoeWeights m;
     m.gate = w.linear(p + "gate", c.n_routed_experts, hidden);
     if (c.topk_method == "noaux_tc") m.correction_bias = w.tensor(p + "gate.e_score_correction_bias", {c.n_routed_experts});
-    m.experts = load_experts(w, s, p, c.n_routed_experts, replicas, p + "shared_experts.", hidden, inter);
-    if (replicas > 0) {
-      w.ignore_prefix(p + "shared_experts.");  // loaded above, or by the ranks holding a replica
+    m.experts = load_experts(w, s, p, c.n_routed_experts, fused, hidden, inter);
+    if (fused.replicas > 0) {
+      w.ignore_prefix(fused.source);  // loaded above, or by the ranks holding a replica
     } else if (c.n_shared_experts > 0) {
       auto shared_shard = [&](int dim, int64_t full) { return s.shared_expert(dim, full); };
-      m.shared = load_gated_mlp(w, p + "shared_experts.", hidden, inter * c.n_shared_experts, shared_shard);
+      m.shared = load_gated_mlp(w, fused.source, hidden, inter * c.n_shared_experts, shared_shard);
     }
     auto router = make_router_params(c.scoring_func, c.topk_method, c.num_experts_per_tok, c.n_group, c.topk_group,
                                      c.norm_topk_prob, c.routed_scaling_factor);
-    router.fused_shared_replicas = replicas;
+    router.fused_shared_replicas = fused.replicas, router.fused_shared_pieces = fused.pieces;
     return SparseMoe(std::move(m), router);
   }
 

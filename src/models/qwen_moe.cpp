@@ -47,7 +47,7 @@ struct Builder {
     const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
     MoeWeights m;
     m.gate = w.linear(p + "gate", c.n_routed_experts, hidden);
-    m.experts = load_experts(w, s, p, c.n_routed_experts, 0, "", hidden, inter);
+    m.experts = load_experts(w, s, p, c.n_routed_experts, {}, hidden, inter);
     if (c.shared_expert_intermediate_size > 0) {  // gated by a per-token sigmoid: cannot be fused
       auto shared_shard = [&](int dim, int64_t full) { return s.shared_expert(dim, full); };
       m.shared = load_gated_mlp(w, p + "shared_expert.", hidden, c.shared_expert_intermediate_size, shared_shard);

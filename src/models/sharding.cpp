@@ -11,6 +11,13 @@ std::pair<int, int> Sharding::local_experts(int total) const {
   return {l_.ep_rank * (total / ep), total / ep};
 }
 
+Shard Sharding::expert_piece(int dim, int64_t width, int piece) const {
+  Shard s = expert(dim, width);
+  if (s.whole()) s = Shard::range(dim, 0, width, "--disable-shared-experts-fusion");
+  s.begin += piece * width;
+  return s;
+}
+
 int Sharding::fused_shared_replicas(bool valid) const {
   if (!valid || c_.disable_shared_experts_fusion) return 0;
   return c_.n_share_experts_fusion > 0 ? c_.n_share_experts_fusion : c_.ep_size;

@@ -27,6 +27,10 @@ class Sharding {
   Shard expert(int dim, int64_t full) const {
     return Shard::split(dim, full, l_.moe_tp_rank, c_.moe_tp_size(), "--ep-size, so that each rank holds whole experts");
   }
+  // Piece `piece` of a gated MLP whose intermediate dimension is pieces of `width` (the fused
+  // shared expert): rows or columns [piece * width, (piece + 1) * width), split as a routed
+  // expert's are.
+  Shard expert_piece(int dim, int64_t width, int piece) const;
   Shard shared_expert(int dim, int64_t full) const {
     if (c_.moe_a2a_backend == "all2all") return {};  // all-to-all keeps it whole on every rank
     return Shard::split(dim, full, l_.rank, c_.tp_size, "shared-experts fusion, or a smaller --tp");

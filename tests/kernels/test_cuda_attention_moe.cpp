@@ -397,10 +397,11 @@ struct RouterCase {
   bool ties = false;
 };
 
-ops::RouterParams router(int k, ops::Scoring s, ops::GroupRank g, int ng, int tg, bool renorm, float scale) {
+ops::RouterParams router(int k, ops::Scoring s, ops::GroupRank g, int ng, int tg, bool renorm, float scale,
+                         int replicas = 0, int pieces = 1) {
   ops::RouterParams p;
   p.top_k = k, p.scoring = s, p.group_rank = g, p.n_group = ng, p.topk_group = tg, p.renormalize = renorm;
-  p.scale = scale;
+  p.scale = scale, p.fused_shared_replicas = replicas, p.fused_shared_pieces = pieces;
   return p;
 }
 
@@ -418,20 +419,25 @@ TEST(CudaOps, MoeTopkMatchesCpuInEveryVariant) {
       {"qwen3 ties", 128, router(8, S::Softmax, G::None, 1, 1, true, 1.0f), false, DType::F32, true},
       {"v3 noaux_tc ties", 256, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), false, DType::F32, true},
       {"v2 group_limited_greedy ties", 160, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f), false, DType::F32, true},
+      // Shared-experts fusion: V3's one column, V2-Lite's two (pieces) of 3 replicas.
+      {"v3 noaux_tc fused shared x4", 256, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f, 4), true, DType::F32},
+      {"v2-lite fused shared x3 of 2 pieces", 64, router(6, S::Softmax, G::None, 1, 1, true, 2.5f, 3, 2), false,
+       DType::F32},
   };
   const int64_t T = 301;  // 4 tokens a block: the last block partly idle
   for (const auto& c : cases) {
     Tensor logits = randn({T, c.E}, 2.0f), bias = randn({c.E}, 0.3f);
     if (c.ties)  // ties must go to the lower expert (and group) id exactly as on the CPU
       for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(logits.data<float>()[i]);
-    Tensor ids_ref = Tensor::empty(DType::I32, {T, c.p.top_k}), w_ref = Tensor::empty(DType::F32, {T, c.p.top_k});
+    const int64_t C = c.p.columns();
+    Tensor ids_ref = Tensor::empty(DType::I32, {T, C}), w_ref = Tensor::empty(DType::F32, {T, C});
     cpu::moe_topk(logits, c.bias ? &bias : nullptr, c.p, ids_ref, w_ref);
-    Tensor ids = poisoned(DType::I32, {T, c.p.top_k}), w = poisoned(DType::F32, {T, c.p.top_k});
+    Tensor ids = poisoned(DType::I32, {T, C}), w = poisoned(DType::F32, {T, C});
     Tensor bg = bias.to(Device::CUDA);
     cuda::moe_topk(gpu(logits, c.logits_dtype), c.bias ? &bg : nullptr, c.p, ids, w);
     Tensor ids_h = ids.to(Device::CPU);
     int64_t mismatched = 0;
-    for (int64_t i = 0; i < T * c.p.top_k; ++i) mismatched += ids_h.data<int32_t>()[i] != ids_ref.data<int32_t>()[i];
+    for (int64_t i = 0; i < T * C; ++i) mismatched += ids_h.data<int32_t>()[i] != ids_ref.data<int32_t>()[i];
     EXPECT_EQ(mismatched, 0) << c.name;
     EXPECT_LT(rel_error(w, w_ref), 1e-5) << c.name;
   }

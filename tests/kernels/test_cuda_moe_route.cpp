@@ -38,10 +38,10 @@ struct RouteCase {
 };
 
 ops::RouterParams router(int k, ops::Scoring s, ops::GroupRank g, int ng, int tg, bool renorm, float scale,
-                         int fused = 0) {
+                         int fused = 0, int pieces = 1) {
   ops::RouterParams p;
   p.top_k = k, p.scoring = s, p.group_rank = g, p.n_group = ng, p.topk_group = tg, p.renormalize = renorm;
-  p.scale = scale, p.fused_shared_replicas = fused;
+  p.scale = scale, p.fused_shared_replicas = fused, p.fused_shared_pieces = pieces;
   return p;
 }
 
@@ -55,6 +55,7 @@ const std::vector<RouteCase> kCases = {
     {"v2 group_limited_greedy", 160, 512, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f)},
     {"v3 noaux_tc", 256, 7168, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), true},
     {"v3 noaux_tc fused shared x4", 256, 2048, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f, 4), true},
+    {"v2-lite fused shared x2 of 2 pieces", 64, 2048, router(6, S::Softmax, G::None, 1, 1, false, 1.0f, 2, 2)},
     {"v3 noaux_tc fp8 router", 256, 2048, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), true, false, true},
     {"mixtral top-2 of 8", 8, 1024, router(2, S::Softmax, G::None, 1, 1, true, 1.0f)},
     {"sigmoid greedy no renorm", 32, 512, router(4, S::Sigmoid, G::None, 1, 1, false, 1.5f), true},
@@ -261,8 +262,8 @@ void expect_sort_of(const Tensor& ids, int E, const cuda::Permuted& p, const std
   }
 }
 
-// Every expert id a router names: the routed ones and the shared expert's replicas.
-int all_experts(const RouteCase& c) { return int(c.E) + c.p.fused_shared_replicas; }
+// Every expert id a router names: the routed ones and the pieces of the shared expert's replicas.
+int all_experts(const RouteCase& c) { return int(c.E) + c.p.fused_shared_experts(); }
 
 void poison(cuda::Permuted& p) {
   for (Tensor* t : {&p.offsets, &p.active, &p.n_active, &p.token_of_row, &p.row_of}) poison(*t);
@@ -315,6 +316,7 @@ const std::vector<LayerCase> kLayers = {
     {{"v2-lite 64 experts top-6", 64, 512, router(6, S::Softmax, G::None, 1, 1, false, 1.0f)}, 128},
     {{"v2 group_limited_greedy", 160, 512, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f)}, 128},
     {{"v3 noaux_tc fused shared x2", 256, 512, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f, 2), true}, 64},
+    {{"v2-lite fused shared, 2 pieces", 64, 512, router(6, S::Softmax, G::None, 1, 1, false, 1.0f, 1, 2)}, 128},
     // Expert parallelism: this rank's experts are not all the router names, so moe_experts
     // sorts for itself.
     {{"v2-lite, experts 16..47 of 64", 64, 512, router(6, S::Softmax, G::None, 1, 1, false, 1.0f)}, 128, 16, 32},

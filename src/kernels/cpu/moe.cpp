@@ -60,8 +60,8 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
     float norm = p.renormalize ? 1.0f / (sum + 1e-20f) : 1.0f;
     for (int64_t j = 0; j < K; ++j) w[j] *= norm * p.scale;
     if (p.fused_shared_replicas > 0) {
-      id[K] = int32_t(E + t % p.fused_shared_replicas);
-      w[K] = 1.0f;
+      const int64_t replica = E + (t % p.fused_shared_replicas) * p.fused_shared_pieces;
+      for (int64_t j = 0; j < p.fused_shared_pieces; ++j) id[K + j] = int32_t(replica + j), w[K + j] = 1.0f;
     }
   }
 }

@@ -20,14 +20,6 @@ constexpr int kWarpsPerBlock = 4;  // tokens a block, a warp each
 // (moe_route): one kernel instead of two, each of which costs mostly its launch and ramp.
 constexpr int64_t kFusedRouteMaxTokens = 8;
 
-// Shared-experts fusion (RouterParams::fused_shared_replicas) is being added to ops.h alongside
-// this backend; read it when the interface has it, so both sides can land in either order.
-template <class P>
-int fused_shared_replicas(const P& p) {
-  if constexpr (requires { p.fused_shared_replicas; }) return p.fused_shared_replicas;
-  else return 0;
-}
-
 template <class TL, int NV>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) topk_kernel(const TL* logits, TopkParams p, int32_t* ids,
                                                                     float* weights) {
@@ -56,12 +48,12 @@ void launch_topk(int nv, unsigned grid, size_t smem, const TL* logits, const Top
 // the shapes the kernel takes.
 TopkParams topk_params(int64_t T, int64_t E, int64_t ls, const Tensor* bias, const RouterParams& p, const Tensor& ids,
                        const Tensor& weights) {
-  const int64_t K = p.top_k;
-  const int fused = fused_shared_replicas(p);
-  const int64_t C = K + (fused > 0 ? 1 : 0);
+  const int64_t K = p.top_k, C = p.columns();
   MS_CHECK(ids.dim() == 2 && weights.dim() == 2 && ids.size(1) == C && weights.size(1) == C && K <= E,
            "moe_topk: top_k ", K, " of ", E, " experts into ", ids.describe());
   MS_CHECK(K <= 32 && E <= 1024, "moe_topk: top_k ", K, " of ", E, " experts (the kernel takes at most 32 of 1024)");
+  MS_CHECK(p.fused_shared_pieces >= 1 && p.fused_shared_pieces <= 32, "moe_topk: a fused shared expert in ",
+           p.fused_shared_pieces, " pieces (a lane each: at most 32)");
   MS_CHECK(p.group_rank == GroupRank::None || (E % p.n_group == 0 && p.topk_group <= p.n_group && p.n_group <= 32),
            "moe_topk: ", E, " experts do not split into ", p.n_group, " groups (at most 32)");
   check_device_tensor(ids, {DType::I32}, "moe_topk", "ids");
@@ -72,8 +64,9 @@ TopkParams topk_params(int64_t T, int64_t E, int64_t ls, const Tensor* bias, con
     check_device_tensor(*bias, {DType::F32}, "moe_topk", "correction bias");
     MS_CHECK(bias->numel() == E && bias->is_contiguous(), "moe_topk: bias ", bias->describe(), " for ", E, " experts");
   }
-  return TopkParams{T, E, ls, int(K), int(C), fused, int(p.scoring), int(p.group_rank), p.n_group, p.topk_group,
-                    int(p.renormalize), p.scale, bias ? bias->data<float>() : nullptr};
+  return TopkParams{T, E, ls, int(K), int(C), p.fused_shared_replicas, p.fused_shared_pieces, int(p.scoring),
+                    int(p.group_rank), p.n_group, p.topk_group, int(p.renormalize), p.scale,
+                    bias ? bias->data<float>() : nullptr};
 }
 
 }  // namespace
@@ -103,7 +96,7 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
     // The sort of the pairs by expert, over every expert id the router names (the shared
     // expert's replicas too), in the same kernel: moe_experts takes it when it holds all of them
     // (no expert parallelism) instead of launching its own (align_kernel).
-    const int experts = int(E) + tp.fused;
+    const int experts = int(E) + p.fused_shared_experts();
     Permuted perm = permuted_scratch(T * tp.C, experts);
     const RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts)};
     if (linear_then_topk(x, gate, gate_bias, logits, tail)) {

@@ -14,7 +14,7 @@ namespace ms::cuda {
 
 struct TopkParams {
   int64_t T, E, ls;
-  int K, C, fused, scoring, group_rank, n_group, topk_group, renormalize;  // C: columns (K + fused slot)
+  int K, C, fused, pieces, scoring, group_rank, n_group, topk_group, renormalize;  // C: K + the fused slots
   float scale;
   const float* bias;
 };
@@ -179,7 +179,8 @@ __device__ __forceinline__ void topk_select(const float (&x)[NV], const TopkPara
   int32_t* id_out = ids + t * p.C;
   float* w_out = weights + t * p.C;
   if (lane < p.K) id_out[lane] = my_id, w_out[lane] = my_s * (norm * p.scale);
-  if (lane == 0 && p.fused > 0) id_out[p.K] = int32_t(p.E + t % p.fused), w_out[p.K] = 1.0f;  // the shared expert's replica
+  if (p.fused > 0 && lane < p.pieces)  // the pieces of the shared expert's replica for token t
+    id_out[p.K + lane] = int32_t(p.E + (t % p.fused) * p.pieces + lane), w_out[p.K + lane] = 1.0f;
 }
 
 // The same from token t's logits in memory (row: E of them).

@@ -3,6 +3,10 @@
 // spread over DP groups — one group left IDLE where there are more groups than prompts.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "core/check.h"
 #include "io/safetensors.h"
 #include "runtime/parallel_runner.h"
@@ -82,17 +86,62 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParallelMatrix,
                            return n;
                          });
 
-// Fused and unfused shared experts agree to rounding on one rank too.
-TEST(SharedExpertFusion, FusedAndUnfusedAgree) {
-  const std::string dir = test::fixture_dir("deepseek-v3-tiny");
-  auto ref = WeightStore::open_file(dir + "/reference.safetensors");
+// Logits of prompt 2 with the shared expert fused under `fused` against one rank unfused, and
+// the first MoE layer's router naming n_shared_experts columns of weight 1 a token, `replicas`
+// copies of them among the experts.
+void expect_fusion_matches_unfused(const std::string& dir, const ParallelConfig& fused, int replicas) {
+  auto ref = WeightStore::open_file(test::fixture_dir("deepseek-v2-lite-tiny") + "/reference.safetensors");
   auto prompt = test::to_ids(ref.get("prompt.2.input_ids"));
-  ParallelConfig fused, unfused;
+  ParallelConfig unfused;
   unfused.disable_shared_experts_fusion = true;
-  Tensor a = ParallelRunner(dir, fused).prompt_logits({prompt})[0];
+  ParallelRunner runner(dir, fused);
+  Tensor a = runner.prompt_logits({prompt})[0];
   Tensor b = ParallelRunner(dir, unfused).prompt_logits({prompt})[0];
-  EXPECT_LT(test::rel_error(a, b), 1e-6);
-  EXPECT_EQ(ParallelRunner(dir, fused).model(0).layers[1].ffn.index(), 1u);
+  EXPECT_LT(test::rel_error(a, b), 1e-6) << dir;
+  const ModelConfig& c = runner.model(0).config;
+  const auto& moe = std::get<SparseMoe>(runner.model(0).layers[1].ffn);
+  EXPECT_EQ(moe.router().columns(), c.num_experts_per_tok + c.n_shared_experts);
+  EXPECT_EQ(moe.router().fused_shared_experts(), replicas * c.n_shared_experts);
+}
+
+// V3's one shared expert, and V2-Lite's two (a replica is two experts of the routed width).
+class SharedExpertFusion : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SharedExpertFusion, FusedAndUnfusedAgreeOnOneRank) {
+  expect_fusion_matches_unfused(test::fixture_dir(GetParam()), ParallelConfig{}, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SharedExpertFusion, ::testing::Values("deepseek-v3-tiny", "deepseek-v2-lite-tiny"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// The V2 fixture with routed weights that are renormalised and scaled by 2.5 (its own are
+// neither): the shared expert's columns keep weight 1, as the unfused sum has it, over ranks
+// and with more replicas than EP ranks.
+TEST(SharedExpertFusion, ScaledV2RoutingOverRanks) {
+  namespace fs = std::filesystem;
+  const std::string src = test::fixture_dir("deepseek-v2-lite-tiny"), dir = test::temp_dir() + "/v2-scaled";
+  fs::create_directories(dir);
+  for (const auto& f : fs::directory_iterator(src))
+    if (f.path().extension() == ".safetensors" && f.path().filename() != "reference.safetensors")
+      fs::create_symlink(f.path(), dir + "/" + f.path().filename().string());
+  fs::copy_file(src + "/model.safetensors.index.json", dir + "/model.safetensors.index.json");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  ASSERT_EQ(config["n_shared_experts"], 2);
+  config["routed_scaling_factor"] = 2.5, config["norm_topk_prob"] = true;
+  std::ofstream(dir + "/config.json") << config.dump(2);
+
+  ParallelConfig c;
+  expect_fusion_matches_unfused(dir, c, 1);
+  c.tp_size = 2, c.ep_size = 2, c.n_share_experts_fusion = 3;  // 16 + 3 x 2 experts, 11 a rank
+  expect_fusion_matches_unfused(dir, c, 3);
+  c = {};
+  c.tp_size = 4, c.ep_size = 4, c.moe_a2a_backend = "all2all";  // a replica a rank: 16 + 4 x 2 experts, 6 a rank
+  expect_fusion_matches_unfused(dir, c, 4);
 }
 
 std::string load_error(const std::string& fixture, const ParallelConfig& config) {
