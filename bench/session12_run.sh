@@ -113,3 +113,23 @@ if [ $PHASE = 4 ]; then
   trace qwen3 1 4096 $B all; trace v2lite 1 4096 $B all
   log done
 fi
+# PHASE=5: the session's tree ($SRC: main with helper-53's V2 shared-experts fusion merged and the MLA
+#   streaming limited to one token): every single-GPU test program, bench-one-batch of both models
+#   (V2-Lite with and without the fusion), the 8k prefills, timelines.
+if [ $PHASE = 5 ]; then
+  TESTS=$(gpu_tests_of $SRC)
+  JOBS=15 build_after ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  FIRST="test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs"
+  for t in $FIRST; do run_gpu_tests /tmp/b $t; done
+  gtest parallel-v2v3 150 /tmp/b/tests/test_cuda_parallel --gtest_filter='*deepseek_v2_lite*:*deepseek_v3*'
+  wait
+  SIDES="all all:--disable-shared-experts-fusion" bench_sides v2lite "1 4096 16" "8 1024 16" "64 256 16"
+  SIDES="all:--disable-shared-experts-fusion all" bench_sides v2lite "1 4096 16"
+  SIDES="all all" bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="all" bench_sides qwen3 "1 8192 2"
+  SIDES="all" bench_sides v2lite "1 8192 2"
+  trace v2lite 1 4096 $B all
+  for t in $TESTS; do [ $(left) -gt 40 ] && run_gpu_tests /tmp/b $t; done
+  log done
+fi
