@@ -26,7 +26,7 @@ struct ParallelArgs {
     cmd->add_flag("--disable-shared-experts-fusion", config.disable_shared_experts_fusion,
                   "keep DeepSeek's shared expert out of the routed experts");
     cmd->add_option("--n-share-experts-fusion", config.n_share_experts_fusion,
-                    "replicas of the fused shared expert, n_shared_experts experts each (default: --ep-size)");
+                    "replicas of the fused shared expert, n_shared_experts experts each (default: --ep-size for V3/R1; DeepSeek-V2 fuses only when this is given)");
     cmd->add_option("--nnodes", config.nnodes, "nodes (one process each)")->check(CLI::PositiveNumber);
     cmd->add_option("--node-rank", config.node_rank, "this node's index")->check(CLI::NonNegativeNumber);
     cmd->add_option("--dist-init-addr", config.dist_init_addr, "host:port of node 0's rendezvous");

@@ -53,9 +53,13 @@ struct Builder {
 
   // Routed experts (this rank's), then the shared expert (n_shared_experts routed experts wide)
   // fused as `replicas` copies of n_shared_experts extra experts each, or kept as its own MLP.
+  // Fused by default only where it is one expert wide (V3/R1): V2-Lite's two pieces made batch-1
+  // decode 3 % faster but batch 64 13 % slower on the H200 (session 12); --n-share-experts-fusion
+  // asks for them.
   SparseMoe moe(const std::string& p) const {
     const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
-    const FusedShared fused{s.fused_shared_replicas(c.n_shared_experts > 0), c.n_shared_experts, p + "shared_experts."};
+    const int replicas = s.fused_shared_replicas(c.n_shared_experts > 0, c.n_shared_experts == 1);
+    const FusedShared fused{replicas, c.n_shared_experts, p + "shared_experts."};
     MoeWeights m;
     m.gate = w.linear(p + "gate", c.n_routed_experts, hidden);
     if (c.topk_method == "noaux_tc") m.correction_bias = w.tensor(p + "gate.e_score_correction_bias", {c.n_routed_experts});

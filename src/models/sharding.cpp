@@ -18,9 +18,10 @@ Shard Sharding::expert_piece(int dim, int64_t width, int piece) const {
   return s;
 }
 
-int Sharding::fused_shared_replicas(bool valid) const {
+int Sharding::fused_shared_replicas(bool valid, bool by_default) const {
   if (!valid || c_.disable_shared_experts_fusion) return 0;
-  return c_.n_share_experts_fusion > 0 ? c_.n_share_experts_fusion : c_.ep_size;
+  if (c_.n_share_experts_fusion > 0) return c_.n_share_experts_fusion;
+  return by_default ? c_.ep_size : 0;
 }
 
 }  // namespace ms

@@ -38,7 +38,7 @@ class Sharding {
   // [first, first + count) of `total` experts held by this rank.
   std::pair<int, int> local_experts(int total) const;
   // Replicas of the fused shared expert (0: not fused) for a family whose fusion is `valid`.
-  int fused_shared_replicas(bool valid) const;
+  int fused_shared_replicas(bool valid, bool by_default = true) const;
 
   FfnMode dense_mode() const { return c_.dense_tp_size() > 1 ? FfnMode::TensorParallel : FfnMode::Local; }
   FfnMode moe_mode() const {
