@@ -110,9 +110,9 @@ inline ops::AttentionLayout make_layout(const std::vector<std::pair<int, int>>& 
   return l;
 }
 
-// Kernel nodes of what `body` launches, captured (not run).
-template <class F>
-int kernel_nodes(F body) {
+// The sum of count(node) over the nodes of what `body` launches, captured (not run).
+template <class F, class C>
+int count_captured(F body, C count) {
   cudaGraph_t graph = nullptr;
   EXPECT_EQ(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
   body();
@@ -121,14 +121,20 @@ int kernel_nodes(F body) {
   EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
   std::vector<cudaGraphNode_t> nodes(n);
   EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  int kernels = 0;
-  for (cudaGraphNode_t node : nodes) {
+  int total = 0;
+  for (cudaGraphNode_t node : nodes) total += count(node);
+  cudaGraphDestroy(graph);
+  return total;
+}
+
+// Kernel nodes of what `body` launches, captured (not run).
+template <class F>
+int kernel_nodes(F body) {
+  return count_captured(body, [](cudaGraphNode_t node) {
     cudaGraphNodeType type;
     EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-    kernels += type == cudaGraphNodeTypeKernel;
-  }
-  cudaGraphDestroy(graph);
-  return kernels;
+    return int(type == cudaGraphNodeTypeKernel);
+  });
 }
 
 // ---- timing (the opt-in benches) ----

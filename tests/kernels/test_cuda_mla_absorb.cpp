@@ -43,16 +43,7 @@ double max_error(const Tensor& got, const Tensor& ref) {
 // Kernel nodes of a capture of `body` whose function name contains `name`.
 template <class F>
 int kernels_named(const char* name, F body) {
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  body();
-  EXPECT_EQ(cudaStreamEndCapture(cuda::stream(), &graph), cudaSuccess);
-  size_t n = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  int found = 0;
-  for (cudaGraphNode_t node : nodes) {
+  return count_captured(body, [&](cudaGraphNode_t node) {
     cudaGraphNodeType type;
     cudaKernelNodeParams p{};
     const char* fn = nullptr;
@@ -60,12 +51,10 @@ int kernels_named(const char* name, F body) {
     if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel ||
         cudaGraphKernelNodeGetParams(node, &p) != cudaSuccess || cudaFuncGetName(&fn, p.func) != cudaSuccess) {
       (void)cudaGetLastError();
-      continue;
+      return 0;
     }
-    found += std::string(fn).find(name) != std::string::npos;
-  }
-  cudaGraphDestroy(graph);
-  return found;
+    return int(std::string(fn).find(name) != std::string::npos);
+  });
 }
 
 struct KvB {
