@@ -59,7 +59,6 @@ inline Tensor poisoned(DType dtype, Shape shape) {
   return host.to(Device::CUDA);
 }
 
-// Rows [r0, r0 + n) and columns [c0, c0 + w) of a 2-D device tensor, as a contiguous F32 host copy.
 // Elements of a and b (same dtype and size, either device) whose bits differ.
 inline int64_t bit_mismatches(const Tensor& a, const Tensor& b) {
   Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
@@ -70,6 +69,7 @@ inline int64_t bit_mismatches(const Tensor& a, const Tensor& b) {
   return n;
 }
 
+// Columns [c0, c0 + w) of a 2-D device tensor, as a contiguous F32 host copy.
 inline Tensor host_block(const Tensor& dev, int64_t c0, int64_t w) {
   Tensor h = dev.to_f32();
   return h.slice(1, c0, c0 + w).clone();

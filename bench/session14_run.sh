@@ -1,0 +1,43 @@
+#!/bin/bash
+# Session 14's device calls (bench/BENCHMARKS.md, "Session 14"), run from the repository root on
+# the GPU machine: PHASE picks the call. The source is a snapshot (git archive) carried as $SRC.
+# Sides of a bench are this one build with MOESERVE_GEMV_STAGES set: 1 = the register product,
+# unset = the streaming product at its automatic ring depth. Everything lands in $L and $OUT/summary.log.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+
+# Kernel timeline of /tmp/$1's graphed decode at B = $2, $3 keys, label $4, env after it.
+trace() {
+  local m=$1 b=$2 k=$3 tag=$4; shift 4
+  env "$@" CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$tag-$m-$b.tsv timeout 60 $B \
+    bench-one-batch --model-path /tmp/$m --device cuda --batch-size $b --input-len $k --output-len 16 > $L/kt-$tag-$m-$b.log 2>&1
+  log "kernel trace $tag $m B=$b rc=$? $(grep -E 'Decode\.  median' $L/kt-$tag-$m-$b.log)"
+  python3 $SRC/bench/kernel_trace_summary.py $L/kt-$tag-$m-$b.tsv --timeline 0 > $L/kts-$tag-$m-$b.txt 2>&1
+  grep -E '^graph|median replay' $L/kts-$tag-$m-$b.txt | head -8 >> "$OUT/summary.log"
+}
+
+# PHASE=1: the streaming product. Its tests (bit for bit against the register kernel, every launch
+#   shape against the host), the per-shape gemv bench (every ring depth), the tests of the decode
+#   path, bench-one-batch register / streaming in both orders at B = 1 and 64, the 8k prefills, timelines.
+if [ $PHASE = 1 ]; then
+  JOBS=15 build_after ms_kernel_trace test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route \
+    test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_gemv
+  MOESERVE_BENCH_GEMV=1 gtest gemv-bench 150 /tmp/b/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs
+  wait
+  SIDES="reg:MOESERVE_GEMV_STAGES=1 stream" bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="reg:MOESERVE_GEMV_STAGES=1 stream" bench_sides v2lite "1 4096 16" "64 256 16"
+  SIDES="stream reg:MOESERVE_GEMV_STAGES=1 s2:MOESERVE_GEMV_STAGES=2 s4:MOESERVE_GEMV_STAGES=4 s8:MOESERVE_GEMV_STAGES=8" \
+    bench_sides qwen3 "1 4096 16"
+  SIDES="stream reg:MOESERVE_GEMV_STAGES=1" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 stream; trace qwen3 1 4096 reg MOESERVE_GEMV_STAGES=1
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs
+  SIDES="stream" bench_sides qwen3 "1 8192 2"
+  SIDES="stream" bench_sides v2lite "1 8192 2"
+  log done
+fi
