@@ -19,7 +19,7 @@ trace() {
   grep -E '^graph|median replay' $L/kts-$tag-$m-$b.txt | head -8 >> "$OUT/summary.log"
 }
 
-# PHASE=1: the streaming product. Its tests (bit for bit against the register kernel, every launch
+# PHASE=1 (the commit 2b4a0fa): the streaming product. Its tests (bit for bit against the register kernel, every launch
 #   shape against the host), the per-shape gemv bench (every ring depth), the tests of the decode
 #   path, bench-one-batch register / streaming in both orders at B = 1 and 64, the 8k prefills, timelines.
 if [ $PHASE = 1 ]; then
@@ -39,5 +39,31 @@ if [ $PHASE = 1 ]; then
   run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs
   SIDES="stream" bench_sides qwen3 "1 8192 2"
   SIDES="stream" bench_sides v2lite "1 8192 2"
+  log done
+fi
+# PHASE=2: $SRC (the BF16 product's lanes load whole 32-byte sectors) against $BEFORE_SRC (main
+#   before it): the tests of the products, both trees' gemv bench, bench-one-batch in both orders
+#   at B = 1 and 64, timelines, then the other decode-path tests.
+if [ $PHASE = 2 ]; then
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve test_cuda_gemv) \
+    > $L/build-before.log 2>&1 &
+  JOBS=11 build_after ms_kernel_trace test_cuda_gemv test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs test_cuda_parallel
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_moe_route
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  MOESERVE_BENCH_GEMV=1 gtest gemv-bench-after 100 /tmp/b/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
+  MOESERVE_BENCH_GEMV=1 gtest gemv-bench-before 100 /tmp/before/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
+  SIDES="before after" bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="before after" bench_sides v2lite "1 4096 16" "64 256 16"
+  SIDES="after before" bench_sides qwen3 "1 4096 16"
+  SIDES="after before" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 after
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs
+  SIDES="after" bench_sides qwen3 "1 8192 2"
+  SIDES="after" bench_sides v2lite "1 8192 2"
   log done
 fi

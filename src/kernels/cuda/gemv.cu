@@ -5,23 +5,19 @@
 // takes every S-th 64-wide chunk of K, and the S partial sums meet in shared memory.
 //
 // Fragment layout: a dot product does not care in which order k is summed, so each lane loads
-// 16 consecutive k (two 16-byte bf16 loads, or one of fp8) of weight rows g and g + 8 and of input
-// row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
+// 16 k of weight rows g and g + 8 and of input row g and hands them to the mma as if they were
+// the k it expects; A and B are permuted alike. A BF16 lane q of a quad takes k 8q..8q+7 and
+// 32+8q..32+8q+7 of the chunk (two 16-byte loads), so that each load instruction of a quad reads
+// 64 contiguous bytes, two whole 32-byte sectors (16 consecutive k a lane would split every
+// sector between two instructions, each asking L2 for it); an FP8 lane takes 16 consecutive k
+// (one 16-byte load, already whole sectors).
 // FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy).
-//
-// BF16 products of one tile of rows (decode's batch 1 to 8) run gemv_stream_kernel instead: the
-// same sums in the same order, but each lane's weights travel by cp.async into a private ring of
-// shared memory, so that a warp keeps several chunks in flight while it multiplies the one that
-// has landed, and registers no longer cap how many bytes an SM has asked for.
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/mma.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 namespace ms::cuda {
 namespace {
@@ -42,7 +38,16 @@ struct GemvParams {
   int N, K, chunks, slabs;
 };
 
-// 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
+// The first k of lane q's share of chunk c (past K for chunks past the last), and the offset of
+// its second 8 k (kSecondHalf below).
+template <bool FP8>
+__device__ __forceinline__ int lane_k0(const GemvParams& p, int c, int q) {
+  return c < p.chunks ? c * kChunk + q * (FP8 ? 16 : 8) : p.K;
+}
+template <bool FP8>
+constexpr int kSecondHalf = FP8 ? 8 : 32;
+
+// 16 weights of row n at lane_k0 k0 as 8 bf16 pairs (zeros past N or K).
 template <bool FP8>
 __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W, const float* S, int n, int k0,
                                              uint32_t (&w)[8]) {
@@ -51,9 +56,9 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
     if constexpr (FP8) {
       lo = __ldg(reinterpret_cast<const uint4*>(W + int64_t(n) * p.w.ld + k0));
     } else {
-      const uint4* src = reinterpret_cast<const uint4*>(W + (int64_t(n) * p.w.ld + k0) * 2);
-      lo = __ldg(src);
-      if (k0 + 8 < p.K) hi = __ldg(src + 1);
+      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(W) + int64_t(n) * p.w.ld + k0;
+      lo = __ldg(reinterpret_cast<const uint4*>(src));
+      if (k0 + kSecondHalf<false> < p.K) hi = __ldg(reinterpret_cast<const uint4*>(src + kSecondHalf<false>));
     }
   }
   if constexpr (FP8) {
@@ -71,13 +76,15 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
   }
 }
 
-// 16 inputs of source row `src` (< 0: none) at k0 as 8 bf16 pairs.
+// The 16 inputs of source row `src` (< 0: none) that pair with load_weights<FP8> at k0, as 8
+// bf16 pairs.
+template <bool FP8>
 __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0, uint32_t (&x)[8]) {
   uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
   if (src >= 0 && k0 < p.K) {
-    const uint4* s = reinterpret_cast<const uint4*>(p.in.x + int64_t(src) * p.in.x_ld + k0);
-    lo = __ldg(s);
-    if (k0 + 8 < p.K) hi = __ldg(s + 1);
+    const __nv_bfloat16* s = p.in.x + int64_t(src) * p.in.x_ld + k0;
+    lo = __ldg(reinterpret_cast<const uint4*>(s));
+    if (k0 + kSecondHalf<FP8> < p.K) hi = __ldg(reinterpret_cast<const uint4*>(s + kSecondHalf<FP8>));
   }
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
@@ -148,7 +155,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
         uint32_t xs[kPrefetchX ? U : 1][NT][8];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
+          const int k0 = lane_k0<FP8>(p, c0 + u * S, q);
 #pragma unroll
           for (int m = 0; m < MATS; ++m) {
             load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, a[u][m][0]);
@@ -156,12 +163,12 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
           }
           if constexpr (kPrefetchX)
 #pragma unroll
-            for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
+            for (int t = 0; t < NT; ++t) load_inputs<FP8>(p, src[t], k0, xs[u][t]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if (c0 + u * S >= p.chunks) break;
-          const int k0 = (c0 + u * S) * kChunk + q * 16;
+          const int k0 = lane_k0<FP8>(p, c0 + u * S, q);
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             uint32_t x[8];
@@ -169,7 +176,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 #pragma unroll
               for (int i = 0; i < 8; ++i) x[i] = xs[u][t][i];
             } else {
-              load_inputs(p, src[t], k0, x);
+              load_inputs<FP8>(p, src[t], k0, x);
             }
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
@@ -213,144 +220,6 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   }
 }
 
-// 16-byte pieces a lane stages for one chunk of one matrix: rows g and g + 8, two halves each.
-constexpr int kStreamUnits = 4;
-// Bytes of a staged input row of K (padded by 16 bytes, so that the 8 rows of a tile fall in
-// different banks).
-__host__ __device__ constexpr int64_t staged_row_bytes(int64_t K) { return K * 2 + 16; }
-
-// The one-tile BF16 product with its weights streamed through shared memory. Warp s takes chunks
-// s, s + S, ... of each slab, as gemv_kernel's warps do, and runs gemv_kernel's mmas in its
-// order, so the outputs are gemv_kernel's bit for bit. Its chunks of all its slabs and passes
-// form one sequence; chunk i of it lands in slot i % P of the warp's ring, issued P - 1 chunks
-// ahead, so the ring keeps streaming across slabs while the block meets for each slab's sum.
-// A lane copies and later reads only its own pieces (no barrier needed for the ring). A dense
-// weight is known before the kernel before this one ends: its first P - 1 chunks are asked for
-// before pdl_wait. The pass's input rows are staged in shared memory after the wait.
-template <class TO, bool SWIGLU, int P>
-__global__ void __launch_bounds__(256) gemv_stream_kernel(GemvParams p) {
-  constexpr int MATS = SWIGLU ? 2 : 1, kUnits = kStreamUnits * MATS;
-  extern __shared__ uint4 ring_smem[];
-  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  uint4* ring = ring_smem + int64_t(warp) * P * kUnits * 32 + lane;  // slot j, piece u: ring[(j * kUnits + u) * 32]
-  float* red = reinterpret_cast<float*>(ring_smem + int64_t(S) * P * kUnits * 32);  // [S][MATS][16 features][8 rows]
-  char* xs = reinterpret_cast<char*>(red + S * MATS * kSlab * 8);  // [min(8, rows)][staged row]
-  const int64_t xs_ld = staged_row_bytes(p.K);
-
-  const int my_chunks = warp < p.chunks ? (p.chunks - warp + S - 1) / S : 0;
-  const int my_slabs = int(blockIdx.y) < p.slabs ? (p.slabs - blockIdx.y + gridDim.y - 1) / gridDim.y : 0;
-  const char* W[2] = {static_cast<const char*>(p.w.w_one), static_cast<const char*>(p.w.w2_one)};
-  int total = 0;  // chunks of this warp's sequence
-  auto issue = [&](int i) {
-    if (i < total) {
-      const int c = i % my_chunks, slab = blockIdx.y + (i / my_chunks % my_slabs) * gridDim.y;
-      const int k0 = (warp + c * S) * kChunk + q * 16;
-      uint4* slot = ring + (i % P) * kUnits * 32;
-#pragma unroll
-      for (int m = 0; m < MATS; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int n = slab * kSlab + g + 8 * h;
-          const bool row_ok = n < p.N;
-          const bool lo_ok = row_ok && k0 < p.K, hi_ok = row_ok && k0 + 8 < p.K;  // else zeros
-          const char* src = W[m] + (lo_ok ? (int64_t(n) * p.w.ld + k0) * 2 : 0);
-          cp_async16(slot + (m * kStreamUnits + 2 * h) * 32, src, lo_ok);
-          cp_async16(slot + (m * kStreamUnits + 2 * h + 1) * 32, hi_ok ? src + 16 : src, hi_ok);
-        }
-    }
-    cp_async_commit();
-  };
-  // Before the wait: a dense weight's first chunks (the row count is the host's, fixed).
-  const bool early = !p.w.w && !p.rows.active && !p.rows.offsets;
-  if (early) {
-    total = (p.rows.rows + 7) / 8 * my_slabs * my_chunks;
-    for (int i = 0; i < P - 1; ++i) issue(i);
-  }
-  pdl_wait();
-  pdl_trigger();
-  int group = 0;
-  if (p.rows.active) {
-    if (int(blockIdx.x) >= *p.rows.n_active) return;
-    group = p.rows.active[blockIdx.x];
-  }
-  const int r_begin = p.rows.offsets ? p.rows.offsets[group] : 0;
-  const int r_end = p.rows.offsets ? p.rows.offsets[group + 1] : p.rows.rows;
-  if (!early) {
-    if (p.w.w) W[0] = static_cast<const char*>(p.w.w[group]);
-    if (p.w.w2) W[1] = static_cast<const char*>(p.w.w2[group]);
-    total = (r_end - r_begin + 7) / 8 * my_slabs * my_chunks;
-    for (int i = 0; i < P - 1; ++i) issue(i);
-  }
-  int i = 0;
-  for (int pass = r_begin; pass < r_end; pass += 8) {
-    const int prow = min(8, r_end - pass), pieces = p.K / 8;
-    __syncthreads();  // the last pass's readers of xs are done
-    for (int e = threadIdx.x; e < prow * pieces; e += blockDim.x) {
-      const int r = e / pieces, k = e % pieces * 8, src = p.in.x_rows ? p.in.x_rows[pass + r] : pass + r;
-      *reinterpret_cast<uint4*>(xs + r * xs_ld + k * 2) =
-          __ldg(reinterpret_cast<const uint4*>(p.in.x + int64_t(src) * p.in.x_ld + k));
-    }
-    __syncthreads();
-    for (int slab = blockIdx.y; slab < p.slabs; slab += gridDim.y) {
-      const int n0 = slab * kSlab;
-      float acc[MATS][4] = {};
-      for (int c = 0; c < my_chunks; ++c, ++i) {
-        issue(i + P - 1);
-        cp_async_wait<P - 1>();  // chunk i has landed
-        const int k0 = (warp + c * S) * kChunk + q * 16;
-        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-        if (g < prow && k0 < p.K) {
-          lo = *reinterpret_cast<const uint4*>(xs + g * xs_ld + k0 * 2);
-          if (k0 + 8 < p.K) hi = *reinterpret_cast<const uint4*>(xs + g * xs_ld + k0 * 2 + 16);
-        }
-        const uint32_t x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        const uint4* slot = ring + (i % P) * kUnits * 32;
-        uint32_t a[MATS][2][8];
-#pragma unroll
-        for (int m = 0; m < MATS; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint4 u0 = slot[(m * kStreamUnits + 2 * h) * 32], u1 = slot[(m * kStreamUnits + 2 * h + 1) * 32];
-            const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-            for (int j = 0; j < 8; ++j) a[m][h][j] = w[j];
-          }
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int m = 0; m < MATS; ++m) {
-            const uint32_t frag[4] = {a[m][0][2 * s], a[m][1][2 * s], a[m][0][2 * s + 1], a[m][1][2 * s + 1]};
-            mma_bf16(acc[m], frag, x[2 * s], x[2 * s + 1]);
-          }
-      }
-      // gemv_kernel's sum over warps and its epilogue.
-#pragma unroll
-      for (int m = 0; m < MATS; ++m) {
-        float* r = red + ((warp * MATS + m) * kSlab) * 8;
-        r[g * 8 + 2 * q] = acc[m][0], r[g * 8 + 2 * q + 1] = acc[m][1];
-        r[(g + 8) * 8 + 2 * q] = acc[m][2], r[(g + 8) * 8 + 2 * q + 1] = acc[m][3];
-      }
-      __syncthreads();
-      for (int e = threadIdx.x; e < 8 * kSlab; e += blockDim.x) {
-        const int row8 = e / kSlab, f = e % kSlab, row = pass + row8, n = n0 + f;
-        if (row >= r_end || n >= p.N) continue;
-        float v[MATS];
-#pragma unroll
-        for (int m = 0; m < MATS; ++m) {
-          v[m] = 0.f;
-          for (int w = 0; w < S; ++w) v[m] += red[((w * MATS + m) * kSlab + f) * 8 + row8];
-        }
-        float out = v[0];
-        if constexpr (SWIGLU) out = v[0] / (1.0f + expf(-v[0])) * v[MATS - 1];
-        else if (p.bias) out += p.bias[n];
-        store_out<TO>(p, row, n, out);
-      }
-      __syncthreads();  // red is rewritten by the next slab
-    }
-  }
-  cp_async_wait<0>();
-}
-
 // Blocks of the running router product that have finished; its last block resets it. One
 // stream a GPU runs these products one after another, so one counter a GPU serves them all.
 __device__ unsigned g_route_blocks_done = 0;
@@ -374,7 +243,7 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
   const int n0 = task / S * kSlab, first = task % S;
   const char* W = static_cast<const char*>(p.w.w_one);
   // This lane's k0 in chunk c (past the last chunk: K, which loads zeros).
-  auto k0_of = [&](int c) { return c < p.chunks ? c * kChunk + q * 16 : p.K; };
+  auto k0_of = [&](int c) { return lane_k0<FP8>(p, c, q); };
   uint32_t a[U][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
   auto load_round = [&](int c0) {
 #pragma unroll
@@ -401,7 +270,7 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
       if (c0 != first) load_round(c0);
       uint32_t xs[U][8];
 #pragma unroll
-      for (int u = 0; u < U; ++u) load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
+      for (int u = 0; u < U; ++u) load_inputs<FP8>(p, src, k0_of(c0 + u * S), xs[u]);
       // gemv_kernel's mmas, in its order.
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -437,72 +306,10 @@ bool one_round(const GemvParams& p, dim3 grid, int warps) {
   return int64_t(grid.x) * grid.y <= sm_count() && per_warp > unroll(false) && per_warp <= 8;
 }
 
-GemvTuning& tuning();
-
-// gemv_stream_kernel's shared memory: the warps' rings, the sums, a pass's input rows (no group
-// has more rows than the product).
-size_t stream_smem(const GemvParams& p, int warps, int mats, int stages) {
-  return size_t(warps) * stages * kStreamUnits * mats * 32 * 16 + size_t(warps) * mats * kSlab * 8 * sizeof(float) +
-         size_t(std::min(8, p.rows.rows)) * size_t(staged_row_bytes(p.K));
-}
-
-// Blocks of `kernel` an SM holds at this shape (asked once a device and shape).
-template <class Kernel>
-int blocks_per_sm(Kernel kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, size_t>, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  int& n = known[{current_device(), threads, smem}];
-  if (!n) MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  return std::max(1, n);
-}
-
-template <class TO, bool SWIGLU, int P>
-void launch_stream(const GemvParams& p, dim3 grid, int warps, size_t smem) {
-  auto kernel = gemv_stream_kernel<TO, SWIGLU, P>;
-  static PerDeviceOnce once;
-  once([&] {
-    int optin = 0;
-    MS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-    MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  });
-  // As many blocks as are resident at once, unless tuned: each walks its share of the slabs, its
-  // warps' rings streaming on across them, where later waves of blocks would start cold.
-  if (!tuning().blocks_y) {
-    const int groups = std::max(1, p.rows.expected_groups);
-    const int per_group = (blocks_per_sm(kernel, warps * 32, smem) * sm_count() + groups - 1) / groups;
-    grid.y = std::min<unsigned>(grid.y, unsigned(per_group));
-  }
-  launch_pdl(kernel, grid, dim3(warps * 32), smem, p);
-}
-
-// Runs a BF16 one-tile product on gemv_stream_kernel when its shared memory fits: a ring of 4
-// chunks a warp for SwiGLU pairs (two matrices a chunk), 8 otherwise, unless tuning says.
-template <class TO, bool SWIGLU>
-bool try_stream(const GemvParams& p, dim3 grid, int warps) {
-  constexpr int MATS = SWIGLU ? 2 : 1;
-  int stages = tuning().stages ? tuning().stages : SWIGLU ? 4 : 8;
-  if (stages == 1) return false;
-  static const size_t limit = [] {
-    int optin = 0;
-    MS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-    return size_t(optin);
-  }();
-  while (stages > 2 && stream_smem(p, warps, MATS, stages) > limit) stages /= 2;
-  const size_t smem = stream_smem(p, warps, MATS, stages);
-  if (smem > limit) return false;
-  if (stages == 8) launch_stream<TO, SWIGLU, 8>(p, grid, warps, smem);
-  else if (stages == 4) launch_stream<TO, SWIGLU, 4>(p, grid, warps, smem);
-  else launch_stream<TO, SWIGLU, 2>(p, grid, warps, smem);
-  return true;
-}
-
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
-  if constexpr (!FP8 && NT == 1)
-    if (try_stream<TO, SWIGLU>(p, grid, warps)) return;
   if constexpr (!FP8 && !SWIGLU && NT == 1)
     if (one_round(p, grid, warps)) {
       launch_pdl(gemv_kernel<FP8, TO, false, 1, 8>, grid, dim3(warps * 32), smem, p);
@@ -517,6 +324,8 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
   else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps);
   else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
 }
+
+GemvTuning& tuning();
 
 // The router's launch: a warp for each of the slabs x S tasks, per_block of them a block (as few
 // as fill the multiprocessors, or tuning().route_tasks), with at least a warp a row for the top-k.
@@ -550,10 +359,9 @@ void dispatch_out(const GemvParams& p, DType dtype, int nt, dim3 grid, int warps
 
 GemvTuning checked(const GemvTuning& t) {
   MS_CHECK(t.warps >= 0 && t.warps <= 8 && t.blocks_y >= 0 && (t.nt == 0 || t.nt == 1 || t.nt == 2 || t.nt == 4) &&
-               t.route_tasks >= 0 && t.route_tasks <= 8 &&
-               (t.stages == 0 || t.stages == 1 || t.stages == 2 || t.stages == 4 || t.stages == 8),
+               t.route_tasks >= 0 && t.route_tasks <= 8,
            "gemv tuning: warps ", t.warps, " (0..8), blocks_y ", t.blocks_y, " (>= 0), nt ", t.nt,
-           " (0, 1, 2, 4), route_tasks ", t.route_tasks, " (0..8), stages ", t.stages, " (0, 1, 2, 4, 8)");
+           " (0, 1, 2, 4), route_tasks ", t.route_tasks, " (0..8)");
   return t;
 }
 
@@ -563,7 +371,6 @@ GemvTuning& tuning() {
     if (const char* env = std::getenv("MOESERVE_GEMV_TUNE"))
       MS_CHECK(std::sscanf(env, "%d,%d,%d", &t.warps, &t.blocks_y, &t.nt) == 3,
                "MOESERVE_GEMV_TUNE=", env, ": expected warps,blocks_y,nt");
-    if (const char* env = std::getenv("MOESERVE_GEMV_STAGES")) t.stages = std::atoi(env);
     return checked(t);
   }();
   return t;

@@ -61,14 +61,12 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 // blocks over a group's 16-feature slabs (grid.y, at most the slab count; each walks every
 // blocks_y-th slab), nt tiles of 8 rows a pass over the weights (1, 2 or 4). The router's product
 // (`route`) keeps its own shape but for route_tasks, the warps that stream a block (1..8; it
-// always takes the automatic split of K, so that its logits stay the unrouted product's). stages:
-// the ring depth of the streaming kernel for BF16 products of one row tile (2, 4 or 8 chunks a
-// warp), or 1 for the register kernel there. Starts as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" and
-// MOESERVE_GEMV_STAGES say (read once); set_gemv_tuning replaces it for
+// always takes the automatic split of K, so that its logits stay the unrouted product's). Starts
+// as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" says (read once); set_gemv_tuning replaces it for
 // later launches (a captured graph keeps the shape it was captured with). Not for concurrent use:
 // set it while no other thread launches products.
 struct GemvTuning {
-  int warps = 0, blocks_y = 0, nt = 0, route_tasks = 0, stages = 0;
+  int warps = 0, blocks_y = 0, nt = 0, route_tasks = 0;
 };
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
