@@ -262,6 +262,7 @@ struct Case {
       routing = make_routing(s.tokens, s.top_k, E);
       dev_routing = upload(routing);
       grows = dev_routing.rows(rows, E, expected_groups(s));
+      grows.settled = !s.swiglu;  // as the experts' down product is launched
     } else {
       w.w_one = mats[0].dev.raw();
       if (s.fp8) w.s_one = mats[0].dev_scale.data<float>();
@@ -456,9 +457,13 @@ struct BenchCase {
       if (s.swiglu) w.w2 = t + s.experts;
       const auto& dr = dev_routings[size_t(i) % dev_routings.size()];
       r = dr.rows(rows, s.experts, expected_groups(s));
+      r.settled = !s.swiglu;  // as the experts' down product is launched
       if (s.swiglu) x_rows = dr.token_of_row(s.experts);
     } else {
-      w.w_one = weights[size_t(i) % weights.size()].raw();
+      // A dense SwiGLU pair: the up half is the next copy (two copies a launch, none shared with the last).
+      const size_t first = size_t(i) * (s.swiglu ? 2 : 1);
+      w.w_one = weights[first % weights.size()].raw();
+      if (s.swiglu) w.w2_one = weights[(first + 1) % weights.size()].raw();
       r.rows = int(rows);
     }
     cuda::GemvInput in{static_cast<const __nv_bfloat16*>(x.raw()), s.K, x_rows};

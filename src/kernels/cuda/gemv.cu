@@ -5,12 +5,8 @@
 // takes every S-th 64-wide chunk of K, and the S partial sums meet in shared memory.
 //
 // Fragment layout: a dot product does not care in which order k is summed, so each lane loads
-// 16 k of weight rows g and g + 8 and of input row g and hands them to the mma as if they were
-// the k it expects; A and B are permuted alike. A BF16 lane q of a quad takes k 8q..8q+7 and
-// 32+8q..32+8q+7 of the chunk (two 16-byte loads), so that each load instruction of a quad reads
-// 64 contiguous bytes, two whole 32-byte sectors (16 consecutive k a lane would split every
-// sector between two instructions, each asking L2 for it); an FP8 lane takes 16 consecutive k
-// (one 16-byte load, already whole sectors).
+// 16 consecutive k (two 16-byte bf16 loads, or one of fp8) of weight rows g and g + 8 and of input
+// row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
 // FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy).
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/mma.h"
@@ -38,16 +34,7 @@ struct GemvParams {
   int N, K, chunks, slabs;
 };
 
-// The first k of lane q's share of chunk c (past K for chunks past the last), and the offset of
-// its second 8 k (kSecondHalf below).
-template <bool FP8>
-__device__ __forceinline__ int lane_k0(const GemvParams& p, int c, int q) {
-  return c < p.chunks ? c * kChunk + q * (FP8 ? 16 : 8) : p.K;
-}
-template <bool FP8>
-constexpr int kSecondHalf = FP8 ? 8 : 32;
-
-// 16 weights of row n at lane_k0 k0 as 8 bf16 pairs (zeros past N or K).
+// 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
 template <bool FP8>
 __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W, const float* S, int n, int k0,
                                              uint32_t (&w)[8]) {
@@ -56,9 +43,9 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
     if constexpr (FP8) {
       lo = __ldg(reinterpret_cast<const uint4*>(W + int64_t(n) * p.w.ld + k0));
     } else {
-      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(W) + int64_t(n) * p.w.ld + k0;
-      lo = __ldg(reinterpret_cast<const uint4*>(src));
-      if (k0 + kSecondHalf<false> < p.K) hi = __ldg(reinterpret_cast<const uint4*>(src + kSecondHalf<false>));
+      const uint4* src = reinterpret_cast<const uint4*>(W + (int64_t(n) * p.w.ld + k0) * 2);
+      lo = __ldg(src);
+      if (k0 + 8 < p.K) hi = __ldg(src + 1);
     }
   }
   if constexpr (FP8) {
@@ -76,30 +63,28 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
   }
 }
 
-// The 16 inputs of source row `src` (< 0: none) that pair with load_weights<FP8> at k0, as 8
-// bf16 pairs.
-template <bool FP8>
+// 16 inputs of source row `src` (< 0: none) at k0 as 8 bf16 pairs.
 __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0, uint32_t (&x)[8]) {
   uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
   if (src >= 0 && k0 < p.K) {
-    const __nv_bfloat16* s = p.in.x + int64_t(src) * p.in.x_ld + k0;
-    lo = __ldg(reinterpret_cast<const uint4*>(s));
-    if (k0 + kSecondHalf<FP8> < p.K) hi = __ldg(reinterpret_cast<const uint4*>(s + kSecondHalf<FP8>));
+    const uint4* s = reinterpret_cast<const uint4*>(p.in.x + int64_t(src) * p.in.x_ld + k0);
+    lo = __ldg(s);
+    if (k0 + 8 < p.K) hi = __ldg(s + 1);
   }
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
-// Asks L2 for rows [n0, n0 + 16) of a dense weight (and its SwiGLU twin): one 128-byte line a
+// Asks L2 for rows [n0, n0 + 16) of weight W0 (and its SwiGLU twin W1): one 128-byte line a
 // thread at a time.
 template <bool FP8, int MATS>
-__device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
+__device__ __forceinline__ void prefetch_slab(const GemvParams& p, const void* W0, const void* W1, int n0) {
   const int64_t row_bytes = int64_t(p.K) * (FP8 ? 1 : 2), lines = (row_bytes + 127) / 128;
   const int rows = min(kSlab, p.N - n0);
   for (int64_t i = threadIdx.x; i < rows * lines; i += blockDim.x) {
     const int64_t off = int64_t(n0 + i / lines) * p.w.ld * (FP8 ? 1 : 2) + (i % lines) * 128;
 #pragma unroll
     for (int m = 0; m < MATS; ++m) {
-      const char* w = static_cast<const char*>(m == 0 ? p.w.w_one : p.w.w2_one) + off;
+      const char* w = static_cast<const char*>(m == 0 ? W0 : W1) + off;
       asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
     }
   }
@@ -121,10 +106,18 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // more occupancy than the round trips did.
   constexpr bool kPrefetchX = NT == 1;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
-  // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
-  // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
-  // the routing of grouped rows). The next kernel may start its own prefetch meanwhile.
-  if (!p.w.w && blockIdx.y < p.slabs) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
+  // Launched early (launch_pdl): a dense weight, or a settled group's, is known before the
+  // kernel before this one ends, so the block asks L2 for its first slab, then waits for that
+  // kernel's output (the inputs, the routing of grouped rows). The next kernel may start its own
+  // prefetch meanwhile.
+  if (blockIdx.y < p.slabs) {
+    if (!p.w.w) {
+      prefetch_slab<FP8, MATS>(p, p.w.w_one, p.w.w2_one, blockIdx.y * kSlab);
+    } else if (p.rows.settled && p.rows.active && int(blockIdx.x) < *p.rows.n_active) {
+      const int g = p.rows.active[blockIdx.x];
+      prefetch_slab<FP8, MATS>(p, p.w.w[g], p.w.w2 ? p.w.w2[g] : nullptr, blockIdx.y * kSlab);
+    }
+  }
   pdl_wait();
   pdl_trigger();
   int group = 0;
@@ -155,7 +148,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
         uint32_t xs[kPrefetchX ? U : 1][NT][8];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int k0 = lane_k0<FP8>(p, c0 + u * S, q);
+          const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
 #pragma unroll
           for (int m = 0; m < MATS; ++m) {
             load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, a[u][m][0]);
@@ -163,12 +156,12 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
           }
           if constexpr (kPrefetchX)
 #pragma unroll
-            for (int t = 0; t < NT; ++t) load_inputs<FP8>(p, src[t], k0, xs[u][t]);
+            for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if (c0 + u * S >= p.chunks) break;
-          const int k0 = lane_k0<FP8>(p, c0 + u * S, q);
+          const int k0 = (c0 + u * S) * kChunk + q * 16;
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             uint32_t x[8];
@@ -176,7 +169,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 #pragma unroll
               for (int i = 0; i < 8; ++i) x[i] = xs[u][t][i];
             } else {
-              load_inputs<FP8>(p, src[t], k0, x);
+              load_inputs(p, src[t], k0, x);
             }
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
@@ -243,7 +236,7 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
   const int n0 = task / S * kSlab, first = task % S;
   const char* W = static_cast<const char*>(p.w.w_one);
   // This lane's k0 in chunk c (past the last chunk: K, which loads zeros).
-  auto k0_of = [&](int c) { return lane_k0<FP8>(p, c, q); };
+  auto k0_of = [&](int c) { return c < p.chunks ? c * kChunk + q * 16 : p.K; };
   uint32_t a[U][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
   auto load_round = [&](int c0) {
 #pragma unroll
@@ -270,7 +263,7 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
       if (c0 != first) load_round(c0);
       uint32_t xs[U][8];
 #pragma unroll
-      for (int u = 0; u < U; ++u) load_inputs<FP8>(p, src, k0_of(c0 + u * S), xs[u]);
+      for (int u = 0; u < U; ++u) load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
       // gemv_kernel's mmas, in its order.
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -400,8 +393,13 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                         : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
   // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
-  // over slabs for several waves, each block walking the rest in turn.
-  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
+  // over slabs for several waves, each block walking the rest in turn. A dense BF16 weight at
+  // decode (one tile) takes eight up to twice as many slabs: its blocks prefetch their first slab
+  // before the kernel before ends, and half the chunks a warp is one round of loads fewer
+  // (Qwen3's q|k|v, 320 slabs: 8.4 against 10.4 us, bench/BENCHMARKS.md "Session 14").
+  const bool dense_decode = !rows.offsets && !w.fp8 && rows.rows <= 8;
+  const int few_slabs = (dense_decode ? 4 : 2) * sm_count();
+  int warps = int64_t(rows.expected_groups) * p.slabs < few_slabs && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {
