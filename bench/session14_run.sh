@@ -44,7 +44,8 @@ fi
 # PHASE=2: $SRC (the BF16 product's lanes load whole 32-byte sectors) against $BEFORE_SRC (main
 #   before it): the tests of the products, both trees' gemv bench, bench-one-batch in both orders
 #   at B = 1 and 64, timelines, then the other decode-path tests.
-if [ $PHASE = 2 ]; then
+# PHASE=3: the same for $SRC = 8 warps for q|k|v and the down product's prefetch (cacb654).
+if [ $PHASE = 2 ] || [ $PHASE = 3 ]; then
   [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
   mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
   (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j5 --target moeserve test_cuda_gemv) \
