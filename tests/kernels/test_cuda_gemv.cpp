@@ -262,7 +262,6 @@ struct Case {
       routing = make_routing(s.tokens, s.top_k, E);
       dev_routing = upload(routing);
       grows = dev_routing.rows(rows, E, expected_groups(s));
-      grows.settled = !s.swiglu;  // as the experts' down product is launched
     } else {
       w.w_one = mats[0].dev.raw();
       if (s.fp8) w.s_one = mats[0].dev_scale.data<float>();
@@ -457,7 +456,6 @@ struct BenchCase {
       if (s.swiglu) w.w2 = t + s.experts;
       const auto& dr = dev_routings[size_t(i) % dev_routings.size()];
       r = dr.rows(rows, s.experts, expected_groups(s));
-      r.settled = !s.swiglu;  // as the experts' down product is launched
       if (s.swiglu) x_rows = dr.token_of_row(s.experts);
     } else {
       // A dense SwiGLU pair: the up half is the next copy (two copies a launch, none shared with the last).

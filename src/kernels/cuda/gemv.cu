@@ -14,6 +14,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace ms::cuda {
 namespace {
@@ -74,17 +77,17 @@ __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
-// Asks L2 for rows [n0, n0 + 16) of weight W0 (and its SwiGLU twin W1): one 128-byte line a
+// Asks L2 for rows [n0, n0 + 16) of a dense weight (and its SwiGLU twin): one 128-byte line a
 // thread at a time.
 template <bool FP8, int MATS>
-__device__ __forceinline__ void prefetch_slab(const GemvParams& p, const void* W0, const void* W1, int n0) {
+__device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
   const int64_t row_bytes = int64_t(p.K) * (FP8 ? 1 : 2), lines = (row_bytes + 127) / 128;
   const int rows = min(kSlab, p.N - n0);
   for (int64_t i = threadIdx.x; i < rows * lines; i += blockDim.x) {
     const int64_t off = int64_t(n0 + i / lines) * p.w.ld * (FP8 ? 1 : 2) + (i % lines) * 128;
 #pragma unroll
     for (int m = 0; m < MATS; ++m) {
-      const char* w = static_cast<const char*>(m == 0 ? W0 : W1) + off;
+      const char* w = static_cast<const char*>(m == 0 ? p.w.w_one : p.w.w2_one) + off;
       asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
     }
   }
@@ -106,18 +109,10 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // more occupancy than the round trips did.
   constexpr bool kPrefetchX = NT == 1;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
-  // Launched early (launch_pdl): a dense weight, or a settled group's, is known before the
-  // kernel before this one ends, so the block asks L2 for its first slab, then waits for that
-  // kernel's output (the inputs, the routing of grouped rows). The next kernel may start its own
-  // prefetch meanwhile.
-  if (blockIdx.y < p.slabs) {
-    if (!p.w.w) {
-      prefetch_slab<FP8, MATS>(p, p.w.w_one, p.w.w2_one, blockIdx.y * kSlab);
-    } else if (p.rows.settled && p.rows.active && int(blockIdx.x) < *p.rows.n_active) {
-      const int g = p.rows.active[blockIdx.x];
-      prefetch_slab<FP8, MATS>(p, p.w.w[g], p.w.w2 ? p.w.w2[g] : nullptr, blockIdx.y * kSlab);
-    }
-  }
+  // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
+  // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
+  // the routing of grouped rows). The next kernel may start its own prefetch meanwhile.
+  if (!p.w.w && blockIdx.y < p.slabs) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
   pdl_wait();
   pdl_trigger();
   int group = 0;
@@ -299,6 +294,35 @@ bool one_round(const GemvParams& p, dim3 grid, int warps) {
   return int64_t(grid.x) * grid.y <= sm_count() && per_warp > unroll(false) && per_warp <= 8;
 }
 
+// Blocks of `kernel` an SM holds at once with this block size and shared memory (asked once a
+// device and shape).
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  int& n = known[{current_device(), reinterpret_cast<const void*>(kernel), threads, smem}];
+  if (!n) MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  return std::max(1, n);
+}
+
+GemvTuning& tuning();
+
+template <bool FP8, class TO, bool SWIGLU, int NT, int U>
+void launch_kernel(const GemvParams& p, dim3 grid, int warps, size_t smem) {
+  auto kernel = gemv_kernel<FP8, TO, SWIGLU, NT, U>;
+  // Grouped rows of one tile a group (the experts at decode): as many blocks as the SMs hold at
+  // once, each walking its share of the slabs. A second wave would start only as the first
+  // drains, and the kernel after (launched when every block has started) would wait for it:
+  // Qwen3's down product at batch 1 (8 x 128 slabs, 4 x 132 resident) ran two.
+  if (NT == 1 && p.rows.offsets && !tuning().blocks_y) {
+    const int64_t wave = int64_t(resident_blocks(kernel, warps * 32, smem)) * sm_count();
+    const int64_t groups = std::max(1, p.rows.expected_groups);
+    grid.y = unsigned(std::min<int64_t>(grid.y, std::max<int64_t>(1, wave / groups)));
+  }
+  launch_pdl(kernel, grid, dim3(warps * 32), smem, p);
+}
+
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
@@ -308,7 +332,7 @@ void launch(const GemvParams& p, dim3 grid, int warps) {
       launch_pdl(gemv_kernel<FP8, TO, false, 1, 8>, grid, dim3(warps * 32), smem, p);
       return;
     }
-  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
+  launch_kernel<FP8, TO, SWIGLU, NT, U>(p, grid, warps, smem);
 }
 
 template <bool FP8, class TO, bool SWIGLU>
@@ -317,8 +341,6 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
   else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps);
   else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
 }
-
-GemvTuning& tuning();
 
 // The router's launch: a warp for each of the slabs x S tasks, per_block of them a block (as few
 // as fill the multiprocessors, or tuning().route_tasks), with at least a warp a row for the top-k.
@@ -393,13 +415,8 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                         : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
   // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
-  // over slabs for several waves, each block walking the rest in turn. A dense BF16 weight at
-  // decode (one tile) takes eight up to twice as many slabs: its blocks prefetch their first slab
-  // before the kernel before ends, and half the chunks a warp is one round of loads fewer
-  // (Qwen3's q|k|v, 320 slabs: 8.4 against 10.4 us, bench/BENCHMARKS.md "Session 14").
-  const bool dense_decode = !rows.offsets && !w.fp8 && rows.rows <= 8;
-  const int few_slabs = (dense_decode ? 4 : 2) * sm_count();
-  int warps = int64_t(rows.expected_groups) * p.slabs < few_slabs && p.chunks >= 16 ? 8 : 4;
+  // over slabs for several waves, each block walking the rest in turn.
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {

@@ -34,12 +34,6 @@ struct GemvRows {
   const int32_t* n_active = nullptr;
   int max_groups = 1;  // grid size over groups (a bound on *n_active, fixed for graph capture)
   int expected_groups = 1;  // groups likely active: sizes the grid over output tiles
-  // The grouping was written before the kernel launched just before this product, and that
-  // kernel waits for its own predecessor before it lets this one start (a gemv does): the
-  // grouping is then final when this product's blocks start, so they read it before waiting for
-  // their inputs and ask L2 for their group's first weights (the experts' down product, after
-  // gate|up). Leave false where the kernel just before wrote the grouping.
-  bool settled = false;
 };
 
 // Input rows: row r of the product reads x[x_rows ? x_rows[r] : r] (row stride x_ld, BF16;

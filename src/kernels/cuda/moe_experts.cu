@@ -178,7 +178,6 @@ ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& wei
   GemvInput xin{x.data<bf16>(), x.strides()[0], perm.token_of_row.data<int32_t>()};
   gemv(I, H, table.gate_up, rows, xin, GemvOutput{act.raw(), DType::BF16, I}, true);
   GemvInput ain{act.data<bf16>(), I};
-  rows.settled = true;  // gate|up, the kernel before, waited for the routing
   gemv(H, I, table.down, rows, ain, GemvOutput{ye.raw(), DType::F32, H}, false);
   return {ye, perm.row_of, weights};
 }
