@@ -68,3 +68,26 @@ if [ $PHASE = 2 ] || [ $PHASE = 3 ]; then
   SIDES="after" bench_sides v2lite "1 8192 2"
   log done
 fi
+# PHASE=4: $SRC (grouped one-tile products in one wave; the GQA decode merging its own splits)
+#   against $BEFORE_SRC, and against itself with MOESERVE_GQA_FUSED_MERGE=0 (one wave only).
+if [ $PHASE = 4 ]; then
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j4 --target moeserve) > $L/build-before.log 2>&1 &
+  JOBS=12 build_after ms_kernel_trace test_cuda_gemv test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_moe_route test_cuda_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_gemv
+  MOESERVE_PDL=0 gtest attn-nopdl 120 /tmp/b/tests/test_cuda_attention_moe
+  MOESERVE_BENCH_ATTENTION=1 gtest attn-bench 100 /tmp/b/tests/test_cuda_attention_moe --gtest_filter=CudaOps.DecodeAttentionBench
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before unfused:MOESERVE_GQA_FUSED_MERGE=0 after" bench_sides qwen3 "1 4096 16"
+  SIDES="before unfused:MOESERVE_GQA_FUSED_MERGE=0 after" bench_sides v2lite "1 4096 16"
+  SIDES="after unfused:MOESERVE_GQA_FUSED_MERGE=0 before" bench_sides qwen3 "1 4096 16" "64 256 16" "8 4096 16"
+  SIDES="after before" bench_sides v2lite "1 4096 16" "64 256 16"
+  trace qwen3 1 4096 after
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route test_cuda_graphs
+  MOESERVE_BENCH_GEMV=1 gtest gemv-bench 100 /tmp/b/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
+  log done
+fi
