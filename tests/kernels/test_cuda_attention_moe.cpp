@@ -1,7 +1,6 @@
 // The attention and MoE CUDA ops against their CPU ops: GQA and MLA over a shuffled slot cache
 // (prefill with a cached prefix, mixed batches, and long decodes that take the split-KV path,
-// eager and replayed from a captured step; GQA decode's split merge in its kernel and in a merge
-// kernel, bit for bit), the MLA absorptions (bf16 and fp8 kv_b; an fp8 kv_b
+// eager and replayed from a captured step), the MLA absorptions (bf16 and fp8 kv_b; an fp8 kv_b
 // dequantised once, bit for bit as at every call), router
 // top-k in every routing variant (ids must be identical), and the routed experts (bf16 and fp8
 // weights). DecodeAttentionBench times decode attention when MOESERVE_BENCH_ATTENTION=1.
@@ -151,139 +150,6 @@ TEST(CudaOps, CapturedDecodeAttentionMatchesCpu) {
   }
 }
 
-// Sets MOESERVE_GQA_FUSED_MERGE for its lifetime (read at every attention call): whether GQA
-// decode on the tensor cores merges its splits in flash_decode_kernel or in a merge kernel.
-class FusedMerge {
- public:
-  explicit FusedMerge(bool on) {
-    if (const char* old = std::getenv(kName)) old_ = old, had_ = true;
-    setenv(kName, on ? "1" : "0", 1);
-  }
-  ~FusedMerge() { had_ ? setenv(kName, old_.c_str(), 1) : unsetenv(kName); }
-  FusedMerge(const FusedMerge&) = delete;
-  FusedMerge& operator=(const FusedMerge&) = delete;
-
- private:
-  static constexpr const char* kName = "MOESERVE_GQA_FUSED_MERGE";
-  std::string old_;
-  bool had_ = false;
-};
-
-// Kernel nodes in the graph this thread's stream is capturing into, so far.
-int kernels_captured_so_far() {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamGetCaptureInfo(cuda::stream(), &status, nullptr, &graph), cudaSuccess);
-  if (status != cudaStreamCaptureStatusActive || !graph) return -1;
-  size_t n = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  int kernels = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-    kernels += type == cudaGraphNodeTypeKernel;
-  }
-  return kernels;
-}
-
-// GQA decode's split merge in flash_decode_kernel (its last block of each query and KV head)
-// gives the CPU's result and the very bits of the merge kernel, eagerly at every split count
-// the merge kernel distinguishes: one split (no merge: batch 64 at 256 keys), the one-pass merge
-// (2 and 16 splits; batch 8 at 4096 keys, 8), the many-split merge (17, 33, 65 splits, and 130
-// over one KV head: more than the 128 a merge warp's pass loads), ragged batches whose short
-// queries leave splits empty, and speculative verification's few queries a sequence. Each
-// fused call runs twice: the arrival counters it leaves must be zero for the next launch.
-TEST(CudaOps, GqaDecodeFusedMergeMatchesMergeKernel) {
-  MS_REQUIRE_CUDA();
-  const int64_t D = 128, pool = 32768;  // batch 8 at up to 4096 keys holds 26468
-  const std::vector<std::vector<std::pair<int, int>>> layouts = {
-      {{1, 128}}, {{1, 1000}}, {{1, 1056}}, {{1, 4096}}, {{1, 8300}},
-      {{1, 4096}, {1, 1000}, {1, 33}},
-      {{1, 4096}, {1, 17}, {1, 2500}, {1, 4000}, {1, 129}, {1, 3333}, {1, 64}, {1, 1}},
-      batch_of(8, 4096, 300), batch_of(64, 256, 9),
-      {{4, 700}, {1, 50}, {3, 3}},
-  };
-  for (auto [Hq, Hkv] : std::vector<std::pair<int64_t, int64_t>>{{32, 4}, {28, 4}, {16, 16}, {8, 1}}) {
-    Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
-    Tensor kg = gpu(kc), vg = gpu(vc);
-    for (const auto& seqs : layouts) {
-      auto layout = make_layout(seqs, int(pool));
-      const int64_t T = layout.q_start.back();
-      Tensor q = randn({T, Hq, D}), ref = Tensor::empty(DType::F32, {T, Hq, D});
-      cpu::attention(q, kc, vc, layout, 0.088f, ref);
-      Tensor qg = gpu(q);
-      auto run = [&](bool fused) {
-        FusedMerge mode(fused);
-        Tensor out = poisoned(DType::BF16, {T, Hq, D});
-        cuda::attention(qg, kg, vg, layout, 0.088f, out);
-        return out;
-      };
-      const std::string what = std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, " +
-                               std::to_string(seqs.size()) + " sequences, " + std::to_string(T) + " queries, " +
-                               std::to_string(seqs[0].second) + " keys first";
-      const Tensor kernel = run(false);
-      for (int call = 0; call < 2; ++call) {
-        const Tensor fused = run(true);
-        EXPECT_LT(rel_error(fused, ref), kBf16Tol) << what << ", call " << call;
-        EXPECT_EQ(bit_mismatches(fused, kernel), 0) << what << ", call " << call;
-      }
-    }
-  }
-}
-
-// The same in captured steps, replayed with other lengths (some splits empty, others partial)
-// several times over: the merging launch leaves its counters zero at every replay, and its
-// graph has one kernel where the other has the attention kernel and the merge kernel (GQA
-// 32/4 heads, captured at 4096 keys: 22 splits on a 132-SM H200; at 256: 4).
-TEST(CudaOps, CapturedGqaDecodeFusedMergeMatchesMergeKernel) {
-  MS_REQUIRE_CUDA();
-  const int64_t D = 128, Hq = 32, Hkv = 4, pool = 13000, T = 3;
-  Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
-  Tensor kg = gpu(kc), vg = gpu(vc);
-  Tensor q = randn({T, Hq, D}), qg = gpu(q);
-  const std::vector<int32_t> ids(T, 0), positions(T, 0), locs(T, 0);
-  using Seqs = std::vector<std::pair<int, int>>;
-  for (const int max_kv : {4096, 256}) {
-    const auto captured = make_layout({{1, max_kv}, {1, max_kv / 4}, {1, 33}}, int(pool));
-    Tensor outs[2] = {poisoned(DType::BF16, {T, Hq, D}), poisoned(DType::BF16, {T, Hq, D})};
-    std::unique_ptr<ops::StepGraph> graphs[2];
-    int kernels[2] = {0, 0};
-    auto graph_pool = ops::make_graph_pool(Device::CUDA);
-    for (int fused = 0; fused < 2; ++fused) {
-      FusedMerge mode(fused == 1);  // read when the call is captured
-      auto body = [&] {
-        const int before = kernels_captured_so_far();
-        cuda::attention(qg, kg, vg, captured, 0.088f, outs[fused]);
-        kernels[fused] = kernels_captured_so_far() - before;
-      };
-      cuda::attention(qg, kg, vg, captured, 0.088f, outs[fused]);  // eagerly first, as the runner does
-      graphs[fused] = ops::capture_step(Device::CUDA, ops::StepArrays{ids, positions, locs, &captured}, 3 * max_kv,
-                                        max_kv, *graph_pool, body);
-    }
-    EXPECT_EQ(kernels[0], 2) << "captured at " << max_kv << ": attention and merge kernels";
-    EXPECT_EQ(kernels[1], 1) << "captured at " << max_kv << ": the attention kernel merges";
-    for (int round = 0; round < 2; ++round)
-    for (const Seqs& seqs : std::vector<Seqs>{{{1, 50}, {1, max_kv}, {1, max_kv / 2}},
-                                              {{1, max_kv}, {1, max_kv}, {1, max_kv}},
-                                              {{1, 1}, {1, 17}, {1, 65}}}) {
-      const auto layout = make_layout(seqs, int(pool));
-      Tensor ref = Tensor::empty(DType::F32, {T, Hq, D});
-      cpu::attention(q, kc, vc, layout, 0.088f, ref);
-      const std::string keys = "captured at " + std::to_string(max_kv) + ", keys " + std::to_string(seqs[0].second) +
-                               " " + std::to_string(seqs[1].second) + " " + std::to_string(seqs[2].second) +
-                               ", round " + std::to_string(round);
-      for (int fused = 0; fused < 2; ++fused) {
-        outs[fused].copy_from(poisoned(DType::BF16, {T, Hq, D}));
-        graphs[fused]->replay(ops::StepArrays{ids, positions, locs, &layout});
-        EXPECT_LT(rel_error(outs[fused], ref), kBf16Tol) << (fused ? "fused, " : "merge kernel, ") << keys;
-      }
-      EXPECT_EQ(bit_mismatches(outs[1], outs[0]), 0) << keys;
-    }
-  }
-}
-
 // A cache of `views` x `slots` rows of `row` bf16 values (small, finite), as `views` caches.
 std::vector<Tensor> bench_caches(int views, int64_t slots, Shape row) {
   Shape shape{views * slots};
@@ -345,9 +211,8 @@ std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max
 // numbers are DRAM's. Slots shuffled over the pool (each key a random row), and in order (each
 // sequence's rows contiguous): the difference is DRAM's access pattern, not the kernel's work.
 // Then the fused rope + KV-cache writes of the same steps: Qwen3's (32 + 4 heads with q/k norms)
-// at batch 1, V2-Lite's MLA (16 heads, latent 512 + 64) at batch 64. GQA twice: its split merge in
-// the attention kernel and in a merge kernel. Opt-in (timing, not a check):
-// MOESERVE_BENCH_ATTENTION=1.
+// at batch 1, V2-Lite's MLA (16 heads, latent 512 + 64) at batch 64. Opt-in (timing, not a
+// check): MOESERVE_BENCH_ATTENTION=1.
 TEST(CudaOps, DecodeAttentionBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_ATTENTION");
@@ -363,16 +228,12 @@ TEST(CudaOps, DecodeAttentionBench) {
       const int views = std::max(2, int(std::ceil(160e6 / bytes)));
       auto k = bench_caches(views, slots, {Hkv, D}), v = bench_caches(views, slots, {Hkv, D});
       Tensor q = gpu(randn({B, Hq, D})), out = poisoned(DType::BF16, {B, Hq, D});
-      for (bool fused : {true, false}) {  // the split merge in the attention kernel, or in a merge kernel
-        FusedMerge mode(fused);
-        auto [graphed, eager] = time_calls(layout, keys, [&](int i) {
-          cuda::attention(q, k[size_t(i % views)], v[size_t(i % views)], layout, 0.088f, out);
-        });
-        std::printf("[bench] GQA 32/4 heads, B=%d, %d keys, slots %s, %s: %.2f us (%.0f GB/s) graphed, %.2f us "
-                    "eager, %.1f MB a call\n",
-                    B, keys, order, fused ? "merge in kernel" : "merge kernel", graphed, bytes / graphed / 1e3, eager,
-                    bytes / 1e6);
-      }
+      auto [graphed, eager] = time_calls(layout, keys, [&](int i) {
+        cuda::attention(q, k[size_t(i % views)], v[size_t(i % views)], layout, 0.088f, out);
+      });
+      std::printf("[bench] GQA 32/4 heads, B=%d, %d keys, slots %s: %.2f us (%.0f GB/s) graphed, %.2f us eager, "
+                  "%.1f MB a call\n",
+                  B, keys, order, graphed, bytes / graphed / 1e3, eager, bytes / 1e6);
     }
     {
       const int64_t H = 16, L = 512, R = 64;

@@ -7,14 +7,11 @@
 // the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
 // flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_prefill.h"
-#include "kernels/cuda/split_merge.cuh"
 #include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
@@ -154,6 +151,7 @@ __global__ void attention_kernel(AttnParams p) {
 }
 
 constexpr int kMergeThreads = 256;  // a block of the one-pass merge: pieces of several rows
+constexpr int kFewSplits = 16;      // the most splits the one-pass merge loads at once
 
 // out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z, for up to NS
 // splits. A thread owns one V-float piece of one (query, head) row and loads every split's
@@ -185,11 +183,11 @@ __global__ void __launch_bounds__(kMergeThreads) combine_few(AttnParams p) {
   float acc[V] = {}, L = 0.f;
 #pragma unroll
   for (int z = 0; z < NS; ++z) {
-    const float w = split_weight(ml[z].x, M);  // an empty split weighs nothing
+    const float w = ml[z].x == -INFINITY ? 0.f : expf(ml[z].x - M);  // an empty split weighs nothing
     const float* af = reinterpret_cast<const float*>(&a[z]);
 #pragma unroll
-    for (int i = 0; i < V; ++i) acc[i] = add_weighted(acc[i], w, af[i]);
-    L = add_weighted(L, w, ml[z].y);
+    for (int i = 0; i < V; ++i) acc[i] += w * af[i];
+    L += w * ml[z].y;
   }
   const float inv = L > 0.f ? 1.0f / L : 0.f;
   const int t = int(row / p.hq), h = int(row % p.hq);
@@ -209,7 +207,7 @@ void launch_few(const AttnParams& p) {
   MS_CUDA_LAUNCHED("combine_few");
 }
 
-constexpr int kCombineWarps = kSplitWarps;  // a block's warps, each merging every 16th split
+constexpr int kCombineWarps = 16;  // a block's warps, each merging every 16th split
 constexpr int kCombineBatch = 8;   // splits a warp loads before it merges them: 128 a pass
 constexpr int kCombineCols = 32;   // V-wide pieces of the output a block: one a lane
 
@@ -246,8 +244,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams 
       const float keep = expf(m - m_new), w = expf(ml[b].x - m_new);  // an empty split weighs nothing
       const float* af = reinterpret_cast<const float*>(&a[b]);
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] = rescale_add(acc[i], keep, af[i], w);
-      l = rescale_add(l, keep, ml[b].y, w), m = m_new;
+      for (int i = 0; i < V; ++i) acc[i] = acc[i] * keep + af[i] * w;
+      l = l * keep + ml[b].y * w, m = m_new;
     }
   }
 #pragma unroll
@@ -262,8 +260,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams 
   float total = 0.f, L = 0.f;
 #pragma unroll
   for (int w = 0; w < kCombineWarps; ++w) {
-    const float f = split_weight(ml_s[w].x, M);
-    total = add_weighted(total, f, acc_s[w][threadIdx.x]), L = add_weighted(L, f, ml_s[w].y);
+    const float f = ml_s[w].x == -INFINITY ? 0.f : expf(ml_s[w].x - M);
+    total += f * acc_s[w][threadIdx.x], L += f * ml_s[w].y;
   }
   const int t = int(row) / p.hq, h = int(row) % p.hq;
   p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? total / L : 0.f);
@@ -342,14 +340,6 @@ void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
   launch_all(p, kv_heads, op);
 }
 
-// Whether GQA decode on the tensor cores merges its splits itself (flash_decode_kernel's last
-// split of a query and KV head), saving the merge kernel's launch; MOESERVE_GQA_FUSED_MERGE=0
-// (read per call, so that a test or bench can compare) keeps the merge kernel.
-bool fuse_gqa_merge(const AttnParams& p, int kv_heads) {
-  const char* env = std::getenv("MOESERVE_GQA_FUSED_MERGE");
-  return p.splits > 1 && !(env && std::string_view(env) == "0") && flash_decode_can_merge(p.T, kv_heads, p.splits);
-}
-
 // Launches the attention kernel for p's value width and merges the splits.
 void launch_all(AttnParams p, int kv_heads, const char* op) {
   Tensor part_acc, part_ml;
@@ -363,11 +353,9 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
                       p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale};
     p.mla_wgmma ? flash_mla_wgmma(l) : flash_mla(l);
   } else if (p.gqa_tc) {
-    const bool merge = fuse_gqa_merge(p, kv_heads);
     flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
                                  p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
-                                 kv_heads, p.splits, p.split_len, p.scale, merge});
-    if (merge) return;  // the kernel wrote the output
+                                 kv_heads, p.splits, p.split_len, p.scale});
   } else {
     launch_kernel(p, kv_heads, op);
   }

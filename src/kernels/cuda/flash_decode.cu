@@ -13,14 +13,8 @@
 // and pieces scattered over half-used sectors took twice as many. Rows are padded to 272 bytes,
 // which makes ldmatrix's 8 rows of a matrix hit 8 different bank quads. A lane reads rows other
 // lanes copied, so the warp synchronises after its wait; no other warp touches its ring.
-//
-// With several splits each block writes a partial (max, sum, unnormalised output) for its query
-// heads; then either a merge kernel follows (attention.cu), or (GqaDecodeLaunch::merge) the
-// last block of each (query, KV head) to finish merges them into the output itself, which
-// saves the merge kernel's launch on the step's critical path (merge_splits).
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
-#include "kernels/cuda/split_merge.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -35,19 +29,6 @@ constexpr int kRing = kStages * kStage;                 // bf16 a warp
 constexpr size_t kSmem = size_t(kWarps) * kRing * 2;    // 102 KB: two blocks a multiprocessor
 constexpr int kAccStride = kD + 8;                      // merge rows: a warp's float2 stores hit 32 banks
 static_assert(size_t(16) * kAccStride * 4 + 16 * 8 <= size_t(kRing) * 2, "a warp's merge rows fit its ring");
-constexpr int kPieces = kD / 4;        // float4 pieces of a row of partials
-constexpr int kMaxMergePairs = 1024;   // (query, KV head) pairs of a launch that merges itself: its counters
-constexpr int kMaxMergeSplits = 512;   // splits of such a launch: their weights for 16 rows fit the ring
-constexpr int kMergeBatch = 8;         // (max, sum) pairs a thread loads at once: combine_splits' batch
-static_assert(size_t(16) * (kMaxMergeSplits + kSplitWarps) * 8 + size_t(16) * (kSplitWarps + 1) * 4 <= kSmem,
-              "the merge's weights fit the ring");
-
-// Splits of the running launch that have written their partials, per (query, KV head). Zero
-// when the module loads, and every launch leaves them zero (the last split of a pair resets its
-// counter), so eager launches and graph replays alike find them so. Launches never overlap in
-// their counting: a GPU has one stream, and a block counts only after its pdl_wait, that is
-// after the kernel before it (and so every earlier one) finished.
-__device__ unsigned g_split_arrivals[kMaxMergePairs];
 
 // The cache slot of key k0 + lane % 16 (-1: past the split's end); issue_step hands them around.
 __device__ __forceinline__ int lane_slot(const int32_t* slots, int k0, int ke, int lane) {
@@ -116,200 +97,9 @@ __device__ void merge_warps(bf16* ring, const GqaDecodeLaunch& p, int t, int kvh
   }
 }
 
-// Whether this block is the last of the n blocks that count on `count` (each once), which it then
-// resets. What any thread of the others wrote before counting is visible to every thread of the
-// last one after this returns, as in cooperative groups' grid sync: the barrier orders the
-// block's writes before thread 0's fence and count, and the last block's thread 0 fences after
-// seeing the count, before the barrier that releases its threads. Every thread must call it.
-__device__ bool last_to_arrive(unsigned* count, unsigned n) {
-  __syncthreads();
-  bool last = false;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(count, 1u) == n - 1;
-    if (last) *count = 0u, __threadfence();  // all n have counted: nothing else touches it this launch
-  }
-  return __syncthreads_or(last);
-}
-
-// A (query, KV head) pair's rows of partials: split z, row r (its query head kvh group + r) at
-// (z T + t) Hq + base + r. The other blocks wrote them: loads go to L2 (__ldcg), not to L1.
-struct PairPartials {
-  const float2* ml;
-  const float4* acc;
-  int64_t split_stride, base;
-  __device__ int64_t row(int z, int r) const { return z * split_stride + base + r; }
-  __device__ float2 ml_of(int z, int r) const { return __ldcg(ml + row(z, r)); }
-  __device__ float4 acc_of(int z, int r, int c) const { return __ldcg(acc + row(z, r) * kPieces + c); }
-};
-
-// The merge's per-row scalars in shared memory (the ring, free by then): coef[r][z] the weights
-// of row r's split z (combine_few: .x the weight; combine_splits: .x the rescale, .y the
-// weight); wml[r][w] and f[r][w] combine_splits' warp w's (max, sum) and final weight; rowL[r]
-// the row's sum (combine_few: its inverse).
-struct MergeScalars {
-  float2* coef;
-  float2* wml;
-  float* f;
-  float* rowL;
-  int S;
-  __device__ MergeScalars(void* smem, int group, int splits) : S(splits) {
-    coef = static_cast<float2*>(smem), wml = coef + group * S;
-    f = reinterpret_cast<float*>(wml + group * kSplitWarps), rowL = f + group * kSplitWarps;
-  }
-};
-
-__device__ __forceinline__ float4 add_weighted4(float4 acc, float w, float4 a) {
-  return make_float4(add_weighted(acc.x, w, a.x), add_weighted(acc.y, w, a.y), add_weighted(acc.z, w, a.z),
-                     add_weighted(acc.w, w, a.w));
-}
-__device__ __forceinline__ float4 rescale_add4(float4 acc, float keep, float4 a, float w) {
-  return make_float4(rescale_add(acc.x, keep, a.x, w), rescale_add(acc.y, keep, a.y, w),
-                     rescale_add(acc.z, keep, a.z, w), rescale_add(acc.w, keep, a.w, w));
-}
-
-// Output dims 4c .. 4c + 3 of (query t, head h) from the merged sums v: times s, the row's
-// inverse sum, when by_inverse (combine_few), else divided by s, the row's sum (combine_splits;
-// 0 for a row without keys).
-__device__ __forceinline__ void store_piece(const GqaDecodeLaunch& p, int t, int h, int c, float4 v, float s,
-                                            bool by_inverse) {
-  auto* dst = reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(t) * p.o_s0 + int64_t(h) * p.o_s1 + 4 * c);
-  if (by_inverse) {
-    dst[0] = __floats2bfloat162_rn(v.x * s, v.y * s), dst[1] = __floats2bfloat162_rn(v.z * s, v.w * s);
-    return;
-  }
-  auto q = [&](float x) { return s > 0.f ? x / s : 0.f; };
-  dst[0] = __floats2bfloat162_rn(q(v.x), q(v.y)), dst[1] = __floats2bfloat162_rn(q(v.z), q(v.w));
-}
-
-// combine_few's merge of up to kFewSplits splits, its max known up front: a thread a row for the
-// weights (every (max, sum) of the row loaded at once), then a thread a piece for the output
-// (every split's piece loaded at once), summed in split order.
-__device__ void merge_few(const GqaDecodeLaunch& p, const PairPartials& pp, MergeScalars ms, int t, int kvh) {
-  const int group = p.Hq / p.Hkv, S = ms.S;
-  for (int r = threadIdx.x; r < group; r += blockDim.x) {
-    float2 ml[kFewSplits];
-#pragma unroll
-    for (int z = 0; z < kFewSplits; ++z) ml[z] = z < S ? pp.ml_of(z, r) : make_float2(-INFINITY, 0.f);
-    float M = -INFINITY, L = 0.f;
-#pragma unroll
-    for (int z = 0; z < kFewSplits; ++z) M = fmaxf(M, ml[z].x);
-#pragma unroll
-    for (int z = 0; z < kFewSplits; ++z) {
-      if (z >= S) break;  // combine_few adds these as 0 x 0: no change
-      const float w = split_weight(ml[z].x, M);
-      ms.coef[r * S + z].x = w, L = add_weighted(L, w, ml[z].y);
-    }
-    ms.rowL[r] = L > 0.f ? 1.0f / L : 0.f;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < group * kPieces; i += blockDim.x) {
-    const int r = i / kPieces, c = i % kPieces;
-    float4 a[kFewSplits];
-#pragma unroll
-    for (int z = 0; z < kFewSplits; ++z) a[z] = z < S ? pp.acc_of(z, r, c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int z = 0; z < kFewSplits; ++z)
-      if (z < S) acc = add_weighted4(acc, ms.coef[r * S + z].x, a[z]);
-    store_piece(p, t, kvh * group + r, c, acc, ms.rowL[r], true);
-  }
-}
-
-// combine_splits' weights: its warp w merges splits w, w + 16, ... online, in kMergeBatch loads;
-// here a thread a (row, warp) replays that on the (max, sum) alone and keeps each step's rescale
-// and weight. A step combine_splits skips (no keys so far, nor in the split) becomes (1, 0):
-// the sum so far and the empty split's output are zeros, which that leaves as they are. Then a
-// thread a row: the warps' final weights and the row's sum.
-__device__ void many_weights(const GqaDecodeLaunch& p, const PairPartials& pp, MergeScalars ms) {
-  const int group = p.Hq / p.Hkv, S = ms.S;
-  for (int i = threadIdx.x; i < group * kSplitWarps; i += blockDim.x) {
-    const int r = i / kSplitWarps, w = i % kSplitWarps;
-    float m = -INFINITY, l = 0.f;
-    for (int z0 = w; z0 < S; z0 += kSplitWarps * kMergeBatch) {
-      float2 ml[kMergeBatch];
-#pragma unroll
-      for (int b = 0; b < kMergeBatch; ++b) {
-        const int z = z0 + b * kSplitWarps;
-        ml[b] = z < S ? pp.ml_of(z, r) : make_float2(-INFINITY, 0.f);
-      }
-#pragma unroll
-      for (int b = 0; b < kMergeBatch; ++b) {
-        const int z = z0 + b * kSplitWarps;
-        if (z >= S) break;  // combine_splits' steps past the splits rescale by 1 and add 0: no change
-        const float m_new = fmaxf(m, ml[b].x);
-        float2 c = make_float2(1.f, 0.f);
-        if (m_new != -INFINITY) {
-          c = make_float2(expf(m - m_new), expf(ml[b].x - m_new));
-          l = rescale_add(l, c.x, ml[b].y, c.y), m = m_new;
-        }
-        ms.coef[r * S + z] = c;
-      }
-    }
-    ms.wml[i] = make_float2(m, l);
-  }
-  __syncthreads();
-  for (int r = threadIdx.x; r < group; r += blockDim.x) {
-    float M = -INFINITY, L = 0.f;
-#pragma unroll
-    for (int w = 0; w < kSplitWarps; ++w) M = fmaxf(M, ms.wml[r * kSplitWarps + w].x);
-#pragma unroll
-    for (int w = 0; w < kSplitWarps; ++w) {
-      const float f = split_weight(ms.wml[r * kSplitWarps + w].x, M);
-      ms.f[r * kSplitWarps + w] = f, L = add_weighted(L, f, ms.wml[r * kSplitWarps + w].y);
-    }
-    ms.rowL[r] = L;
-  }
-  __syncthreads();
-}
-
-// combine_splits' merge of more than kFewSplits splits: a thread a piece keeps the 16 warps'
-// online sums, loading the pieces of 16 splits at once (one of each warp's), then merges the
-// warps' sums with their final weights and divides by the row's sum.
-__device__ void merge_many(const GqaDecodeLaunch& p, const PairPartials& pp, MergeScalars ms, int t, int kvh) {
-  const int group = p.Hq / p.Hkv, S = ms.S;
-  many_weights(p, pp, ms);
-  for (int i = threadIdx.x; i < group * kPieces; i += blockDim.x) {
-    const int r = i / kPieces, c = i % kPieces;
-    float4 acc[kSplitWarps];
-#pragma unroll
-    for (int w = 0; w < kSplitWarps; ++w) acc[w] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int z0 = 0; z0 < S; z0 += kSplitWarps) {
-      float4 a[kSplitWarps];
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w)
-        a[w] = z0 + w < S ? pp.acc_of(z0 + w, r, c) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w) {
-        if (z0 + w >= S) break;
-        const float2 k = ms.coef[r * S + z0 + w];
-        acc[w] = rescale_add4(acc[w], k.x, a[w], k.y);
-      }
-    }
-    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < kSplitWarps; ++w) total = add_weighted4(total, ms.f[r * kSplitWarps + w], acc[w]);
-    store_piece(p, t, kvh * group + r, c, total, ms.rowL[r], false);
-  }
-}
-
-// The merge of the pair's splits into the output by its last block, with the merge kernel's
-// arithmetic in its order (combine_few up to kFewSplits splits, combine_splits beyond), so that
-// the output has the bits the merge kernel would give it.
-__device__ void merge_splits(void* smem, const GqaDecodeLaunch& p, int t, int kvh) {
-  const int group = p.Hq / p.Hkv;
-  const PairPartials pp{reinterpret_cast<const float2*>(p.part_ml), reinterpret_cast<const float4*>(p.part_acc),
-                        int64_t(p.T) * p.Hq, int64_t(t) * p.Hq + int64_t(kvh) * group};
-  const MergeScalars ms(smem, group, p.splits);
-  if (p.splits <= kFewSplits) merge_few(p, pp, ms, t, kvh);
-  else merge_many(p, pp, ms, t, kvh);
-}
-
 __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
   extern __shared__ uint4 smem[];  // [kWarps][kStages][2 kStep][kRow] bf16
-  // The kernel after this (the merge kernel, or the o product when this one merges) may launch:
-  // it waits for this one to finish (pdl_wait) before it reads the partials or the output.
-  pdl_trigger();
+  pdl_trigger();  // the merge after this may launch: it waits for these partials
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
   const int kv0 = p.kv_begin[t], visible = p.visible[t];
@@ -371,9 +161,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   }
   __syncwarp();  // every lane is done with the ring: its merge rows overwrite it
   merge_warps(ring, p, t, kvh, o, m, l);
-  // (last_to_arrive's barrier also frees the ring, whose merge rows every warp has read, for
-  // the merge's scalars.)
-  if (p.merge && last_to_arrive(g_split_arrivals + t * p.Hkv + kvh, unsigned(p.splits))) merge_splits(smem, p, t, kvh);
 }
 
 }  // namespace
@@ -404,14 +191,7 @@ int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible) {
   return int(std::max<int64_t>(1, std::min(most, enough)));
 }
 
-bool flash_decode_can_merge(int64_t T, int64_t Hkv, int splits) {
-  return splits > 1 && splits <= kMaxMergeSplits && T * Hkv <= kMaxMergePairs;
-}
-
 void flash_decode(const GqaDecodeLaunch& l) {
-  MS_CHECK(!l.merge || flash_decode_can_merge(l.T, l.Hkv, l.splits), "flash_decode: ", l.T, " queries x ", l.Hkv,
-           " KV heads in ", l.splits, " splits cannot merge in the kernel (at most ", kMaxMergePairs, " pairs, ",
-           kMaxMergeSplits, " splits)");
   static PerDeviceOnce smem_limit;
   smem_limit([] {
     MS_CUDA(cudaFuncSetAttribute(flash_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));

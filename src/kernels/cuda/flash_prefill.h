@@ -82,9 +82,7 @@ void flash_mla_wgmma(const MlaLaunch& l);
 int flash_mla_wgmma_decode_splits(int64_t T, int64_t H, int max_visible);
 
 // GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the same split
-// and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]). merge: the last split of
-// each (query, KV head) to finish merges the partials into `out` (flash_decode_can_merge must
-// allow it); else, with several splits, a merge kernel must follow (attention.cu).
+// and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
 struct GqaDecodeLaunch {
   const bf16* q; int64_t q_s0, q_s1;
   const bf16* k; int64_t k_s0, k_s1;
@@ -94,14 +92,10 @@ struct GqaDecodeLaunch {
   float* part_acc; float* part_ml;
   int T, Hq, Hkv, splits, split_len;
   float scale;
-  bool merge;
 };
 bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
 // Splits of the keys for T queries: two blocks a multiprocessor, at least 64 keys each.
 int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible);
-// Whether flash_decode can merge `splits` (> 1) partials itself: its arrival counters cover
-// T x Hkv (query, KV head) pairs and its shared memory the merge's weights.
-bool flash_decode_can_merge(int64_t T, int64_t Hkv, int splits);
 void flash_decode(const GqaDecodeLaunch& l);
 
 }  // namespace ms::cuda

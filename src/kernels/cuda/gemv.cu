@@ -14,9 +14,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 namespace ms::cuda {
 namespace {
@@ -294,35 +291,6 @@ bool one_round(const GemvParams& p, dim3 grid, int warps) {
   return int64_t(grid.x) * grid.y <= sm_count() && per_warp > unroll(false) && per_warp <= 8;
 }
 
-// Blocks of `kernel` an SM holds at once with this block size and shared memory (asked once a
-// device and shape).
-template <class Kernel>
-int resident_blocks(Kernel kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int, size_t>, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  int& n = known[{current_device(), reinterpret_cast<const void*>(kernel), threads, smem}];
-  if (!n) MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  return std::max(1, n);
-}
-
-GemvTuning& tuning();
-
-template <bool FP8, class TO, bool SWIGLU, int NT, int U>
-void launch_kernel(const GemvParams& p, dim3 grid, int warps, size_t smem) {
-  auto kernel = gemv_kernel<FP8, TO, SWIGLU, NT, U>;
-  // Grouped rows of one tile a group (the experts at decode): as many blocks as the SMs hold at
-  // once, each walking its share of the slabs. A second wave would start only as the first
-  // drains, and the kernel after (launched when every block has started) would wait for it:
-  // Qwen3's down product at batch 1 (8 x 128 slabs, 4 x 132 resident) ran two.
-  if (NT == 1 && p.rows.offsets && !tuning().blocks_y) {
-    const int64_t wave = int64_t(resident_blocks(kernel, warps * 32, smem)) * sm_count();
-    const int64_t groups = std::max(1, p.rows.expected_groups);
-    grid.y = unsigned(std::min<int64_t>(grid.y, std::max<int64_t>(1, wave / groups)));
-  }
-  launch_pdl(kernel, grid, dim3(warps * 32), smem, p);
-}
-
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
@@ -332,7 +300,7 @@ void launch(const GemvParams& p, dim3 grid, int warps) {
       launch_pdl(gemv_kernel<FP8, TO, false, 1, 8>, grid, dim3(warps * 32), smem, p);
       return;
     }
-  launch_kernel<FP8, TO, SWIGLU, NT, U>(p, grid, warps, smem);
+  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
 }
 
 template <bool FP8, class TO, bool SWIGLU>
@@ -341,6 +309,8 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
   else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps);
   else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
 }
+
+GemvTuning& tuning();
 
 // The router's launch: a warp for each of the slabs x S tasks, per_block of them a block (as few
 // as fill the multiprocessors, or tuning().route_tasks), with at least a warp a row for the top-k.
