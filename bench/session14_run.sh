@@ -91,3 +91,15 @@ if [ $PHASE = 4 ]; then
   MOESERVE_BENCH_GEMV=1 gtest gemv-bench 100 /tmp/b/tests/test_cuda_gemv --gtest_filter=CudaGemv.Bench
   log done
 fi
+# PHASE=5: the session's final tree ($SRC; its src is f7eeda8's): every single-GPU test program,
+#   then bench-one-batch of both models at B = 1 and 64 and the 8k prefills while time is left.
+if [ $PHASE = 5 ]; then
+  TESTS=$(gpu_tests_of $SRC)
+  JOBS=16 build_after $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  for t in test_cuda_fixtures test_cuda_engine_graphs $TESTS; do [ $(left) -gt 60 ] && run_gpu_tests /tmp/b $t; done
+  wait
+  SIDES="final" bench_sides qwen3 "1 4096 16" "64 256 16" "1 8192 2"
+  SIDES="final" bench_sides v2lite "1 4096 16" "64 256 16" "1 8192 2"
+  log done
+fi
