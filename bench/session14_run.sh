@@ -1,8 +1,9 @@
 #!/bin/bash
 # Session 14's device calls (bench/BENCHMARKS.md, "Session 14"), run from the repository root on
-# the GPU machine: PHASE picks the call. The source is a snapshot (git archive) carried as $SRC.
-# Sides of a bench are this one build with MOESERVE_GEMV_STAGES set: 1 = the register product,
-# unset = the streaming product at its automatic ring depth. Everything lands in $L and $OUT/summary.log.
+# the GPU machine: PHASE picks the call. The source is a snapshot (git archive) carried as $SRC, the
+# tree before a change as $BEFORE_SRC (phases 2-4). The switches the sides set (MOESERVE_GEMV_STAGES,
+# MOESERVE_GQA_FUSED_MERGE) existed only in the commits those calls measured; every change they
+# measured was reverted. Everything lands in $L and $OUT/summary.log.
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
