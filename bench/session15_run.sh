@@ -1,0 +1,46 @@
+#!/bin/bash
+# Session 15's device calls (bench/BENCHMARKS.md, "Session 15"), run from the repository root on
+# the GPU machine: PHASE picks the call. The source is a snapshot (git archive) carried as $SRC.
+# MOESERVE_L2_PREFETCH (kernels/cuda/l2_prefetch.h) picks the L2 prefetches in one binary: 0 none,
+# 1 attention's o_proj, 2 the routed experts' down weights, 4 their gate|up weights.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+
+# Kernel timeline of /tmp/$1's graphed decode at B = $2, $3 keys, label $4, env after it.
+trace() {
+  local m=$1 b=$2 k=$3 tag=$4; shift 4
+  env "$@" CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$tag-$m-$b.tsv timeout 60 $B \
+    bench-one-batch --model-path /tmp/$m --device cuda --batch-size $b --input-len $k --output-len 16 > $L/kt-$tag-$m-$b.log 2>&1
+  log "kernel trace $tag $m B=$b rc=$? $(grep -E 'Decode\.  median' $L/kt-$tag-$m-$b.log)"
+  python3 $SRC/bench/kernel_trace_summary.py $L/kt-$tag-$m-$b.tsv --timeline 0 > $L/kts-$tag-$m-$b.txt 2>&1
+  grep -E '^graph|median replay' $L/kts-$tag-$m-$b.txt | head -8 >> "$OUT/summary.log"
+}
+
+# PHASE=1: the L2 prefetches on and off, one binary: the decode-path tests with them on (the
+#   default) and off, bench-one-batch alternating the masks at B = 1 and 64, timelines, prefills.
+if [ $PHASE = 1 ]; then
+  JOBS=15 build_after ms_kernel_trace test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route \
+    test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs test_cuda_gemv
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs
+  MOESERVE_L2_PREFETCH=7 gtest fixtures-all 200 /tmp/b/tests/test_cuda_fixtures
+  wait
+  M="off:MOESERVE_L2_PREFETCH=0 o:MOESERVE_L2_PREFETCH=1 down:MOESERVE_L2_PREFETCH=2 both:MOESERVE_L2_PREFETCH=3"
+  SIDES="$M all:MOESERVE_L2_PREFETCH=7" bench_sides qwen3 "1 4096 16"
+  SIDES="$M" bench_sides v2lite "1 4096 16"
+  SIDES="both:MOESERVE_L2_PREFETCH=3 down:MOESERVE_L2_PREFETCH=2 o:MOESERVE_L2_PREFETCH=1 off:MOESERVE_L2_PREFETCH=0" \
+    bench_sides qwen3 "1 4096 16"
+  SIDES="both:MOESERVE_L2_PREFETCH=3 down:MOESERVE_L2_PREFETCH=2 o:MOESERVE_L2_PREFETCH=1 off:MOESERVE_L2_PREFETCH=0" \
+    bench_sides v2lite "1 4096 16"
+  SIDES="off:MOESERVE_L2_PREFETCH=0 both:MOESERVE_L2_PREFETCH=3" bench_sides qwen3 "64 256 16"
+  SIDES="off:MOESERVE_L2_PREFETCH=0 both:MOESERVE_L2_PREFETCH=3" bench_sides v2lite "64 256 16"
+  trace qwen3 1 4096 off MOESERVE_L2_PREFETCH=0; trace qwen3 1 4096 both MOESERVE_L2_PREFETCH=3
+  trace v2lite 1 4096 off MOESERVE_L2_PREFETCH=0; trace v2lite 1 4096 both MOESERVE_L2_PREFETCH=3
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_attention_moe test_cuda_mla_absorb test_cuda_graphs test_cuda_gemv
+  SIDES="off:MOESERVE_L2_PREFETCH=0 both:MOESERVE_L2_PREFETCH=3" bench_sides qwen3 "1 8192 2"
+  SIDES="off:MOESERVE_L2_PREFETCH=0 both:MOESERVE_L2_PREFETCH=3" bench_sides v2lite "1 8192 2"
+  log done
+fi
