@@ -70,13 +70,6 @@ void init_backend(Device device, int gpu) {
 }
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { MS_DISPATCH(x, linear(x, w, bias, out)); }
-void prefetch_weight(const Weight& w) {
-#if MOESERVE_WITH_CUDA
-  if (w.w.device() == Device::CUDA) ::ms::cuda::prefetch_weight(w);
-#else
-  (void)w;
-#endif
-}
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { MS_DISPATCH(x, rms_norm(x, weight, eps, out)); }
 void add_inplace(Tensor& x, const Tensor& y) { MS_DISPATCH(x, add_inplace(x, y)); }
 void silu_and_mul(const Tensor& gate_up, Tensor& out) { MS_DISPATCH(out, silu_and_mul(gate_up, out)); }

@@ -38,11 +38,6 @@ struct Weight {
 // out[T, N] = x[T, K] . w^T (+ bias[N]). x and out are F32, contiguous in the last dim.
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
 
-// A hint that a later op of this step reads `w`: the GPU starts moving it into L2 beside the ops
-// queued in between (a decode step's attention leaves HBM idle). Never changes a result; the CPU
-// ignores it.
-void prefetch_weight(const Weight& w);
-
 // out = x * rsqrt(mean(x^2) + eps) * weight, row by row. out may be x.
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 // x += y (same shape).

@@ -37,7 +37,6 @@ Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
     ctx.round(q), ctx.round(k), ctx.round(v);
     q3 = q.view({T, heads_, head_dim_}), k3 = k.view({T, kv_heads_, head_dim_}), v3 = v.view({T, kv_heads_, head_dim_});
   }
-  ops::prefetch_weight(w_.o_proj.weight());  // read after the attention, which reads only the cache
   const ops::HeadNorm qk_norm{w_.q_norm.weight(), w_.k_norm.weight(), w_.q_norm.eps()};
   ops::rope_store_kv(q3, k3, v3, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations,
                      ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr);
@@ -106,7 +105,6 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   const int64_t T = x.size(0), H = d_.heads, L = d_.kv_lora_rank, R = d_.qk_rope_head_dim;
   const int nope = d_.qk_nope_head_dim, vdim = d_.v_head_dim;
   auto [first, kv] = project_x(x, ctx);
-  ops::prefetch_weight(w_.o_proj.weight());  // read after the attention, which reads only the cache
   Tensor q = project_q(first, ctx).view({T, H, nope + R});
   // The cached row is the kv_a output with its first L columns normalised and its last R roped.
   ops::mla_rope_store(q, kv, w_.kv_a_norm.weight(), w_.kv_a_norm.eps(), rope_->at(b.positions), b.out_cache_loc,

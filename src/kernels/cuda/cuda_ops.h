@@ -20,7 +20,6 @@ using ops::Weight;
 void init(int gpu = -1);
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
-void prefetch_weight(const Weight& w);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_inplace(Tensor& x, const Tensor& y);
 void silu_and_mul(const Tensor& gate_up, Tensor& out);

@@ -28,7 +28,6 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/grouped_gemm.h"
-#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/moe_grouped.h"
 
 namespace ms::cuda {
@@ -176,12 +175,6 @@ ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& wei
   rows.rows = int(pairs), rows.offsets = perm.offsets.data<int32_t>(), rows.active = perm.active.data<int32_t>();
   rows.n_active = perm.n_active.data<int32_t>();
   rows.max_groups = rows.expected_groups = int(std::min<int64_t>(E, pairs));
-  // The down product waits for gate|up, which leaves HBM a quarter idle at batch 1: its experts'
-  // weights start for L2 beside it, once the routing is known.
-  if (l2_prefetch_on(kPrefetchExpertDown))
-    l2_prefetch_groups(table.down, false, H, rows, true, {perm.active, perm.n_active});
-  if (l2_prefetch_on(kPrefetchExpertGateUp))
-    l2_prefetch_groups(table.gate_up, true, I, rows, false, {perm.active, perm.n_active});
   GemvInput xin{x.data<bf16>(), x.strides()[0], perm.token_of_row.data<int32_t>()};
   gemv(I, H, table.gate_up, rows, xin, GemvOutput{act.raw(), DType::BF16, I}, true);
   GemvInput ain{act.data<bf16>(), I};

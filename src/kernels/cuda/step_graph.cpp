@@ -3,7 +3,6 @@
 // writes the new step into pinned memory, copies it over in one upload and launches the graph.
 #include <cstring>
 
-#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
@@ -57,7 +56,6 @@ class CudaStepGraph final : public ops::StepGraph {
     staged_.visible = arena_.slice(0, 4 * tokens_, 5 * tokens_);
     staged_.layout = a.layout, staged_.max_kv = max_kv;
     upload(a);  // the first replay finds the capture's own step in place
-    join_l2_prefetches();  // an eager step's prefetch: a capture may wait only on its own work
     t_staged = &staged_;
     set_capture_pool(&pool);
     MS_CUDA(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
@@ -65,17 +63,12 @@ class CudaStepGraph final : public ops::StepGraph {
     try {
       body();
     } catch (...) {
-      try {
-        join_l2_prefetches();
-      } catch (...) {
-      }
       t_staged = nullptr;
       set_capture_pool(nullptr);
       (void)cudaStreamEndCapture(stream(), &graph);
       if (graph) cudaGraphDestroy(graph);
       throw;
     }
-    join_l2_prefetches();
     t_staged = nullptr;
     set_capture_pool(nullptr);
     MS_CUDA(cudaStreamEndCapture(stream(), &graph));
