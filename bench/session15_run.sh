@@ -44,3 +44,27 @@ if [ $PHASE = 1 ]; then
   SIDES="off:MOESERVE_L2_PREFETCH=0 both:MOESERVE_L2_PREFETCH=3" bench_sides v2lite "1 8192 2"
   log done
 fi
+# PHASE=2: $SRC (dense products load their first round of weights into registers before waiting
+#   for the kernel before them; the GQA and MLA decode kernels copy the keys earlier steps wrote
+#   before theirs) against $BEFORE_SRC (main before it): tests, bench-one-batch alternating, traces.
+if [ $PHASE = 2 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
+    test_cuda_gemv test_cuda_mla_decode_wgmma test_cuda_flash_prefill test_cuda_moe_route test_cuda_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_gemv
+  MOESERVE_PDL=0 gtest fixtures-nopdl 200 /tmp/b/tests/test_cuda_fixtures
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after" bench_sides qwen3 "1 4096 16"
+  SIDES="before after" bench_sides v2lite "1 4096 16"
+  SIDES="after before" bench_sides qwen3 "1 4096 16" "64 256 16"
+  SIDES="after before" bench_sides v2lite "1 4096 16" "64 256 16"
+  SIDES="before after" bench_sides qwen3 "1 4096 16"
+  SIDES="before after" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  run_gpu_tests /tmp/b test_cuda_mla_decode_wgmma test_cuda_flash_prefill test_cuda_moe_route test_cuda_graphs
+  SIDES="before after" bench_sides qwen3 "1 8192 2"
+  SIDES="before after" bench_sides v2lite "1 8192 2"
+  log done
+fi

@@ -28,6 +28,7 @@ struct AttnParams {
   float* part_acc; float* part_ml;               // split-KV partials (splits > 1)
   const int32_t* slots; const int32_t* q_kv_begin; const int32_t* q_visible;
   int T, hq, group, warps, hgroups, splits, split_len;
+  int fresh;                                     // most queries of one sequence: the keys they wrote
   float scale;
   bool k_wide, v_wide;                           // rows of keys / values allow 16-byte loads
   bool mla_tc;                                   // MLA on the tensor cores (flash_mla.cu)
@@ -313,6 +314,8 @@ int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
 void run_staged(AttnParams p, int kv_heads, const StagedStep& st, const char* op) {
   p.slots = st.arrays[3].device.data<int32_t>(), p.q_kv_begin = st.begin.data<int32_t>();
   p.q_visible = st.visible.data<int32_t>();
+  // Replays keep the token and sequence counts, not how the tokens fall to the sequences.
+  p.fresh = p.T - st.layout->num_seqs() + 1;
   p.splits = choose_splits(p, kv_heads, st.max_kv);
   p.split_len = p.splits > 1 ? 0 : (1 << 30);  // one split: every key, however many
   launch_all(p, kv_heads, op);
@@ -328,6 +331,7 @@ void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
     MS_CHECK(nq <= nk, op, ": sequence ", s, " has ", nq, " queries but only ", nk, " keys");
     for (int i = 0; i < nq; ++i) begin.push_back(layout.kv_start[s]), visible.push_back(nk - nq + i + 1);
     max_visible = std::max(max_visible, nk);
+    p.fresh = std::max(p.fresh, nq);
   }
   MS_CHECK(int64_t(begin.size()) == p.T, op, ": layout has ", begin.size(), " queries, batch ", p.T);
   for (int32_t slot : layout.kv_slots) MS_CHECK(slot >= 0 && slot < num_slots, op, ": KV slot ", slot, " outside the pool of ", num_slots);
@@ -350,12 +354,13 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   }
   if (p.mla_tc) {
     const MlaLaunch l{p.qa, p.qa_s0, p.qa_s1, p.qb, p.qb_s0, p.qb_s1, p.k, p.k_s0, p.out, p.o_s0, p.o_s1, p.slots,
-                      p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale};
+                      p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq, p.splits, p.split_len, p.scale,
+                      p.fresh};
     p.mla_wgmma ? flash_mla_wgmma(l) : flash_mla(l);
   } else if (p.gqa_tc) {
     flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
                                  p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
-                                 kv_heads, p.splits, p.split_len, p.scale});
+                                 kv_heads, p.splits, p.split_len, p.scale, p.fresh});
   } else {
     launch_kernel(p, kv_heads, op);
   }

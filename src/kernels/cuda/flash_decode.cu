@@ -112,21 +112,28 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   // The first kStages steps' slots, then their copies, before the query: every load the warp
   // can make without waiting is in flight at once. The slots are the step's metadata, on the
   // device before any kernel of the step ran, so they are read before the wait for the kernel
-  // before this one (launched early: launch_pdl), whose writes (the query, the new keys) the
-  // copies need.
+  // before this one (launched early: launch_pdl), which wrote the query and the step's new keys.
+  // Keys older than those were written by earlier steps: a warp whose first steps hold none of
+  // the new ones copies them before the wait too, while the projection and rope finish.
   int sl[kStages];
 #pragma unroll
   for (int s = 0; s < kStages; ++s) sl[s] = lane_slot(slots, first + s * stride, ke, lane);
-  pdl_wait();
   const bf16* kbase = p.k + int64_t(kvh) * p.k_s1;
   const bf16* vbase = p.v + int64_t(kvh) * p.v_s1;
   bf16* ring = reinterpret_cast<bf16*>(smem);
   bf16* mine = ring + warp * kRing;
+  auto issue_first = [&] {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue_step(mine + s * kStage, sl[s], lane, kbase, p.k_s0, vbase, p.v_s0);
-    cp_async_commit();
-  }
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) issue_step(mine + s * kStage, sl[s], lane, kbase, p.k_s0, vbase, p.v_s0);
+      cp_async_commit();
+    }
+  };
+  const int last_first_key = min(ke, first + (kStages - 2) * stride + kStep);  // past the first steps' keys
+  const bool old_keys = last_first_key <= visible - p.fresh;
+  if (old_keys) issue_first();
+  pdl_wait();
+  if (!old_keys) issue_first();
   uint32_t qf[kD / 16][4];  // rows: the KV head's query heads (zero past the group)
   flash_load_q<kD>(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group) * p.q_s1, p.q_s1, 0, 0, 0,
                    {lane / 4, lane / 4 + 8}, group, lane % 4, qf);

@@ -62,10 +62,22 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   // The first tiles' slots are the step's metadata, on the device before any kernel of the step
   // ran: read before the wait for the kernel before this one (launched early: launch_pdl), whose
   // writes (the query, the new keys) the rest needs.
+  // Keys older than the step's new ones (MlaLaunch::fresh) were written by earlier steps: when the
+  // first tiles hold none of the new ones, their copies leave before the wait too.
   int sl[STAGES];
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) sl[s] = slot_of(s);
+  auto issue_first = [&] {
+#pragma unroll
+    for (int s = 0; s + 1 < STAGES; ++s) {
+      if (kb + s * kKeys < keys) issue_tile(ring + s * kKeys * kStride, p.kv, p.kv_s0, sl[s], warp, lane);
+      cp_async_commit();
+    }
+  };
+  const bool old_keys = min(keys, kb + (STAGES - 1) * kKeys) <= visible - p.fresh;
+  if (old_keys) issue_first();
   pdl_wait();
+  if (!old_keys) issue_first();
 
   uint32_t qf[kDkWarp / 16][4];
 #pragma unroll
@@ -81,12 +93,6 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
   // Softmax: thread i owns row i / 8 (a head) and keys (i % 8) * 4 .. + 4 of each tile.
   const int srow = threadIdx.x / 8, scol = (threadIdx.x % 8) * 4;
   float m = -INFINITY, l = 0.f;
-
-#pragma unroll
-  for (int s = 0; s + 1 < STAGES; ++s) {
-    if (kb + s * kKeys < keys) issue_tile(ring + s * kKeys * kStride, p.kv, p.kv_s0, sl[s], warp, lane);
-    cp_async_commit();
-  }
   int pending = sl[STAGES - 1];
   for (int k0 = kb, i = 0, stage = 0; k0 < keys; k0 += kKeys, ++i, stage = stage + 1 == STAGES ? 0 : stage + 1) {
     if constexpr (STAGES == 1) {
@@ -235,7 +241,7 @@ void flash_mla_prefill(const Tensor& q_latent, const Tensor& q_rope, const Tenso
               kv_cache.data<bf16>(), kv_cache.strides()[0],
               out.data<bf16>(), out.strides()[0], out.strides()[1],
               d_slots.data<int32_t>(), d_ranges.data<int32_t>(), d_ranges.data<int32_t>() + T,
-              nullptr, nullptr, T, int(q_latent.size(1)), 1, 1 << 30, scale};
+              nullptr, nullptr, T, int(q_latent.size(1)), 1, 1 << 30, scale, T};
   launch<1>(l);
 }
 

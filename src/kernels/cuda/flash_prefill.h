@@ -69,6 +69,7 @@ struct MlaLaunch {
   float* part_acc; float* part_ml;
   int T, H, splits, split_len;
   float scale;
+  int fresh;  // as GqaDecodeLaunch::fresh (flash_mla only; the wgmma kernel waits for every key)
 };
 void flash_mla(const MlaLaunch& l);
 // Splits of the keys for decode: enough blocks for one a multiprocessor, at least 64 keys each.
@@ -92,6 +93,9 @@ struct GqaDecodeLaunch {
   float* part_acc; float* part_ml;
   int T, Hq, Hkv, splits, split_len;
   float scale;
+  // At most how many of a query's last visible keys this step wrote (its sequence's queries);
+  // the keys before them are read before the kernel waits for the one before it.
+  int fresh;
 };
 bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
 // Splits of the keys for T queries: two blocks a multiprocessor, at least 64 keys each.
