@@ -68,3 +68,21 @@ if [ $PHASE = 2 ]; then
   SIDES="before after" bench_sides v2lite "1 8192 2"
   log done
 fi
+# PHASE=3: the two early-load changes of phase 2 apart, one binary (MOESERVE_EARLY_LOADS: 1 the
+#   dense products' first weights, 2 the decode kernels' old keys), alternating at B = 1 and 64.
+if [ $PHASE = 3 ]; then
+  JOBS=15 build_after ms_kernel_trace test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  MOESERVE_EARLY_LOADS=2 gtest fixtures-m2 200 /tmp/b/tests/test_cuda_fixtures
+  wait
+  M="m0:MOESERVE_EARLY_LOADS=0 m1:MOESERVE_EARLY_LOADS=1 m2:MOESERVE_EARLY_LOADS=2 m3:MOESERVE_EARLY_LOADS=3"
+  R="m3:MOESERVE_EARLY_LOADS=3 m2:MOESERVE_EARLY_LOADS=2 m1:MOESERVE_EARLY_LOADS=1 m0:MOESERVE_EARLY_LOADS=0"
+  SIDES="$M" bench_sides qwen3 "1 4096 16"; SIDES="$M" bench_sides v2lite "1 4096 16"
+  SIDES="$R" bench_sides qwen3 "1 4096 16"; SIDES="$R" bench_sides v2lite "1 4096 16"
+  SIDES="$M" bench_sides qwen3 "1 4096 16"; SIDES="$M" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 m2 MOESERVE_EARLY_LOADS=2; trace qwen3 1 4096 m0 MOESERVE_EARLY_LOADS=0
+  SIDES="m0:MOESERVE_EARLY_LOADS=0 m2:MOESERVE_EARLY_LOADS=2" bench_sides qwen3 "64 256 16" "8 4096 16"
+  SIDES="m0:MOESERVE_EARLY_LOADS=0 m2:MOESERVE_EARLY_LOADS=2" bench_sides v2lite "64 256 16" "8 4096 16"
+  log done
+fi

@@ -32,6 +32,7 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
+  bool early;  // a dense weight's first round loaded before pdl_wait
 };
 
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // so the block asks L2 for its first slab and has its first round of weights in flight, then
   // waits for that kernel's output (the inputs, the routing of grouped rows). The next kernel may
   // start its own loads meanwhile.
-  const bool early = !p.w.w && blockIdx.y < p.slabs;
+  const bool early = p.early && !p.w.w && blockIdx.y < p.slabs;
   if (early) {
     const char* const W[2] = {static_cast<const char*>(p.w.w_one), static_cast<const char*>(p.w.w2_one)};
     const float* const SC[2] = {p.w.s_one, p.w.s2_one};
@@ -396,7 +397,7 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab)};
+               int((N + kSlab - 1) / kSlab), early_loads(1)};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
