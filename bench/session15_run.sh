@@ -86,3 +86,24 @@ if [ $PHASE = 3 ]; then
   SIDES="m0:MOESERVE_EARLY_LOADS=0 m2:MOESERVE_EARLY_LOADS=2" bench_sides v2lite "64 256 16" "8 4096 16"
   log done
 fi
+# PHASE=4: the session's final tree ($SRC: only the decode kernels' early copies of old keys kept)
+#   against $BEFORE_SRC (the session's start): the decode-path tests, bench-one-batch alternating
+#   at B = 1 (three rounds), 8 and 64, the other GPU tests while time is left, the 8k prefills.
+if [ $PHASE = 4 ]; then
+  build_before 5
+  TESTS=$(gpu_tests_of $SRC)
+  JOBS=11 build_after $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  for r in 1 2 3; do
+    SIDES="before after" bench_sides qwen3 "1 4096 16"; SIDES="after before" bench_sides v2lite "1 4096 16"
+  done
+  SIDES="before after" bench_sides qwen3 "8 4096 16" "64 256 16"
+  SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
+  for t in $TESTS; do [ $(left) -gt 70 ] && run_gpu_tests /tmp/b $t; done
+  SIDES="after" bench_sides qwen3 "1 8192 2"
+  SIDES="after" bench_sides v2lite "1 8192 2"
+  log done
+fi

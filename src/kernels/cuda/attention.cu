@@ -346,7 +346,6 @@ void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
 
 // Launches the attention kernel for p's value width and merges the splits.
 void launch_all(AttnParams p, int kv_heads, const char* op) {
-  if (!early_loads(2)) p.fresh = 1 << 30;
   Tensor part_acc, part_ml;
   if (p.splits > 1) {
     part_acc = scratch(DType::F32, {p.splits, p.T, p.hq, p.dv});

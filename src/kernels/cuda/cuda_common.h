@@ -41,9 +41,6 @@ bool hopper();
 // kernel before it in the stream finishes, so it can fetch its weights meanwhile; it calls
 // pdl_wait() before it reads anything an earlier kernel wrote. MOESERVE_PDL=0 turns it off.
 bool pdl_enabled();
-// Session 15's A/B switch (MOESERVE_EARLY_LOADS, a mask read once, default all): 1 dense products
-// load their first weights before pdl_wait, 2 decode attention copies old keys before it.
-bool early_loads(unsigned what);
 
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
 // dynamic shared-memory limit (cudaFuncSetAttribute) belongs to one device.

@@ -60,10 +60,10 @@ __global__ void __launch_bounds__(kWarps * 32) flash_mla_kernel(MlaLaunch p) {
     return lane < 8 && key < keys ? p.slots[kv0 + key] : -1;
   };
   // The first tiles' slots are the step's metadata, on the device before any kernel of the step
-  // ran: read before the wait for the kernel before this one (launched early: launch_pdl), whose
-  // writes (the query, the new keys) the rest needs.
-  // Keys older than the step's new ones (MlaLaunch::fresh) were written by earlier steps: when the
-  // first tiles hold none of the new ones, their copies leave before the wait too.
+  // ran: read before the wait for the kernel before this one (launched early: launch_pdl), which
+  // wrote the query and the step's new keys. Keys older than those (MlaLaunch::fresh) were written
+  // by earlier steps: when the first tiles hold none of the new ones, their copies leave before
+  // the wait too.
   int sl[STAGES];
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) sl[s] = slot_of(s);

@@ -32,7 +32,6 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
-  bool early;  // a dense weight's first round loaded before pdl_wait
 };
 
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
@@ -107,31 +106,10 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // more occupancy than the round trips did.
   constexpr bool kPrefetchX = NT == 1;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
-  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  // One round of a warp's weights: chunks c0, c0 + S, ... of rows n0 + g and n0 + g + 8.
-  uint32_t a[U][MATS][2][8];
-  auto load_round = [&](const char* const (&W)[2], const float* const (&SC)[2], int n0, int c0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
-#pragma unroll
-      for (int m = 0; m < MATS; ++m) {
-        load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, a[u][m][0]);
-        load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, a[u][m][1]);
-      }
-    }
-  };
   // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
-  // so the block asks L2 for its first slab and has its first round of weights in flight, then
-  // waits for that kernel's output (the inputs, the routing of grouped rows). The next kernel may
-  // start its own loads meanwhile.
-  const bool early = p.early && !p.w.w && blockIdx.y < p.slabs;
-  if (early) {
-    const char* const W[2] = {static_cast<const char*>(p.w.w_one), static_cast<const char*>(p.w.w2_one)};
-    const float* const SC[2] = {p.w.s_one, p.w.s2_one};
-    prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
-    load_round(W, SC, blockIdx.y * kSlab, warp);
-  }
+  // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
+  // the routing of grouped rows). The next kernel may start its own prefetch meanwhile.
+  if (!p.w.w && blockIdx.y < p.slabs) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
   pdl_wait();
   pdl_trigger();
   int group = 0;
@@ -141,11 +119,11 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   }
   const int r_begin = p.rows.offsets ? p.rows.offsets[group] : 0;
   const int r_end = p.rows.offsets ? p.rows.offsets[group + 1] : p.rows.rows;
-  const char* const W[2] = {static_cast<const char*>(p.w.w ? p.w.w[group] : p.w.w_one),
-                            static_cast<const char*>(p.w.w2 ? p.w.w2[group] : p.w.w2_one)};
-  const float* const SC[2] = {FP8 ? (p.w.s ? p.w.s[group] : p.w.s_one) : nullptr,
-                              FP8 ? (p.w.s2 ? p.w.s2[group] : p.w.s2_one) : nullptr};
-  bool loaded = early;  // the first round's weights are already in a
+  const char* W[2] = {static_cast<const char*>(p.w.w ? p.w.w[group] : p.w.w_one),
+                      static_cast<const char*>(p.w.w2 ? p.w.w2[group] : p.w.w2_one)};
+  const float* SC[2] = {FP8 ? (p.w.s ? p.w.s[group] : p.w.s_one) : nullptr,
+                        FP8 ? (p.w.s2 ? p.w.s2[group] : p.w.s2_one) : nullptr};
+  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   for (int pass = r_begin; pass < r_end; pass += NT * 8) {
     // This lane's input row of each tile (B operand column g), -1 past the group's rows.
     int src[NT];
@@ -158,16 +136,19 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       const int n0 = slab * kSlab;
       float acc[MATS][NT][4] = {};
       for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
-        if (!loaded) load_round(W, SC, n0, c0);
-        loaded = false;
+        uint32_t a[U][MATS][2][8];
         uint32_t xs[kPrefetchX ? U : 1][NT][8];
-        if constexpr (kPrefetchX) {
 #pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
+        for (int u = 0; u < U; ++u) {
+          const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
+#pragma unroll
+          for (int m = 0; m < MATS; ++m) {
+            load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, a[u][m][0]);
+            load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, a[u][m][1]);
+          }
+          if constexpr (kPrefetchX)
 #pragma unroll
             for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
-          }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -397,7 +378,7 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab), early_loads(1)};
+               int((N + kSlab - 1) / kSlab)};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;

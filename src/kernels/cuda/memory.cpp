@@ -307,14 +307,6 @@ bool pdl_enabled() {
   return on;
 }
 
-bool early_loads(unsigned what) {
-  static const unsigned mask = [] {
-    const char* env = std::getenv("MOESERVE_EARLY_LOADS");
-    return env ? unsigned(std::strtoul(env, nullptr, 0)) : 3u;
-  }();
-  return (mask & what) != 0;
-}
-
 void* lt_workspace(size_t bytes) {
   Runtime& r = runtime();
   if (r.workspace_bytes < bytes) {
