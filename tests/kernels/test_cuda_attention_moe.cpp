@@ -204,6 +204,55 @@ std::pair<double, double> time_calls(const ops::AttentionLayout& layout, int max
   return {graphed, eager};
 }
 
+// The decode kernels copy keys before they wait for the kernel before them (launched early,
+// programmatic launch) when those keys are older than the step's own: the rope kernel writes a
+// query's last `fresh` keys just before. Here the new keys' cache rows hold NaN until the rope
+// kernel writes them, right before the attention in the same stream, so a decode kernel that took
+// a new key for an old one reads NaN. Long sequences (many splits, most of them early), a
+// verification-like sequence of 3 queries and a short one; GQA 32/4 and MLA 16 heads.
+TEST(CudaOps, DecodeRightAfterRopeReadsTheNewKeys) {
+  MS_REQUIRE_CUDA();
+  const int64_t pool = 12000, Hq = 32, Hkv = 4, D = 128, H = 16, nope = 128, L = 512, R = 64;
+  const auto layout = make_layout({{1, 4096}, {3, 3000}, {1, 2500}, {1, 40}}, int(pool));
+  std::vector<int32_t> positions, locs;  // the new tokens: each sequence's last nq keys
+  for (int s = 0; s < layout.num_seqs(); ++s) {
+    const int nq = layout.q_start[s + 1] - layout.q_start[s], nk = layout.kv_start[s + 1] - layout.kv_start[s];
+    for (int i = 0; i < nq; ++i)
+      positions.push_back(nk - nq + i), locs.push_back(layout.kv_slots[size_t(layout.kv_start[s] + nk - nq + i)]);
+  }
+  const int64_t T = int64_t(locs.size());
+  auto with_nan_rows = [&](Tensor t) {  // F32 host cache whose new rows are NaN
+    const int64_t row = t.numel() / t.size(0);
+    for (int32_t slot : locs) std::fill_n(t.data<float>() + slot * row, row, NAN);
+    return t;
+  };
+  {
+    const RopeTable table = RopeTable::build(int(D), 1e6, 8192, false);
+    const RopeTable table_gpu = table.to(Device::CUDA);
+    Tensor kc = with_nan_rows(randn({pool, Hkv, D})), vc = with_nan_rows(randn({pool, Hkv, D}));
+    Tensor kg = gpu(kc), vg = gpu(vc);
+    Tensor q = randn({T, Hq, D}), k = randn({T, Hkv, D}), v = randn({T, Hkv, D});
+    Tensor qg = gpu(q), ref = Tensor::empty(DType::F32, {T, Hq, D}), out = poisoned(DType::BF16, {T, Hq, D});
+    cpu::rope_store_kv(q, k, v, table.at(positions), locs, false, kc, vc, nullptr);
+    cpu::attention(q, kc, vc, layout, 0.088f, ref);
+    cuda::rope_store_kv(qg, gpu(k), gpu(v), table_gpu.at(positions), locs, false, kg, vg, nullptr);
+    cuda::attention(qg, kg, vg, layout, 0.088f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << "GQA";
+  }
+  {
+    const RopeTable table = RopeTable::build(int(R), 1e4, 8192, true);
+    const RopeTable table_gpu = table.to(Device::CUDA);
+    Tensor cache = with_nan_rows(randn({pool, L + R})), cg = gpu(cache);
+    Tensor q = randn({T, H, nope + R}), kv = randn({T, L + R}), w = randn({L}, 0.5f), ql = randn({T, H, L}, 0.3f);
+    Tensor qg = gpu(q), ref = Tensor::empty(DType::F32, {T, H, L}), out = poisoned(DType::BF16, {T, H, L});
+    cpu::mla_rope_store(q, kv, w, 1e-6f, table.at(positions), locs, false, cache);
+    cpu::mla_attention(ql, q.slice(2, nope, nope + R), cache, layout, 0.06f, ref);
+    cuda::mla_rope_store(qg, gpu(kv), gpu(w), 1e-6f, table_gpu.at(positions), locs, false, cg);
+    cuda::mla_attention(gpu(ql), qg.slice(2, nope, nope + R), cg, layout, 0.06f, out);
+    EXPECT_LT(rel_error(out, ref), kBf16Tol) << "MLA";
+  }
+}
+
 // Decode attention: µs a call (split-KV kernel and merge) and the KV bytes it streams per µs,
 // GQA 32/4 heads (Qwen3-30B-A3B) and MLA 16 heads (DeepSeek-V2-Lite): batch 1 and 8 at 4096 keys
 // a query, and batch 64 at 256 (V2-Lite's 2-split MLA decode, where the merge's cost shows).
