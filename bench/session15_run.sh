@@ -1,8 +1,10 @@
 #!/bin/bash
 # Session 15's device calls (bench/BENCHMARKS.md, "Session 15"), run from the repository root on
-# the GPU machine: PHASE picks the call. The source is a snapshot (git archive) carried as $SRC.
-# MOESERVE_L2_PREFETCH (kernels/cuda/l2_prefetch.h) picks the L2 prefetches in one binary: 0 none,
-# 1 attention's o_proj, 2 the routed experts' down weights, 4 their gate|up weights.
+# the GPU machine: PHASE picks the call. The source is a snapshot (git archive) carried as $SRC, the
+# tree before a change as $BEFORE_SRC (phases 2 and 4). The switches the sides set existed only in
+# the commits those calls measured: MOESERVE_L2_PREFETCH (58289e5, phase 1: 0 none, 1 attention's
+# o_proj, 2 the routed experts' down weights, 4 their gate|up) and MOESERVE_EARLY_LOADS (358e512,
+# phase 3); both changes were reverted or cut down (bench/BENCHMARKS.md, "Session 15").
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
