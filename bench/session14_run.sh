@@ -10,16 +10,6 @@ source $SRC/bench/device_env.sh
 [ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 
-# Kernel timeline of /tmp/$1's graphed decode at B = $2, $3 keys, label $4, env after it.
-trace() {
-  local m=$1 b=$2 k=$3 tag=$4; shift 4
-  env "$@" CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$tag-$m-$b.tsv timeout 60 $B \
-    bench-one-batch --model-path /tmp/$m --device cuda --batch-size $b --input-len $k --output-len 16 > $L/kt-$tag-$m-$b.log 2>&1
-  log "kernel trace $tag $m B=$b rc=$? $(grep -E 'Decode\.  median' $L/kt-$tag-$m-$b.log)"
-  python3 $SRC/bench/kernel_trace_summary.py $L/kt-$tag-$m-$b.tsv --timeline 0 > $L/kts-$tag-$m-$b.txt 2>&1
-  grep -E '^graph|median replay' $L/kts-$tag-$m-$b.txt | head -8 >> "$OUT/summary.log"
-}
-
 # PHASE=1 (the commit 2b4a0fa): the streaming product. Its tests (bit for bit against the register kernel, every launch
 #   shape against the host), the per-shape gemv bench (every ring depth), the tests of the decode
 #   path, bench-one-batch register / streaming in both orders at B = 1 and 64, the 8k prefills, timelines.

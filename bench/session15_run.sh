@@ -11,16 +11,6 @@ source $SRC/bench/device_env.sh
 [ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
 
-# Kernel timeline of /tmp/$1's graphed decode at B = $2, $3 keys, label $4, env after it.
-trace() {
-  local m=$1 b=$2 k=$3 tag=$4; shift 4
-  env "$@" CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$tag-$m-$b.tsv timeout 60 $B \
-    bench-one-batch --model-path /tmp/$m --device cuda --batch-size $b --input-len $k --output-len 16 > $L/kt-$tag-$m-$b.log 2>&1
-  log "kernel trace $tag $m B=$b rc=$? $(grep -E 'Decode\.  median' $L/kt-$tag-$m-$b.log)"
-  python3 $SRC/bench/kernel_trace_summary.py $L/kt-$tag-$m-$b.tsv --timeline 0 > $L/kts-$tag-$m-$b.txt 2>&1
-  grep -E '^graph|median replay' $L/kts-$tag-$m-$b.txt | head -8 >> "$OUT/summary.log"
-}
-
 # PHASE=1: the L2 prefetches on and off, one binary: the decode-path tests with them on (the
 #   default) and off, bench-one-batch alternating the masks at B = 1 and 64, timelines, prefills.
 if [ $PHASE = 1 ]; then
