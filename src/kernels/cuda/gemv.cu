@@ -366,13 +366,6 @@ GemvTuning& tuning() {
 GemvTuning gemv_tuning() { return tuning(); }
 void set_gemv_tuning(const GemvTuning& t) { tuning() = checked(t); }
 
-int gemv_split_warps(int64_t N, int64_t K, int expected_groups) {
-  // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
-  // over slabs for several waves, each block walking the rest in turn.
-  const int64_t slabs = (N + kSlab - 1) / kSlab, chunks = (K + kChunk - 1) / kChunk;
-  return int64_t(expected_groups) * slabs < 2 * sm_count() && chunks >= 16 ? 8 : 4;
-}
-
 bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_ld) {
   const int64_t E = fp8 ? 16 : 8;
   return K > 0 && K % E == 0 && (w_ld * (fp8 ? 1 : 2)) % 16 == 0 && x_ld % 8 == 0 &&
@@ -391,7 +384,9 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
   int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                         : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
-  int warps = gemv_split_warps(N, K, rows.expected_groups);
+  // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
+  // over slabs for several waves, each block walking the rest in turn.
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {

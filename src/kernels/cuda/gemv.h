@@ -71,11 +71,6 @@ struct GemvTuning {
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
 
-// The warps that split K in a block of gemv's automatic launch shape (before GemvTuning): how
-// its F32 sums are grouped, which a kernel computing the same products must copy to give the
-// same bits (moe_experts_fused.h).
-int gemv_split_warps(int64_t N, int64_t K, int expected_groups);
-
 // With `route` (a dense product into F32, at most 8 rows, route->nv <= kRouteMaxLanes), the
 // product runs as the router's kernel: its work spread a warp a (slab, part of K) over many
 // blocks, the same sums as without `route`, and the block that finishes last adds the parts up

@@ -1,7 +1,6 @@
 // Shared-memory mbarriers and setmaxnreg for the warp-specialized kernels (flash_prefill_wgmma_ws.cu,
 // flash_mla_expanded_wgmma_ws.cu): a producer warpgroup hands stages of cp.async copies to
-// consumer warpgroups and takes them back. Also the bulk copies (the copy engine, one thread
-// asks for a whole row) that moe_experts_fused.cu stages its weights with. sm_90a only, as the wgmma
+// consumer warpgroups and takes them back. sm_90a only, as the wgmma
 // instructions (MS_WGMMA_ASM): a build for another GPU keeps the names, and traps.
 #pragma once
 #include "kernels/cuda/wgmma.cuh"
@@ -25,21 +24,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
       "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
-}
-// Arrives once, announcing `bytes` that bulk copies will bring (the phase ends when they have).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  MS_WGMMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Makes an initialised barrier visible to the copy engine (the async proxy).
-__device__ __forceinline__ void mbar_init_fence() {
-  MS_WGMMA_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into this
-// block's shared memory by the copy engine, counted against `bar`'s expected bytes.
-__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  MS_WGMMA_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 // Registers a thread of the warpgroup may use from here on: the producer gives some up, the
 // consumers take them (the launch's per-thread count x threads is the budget).

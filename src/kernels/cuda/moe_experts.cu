@@ -2,8 +2,7 @@
 // capture) stay on the device: one block sorts the (token, slot) pairs by expert (count, prefix
 // sum, scatter) and lists the experts that have rows; one grouped product streams each listed
 // expert's gate and up rows once and writes silu(gate) * up, a second its down rows; no host
-// sync. At batch 1 on a Hopper the two are one kernel where its blocks fit the multiprocessors
-// (moe_experts_fused.h), with the same bits. More tokens (prefill) with BF16 weights sort the pairs on the device too and run each
+// sync. More tokens (prefill) with BF16 weights sort the pairs on the device too and run each
 // projection as one grouped tensor-core GEMM over all experts (grouped_gemm.h), gate and up
 // ending in SiLU-and-mul; FP8-block weights in the default Fp8Mode::Dequant take its FP8 sibling
 // (grouped_gemm_fp8) from a mean of 8 rows an expert up to 160 (512 on its wgmma shapes; any
@@ -29,7 +28,6 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/grouped_gemm.h"
-#include "kernels/cuda/moe_experts_fused.h"
 #include "kernels/cuda/moe_grouped.h"
 
 namespace ms::cuda {
@@ -178,10 +176,6 @@ ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& wei
   rows.n_active = perm.n_active.data<int32_t>();
   rows.max_groups = rows.expected_groups = int(std::min<int64_t>(E, pairs));
   GemvInput xin{x.data<bf16>(), x.strides()[0], perm.token_of_row.data<int32_t>()};
-  if (const auto plan = fused_experts_plan(table, rows, T)) {
-    fused_experts(*plan, table, rows, xin, act.data<bf16>(), ye.data<float>());
-    return {ye, perm.row_of, weights};
-  }
   gemv(I, H, table.gate_up, rows, xin, GemvOutput{act.raw(), DType::BF16, I}, true);
   GemvInput ain{act.data<bf16>(), I};
   gemv(H, I, table.down, rows, ain, GemvOutput{ye.raw(), DType::F32, H}, false);
