@@ -2,7 +2,8 @@
 # Session 16's device calls (bench/BENCHMARKS.md, "Session 16"), run from the repository root on
 # the GPU machine: PHASE picks the call; the source is a snapshot (git archive) carried as $SRC.
 # MOESERVE_MOE_FUSED=0 turns the batch-1 fused experts kernel (moe_experts_fused.h) off in the
-# same binary, so "off" and "on" sides are one build.
+# same binary, so "off" and "on" sides are one build; that kernel existed only in 084cc79 (phase 1),
+# removed in 54b8557.
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
@@ -26,5 +27,23 @@ if [ $PHASE = 1 ]; then
   trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_MOE_FUSED=0
   run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_attention_moe test_cuda_gemv
   SIDES="$OFF on" bench_sides qwen3 "8 4096 16" "64 256 16"
+  log done
+fi
+# PHASE=2: $SRC = main with bench/gpu_pending.patch (the shared expert's products launched right
+#   after the router) against $BEFORE_SRC = main: the ceilings, the decode-path tests, V2-Lite
+#   (no shared-experts fusion by default: the patch's case) alternating at B = 1 (three rounds), 8
+#   and 64, Qwen3 (no shared expert: the control), V2-Lite's timeline with the patch.
+if [ $PHASE = 2 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  for r in 1 2 3; do SIDES="before after" bench_sides v2lite "1 4096 16"; SIDES="after before" bench_sides v2lite "1 4096 16"; done
+  SIDES="before after" bench_sides qwen3 "1 4096 16"
+  SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
+  trace v2lite 1 4096 after
   log done
 fi
