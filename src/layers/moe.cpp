@@ -75,10 +75,13 @@ void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Ten
                                  Tensor& out) const {
   Tensor ids, weights;
   route_traced(x, ctx, ids, weights);
-  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
+  // The shared expert does not need the routing: launched right after the router, its products
+  // fetch their weights while the router's top-k runs (HBM idles there), instead of beside the
+  // routed experts' down product, whose bandwidth they shared.
   Tensor shared, gate;
   if (w_.shared.defined()) shared = w_.shared.forward(x, ctx);
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
+  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
   ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
                                 ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);
 }
