@@ -47,3 +47,18 @@ if [ $PHASE = 2 ]; then
   trace v2lite 1 4096 after
   log done
 fi
+# PHASE=3: the session's final tree: the ceilings, bench-one-batch at the targets' shapes (B = 1
+#   three times each, B = 64, the 8k prefills), then every single-GPU test program while time is left.
+if [ $PHASE = 3 ]; then
+  TESTS=$(gpu_tests_of $SRC)
+  JOBS=15 build_after ms_cuda_ceilings $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  wait
+  for r in 1 2 3; do SIDES="final" bench_sides qwen3 "1 4096 16"; SIDES="final" bench_sides v2lite "1 4096 16"; done
+  SIDES="final" bench_sides qwen3 "64 256 16" "1 8192 2"
+  SIDES="final" bench_sides v2lite "64 256 16" "1 8192 2"
+  for t in $TESTS; do [ $(left) -gt 60 ] && run_gpu_tests /tmp/b $t; done
+  log done
+fi
