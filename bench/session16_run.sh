@@ -62,3 +62,23 @@ if [ $PHASE = 3 ]; then
   for t in $TESTS; do [ $(left) -gt 60 ] && run_gpu_tests /tmp/b $t; done
   log done
 fi
+# PHASE=4: the post-attention norm made inside the router's kernel (add_rms_norm_route), on and off
+#   in one binary (MOESERVE_NORM_ROUTE=0): its tests, the decode-path tests, bench-one-batch
+#   alternating at B = 1 (three rounds each model), 8 and 64, timelines both ways.
+if [ $PHASE = 4 ]; then
+  NOFF=off:MOESERVE_NORM_ROUTE=0
+  JOBS=15 build_after ms_kernel_trace test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs
+  MOESERVE_NORM_ROUTE=0 gtest fixtures-off 120 /tmp/b/tests/test_cuda_fixtures
+  wait
+  for r in 1 2 3; do
+    SIDES="$NOFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $NOFF" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_NORM_ROUTE=0
+  SIDES="$NOFF on" bench_sides qwen3 "8 4096 16" "64 256 16"
+  SIDES="on $NOFF" bench_sides v2lite "8 4096 16" "64 256 16"
+  run_gpu_tests /tmp/b test_cuda_attention_moe
+  log done
+fi
