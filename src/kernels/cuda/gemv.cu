@@ -405,14 +405,6 @@ GemvTuning& tuning();
 template <bool FP8, int NV, bool NORM>
 void launch_route(dim3 grid, dim3 block, size_t smem, const GemvParams& p, const RouteTail& r, float* part, int S,
                   int per_block, int norm_at) {
-  if constexpr (NORM) {  // the norm's rows in shared memory: up to 8 x 2048 bf16 and the top-k's share
-    static PerDeviceOnce once;
-    once([] {
-      int optin = 0;
-      MS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-      MS_CUDA(cudaFuncSetAttribute(route_kernel<FP8, NV, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-    });
-  }
   launch_pdl(route_kernel<FP8, NV, NORM>, grid, block, smem, p, r, part, S, per_block, norm_at);
 }
 
@@ -432,6 +424,7 @@ void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
   // The norm's rows [T][K] (bf16) and its warps' sums [T][32] after the top-k's share, 16-byte aligned.
   const int norm_at = int((smem + 15) / 16 * 4);
   if (norm) smem = size_t(norm_at) * 4 + size_t(r.tp.T) * p.K * 2 + size_t(r.tp.T) * 32 * 4;
+  MS_CHECK(smem <= kRouteNormMaxSmem, "gemv: a routed product with ", smem, " bytes of shared memory");
   Tensor part = scratch(DType::F32, {int64_t(S), r.tp.T, r.tp.E});
   float* pp = part.data<float>();
   const dim3 grid{unsigned(blocks)}, block{unsigned(warps * 32)};

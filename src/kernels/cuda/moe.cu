@@ -139,22 +139,26 @@ void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_we
   if (T > 0 && T <= kFusedRouteMaxTokens && topk_lanes(E) <= kRouteMaxLanes &&
       norm_fits_route(residual, y, norm_weight, out)) {
     const TopkParams tp = topk_params(T, E, E, bias, p, ids, weights);
-    drop_routed_pairs();
     const int experts = int(E) + p.fused_shared_experts();
-    Permuted perm = permuted_scratch(T * tp.C, experts);
-    RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts),
-                   RouteNorm{}};
     const int64_t H = residual.size(1);
-    int group = 1;  // rms_norm_rows_kernel's threads a row (norm.cu, launch_rows)
-    while (group < H / 8) group *= 2;
-    tail.norm = RouteNorm{residual.data<bf16>(), residual.strides()[0], y.data<bf16>(), y.strides()[0],
-                          norm_weight.raw(), norm_weight.dtype() == DType::F32, eps, out.data<bf16>(),
-                          out.strides()[0], group};
-    Tensor logits = scratch(DType::F32, {T, E});
-    // `out` is the product's input: the kernel reads its rows from its own shared memory instead.
-    if (linear_then_topk(out, gate, gate_bias, logits, tail)) {
-      keep_routed_pairs(ids, experts, std::move(perm));
-      return;
+    // The router kernel's shared memory at most: 8 warps' top-k share, the rows, their sums.
+    const size_t smem = std::max(8 * topk_warp_smem(tp), sort_pairs_smem(experts)) + 16 + T * H * 2 + T * 32 * 4;
+    if (smem <= kRouteNormMaxSmem) {
+      drop_routed_pairs();
+      Permuted perm = permuted_scratch(T * tp.C, experts);
+      RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts),
+                     RouteNorm{}};
+      int group = 1;  // rms_norm_rows_kernel's threads a row (norm.cu, launch_rows)
+      while (group < H / 8) group *= 2;
+      tail.norm = RouteNorm{residual.data<bf16>(), residual.strides()[0], y.data<bf16>(), y.strides()[0],
+                            norm_weight.raw(), norm_weight.dtype() == DType::F32, eps, out.data<bf16>(),
+                            out.strides()[0], group};
+      Tensor logits = scratch(DType::F32, {T, E});
+      // `out` is the product's input: the kernel reads its rows from its own shared memory instead.
+      if (linear_then_topk(out, gate, gate_bias, logits, tail)) {
+        keep_routed_pairs(ids, experts, std::move(perm));
+        return;
+      }
     }
   }
   cuda::add_rms_norm(residual, y, norm_weight, eps, out);

@@ -56,6 +56,10 @@ struct RouteTail {
   RouteNorm norm;
 };
 
+// Shared memory the router kernel may take (no opt-in above the default): add_rms_norm_route
+// keeps to it.
+constexpr size_t kRouteNormMaxSmem = 48 * 1024;
+
 // Experts a lane up to which the router product takes the top-k (256 experts: the kernels it
 // instantiates).
 constexpr int kRouteMaxLanes = 8;
