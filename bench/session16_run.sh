@@ -82,3 +82,16 @@ if [ $PHASE = 4 ]; then
   run_gpu_tests /tmp/b test_cuda_attention_moe
   log done
 fi
+# PHASE=5: phase 4 again after its fix (the first run's norm-in-router launches failed at
+#   cudaFuncSetAttribute), cut to the device time left: its tests, then B = 1 alternating.
+if [ $PHASE = 5 ]; then
+  NOFF=off:MOESERVE_NORM_ROUTE=0
+  JOBS=16 build_after test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs
+  wait
+  for r in 1 2 3; do
+    SIDES="$NOFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $NOFF" bench_sides v2lite "1 4096 16"
+  done
+  log done
+fi
