@@ -8,21 +8,13 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
                            const RmsNorm& next_norm) const {
   Tensor a = std::visit([&](const auto& attn) { return attn.forward(h, layer, ctx); }, attention);
   if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
-  const bool local = !ctx.parallel || ffn_mode == FfnMode::Local;
-  const auto* moe = std::get_if<SparseMoe>(&ffn);
-  if (moe && local && !ctx.bf16_activations) {
-    // The whole block between the two norms in as few launches as the backend has: the
-    // post-attention norm inside the router's kernel, the experts' sum inside the next norm's.
-    h = ctx.empty(hidden.shape());
-    moe->forward_norm_add_norm(a, post_attention_norm, ctx, hidden, next_norm, h);
-    return;
-  }
   h = ctx.empty(hidden.shape());
   post_attention_norm.add_forward(hidden, a, h);
   ctx.round(h);
   const Tensor x = h;
   h = ctx.empty(hidden.shape());
-  if (moe && local) {
+  const bool local = !ctx.parallel || ffn_mode == FfnMode::Local;
+  if (const auto* moe = std::get_if<SparseMoe>(&ffn); moe && local) {
     // Nothing comes between the block's output and the residual add (no reduction), so the
     // experts' rows are summed inside the next norm's kernel: one launch fewer a layer.
     moe->forward_add_norm(x, ctx, hidden, next_norm, h);

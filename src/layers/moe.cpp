@@ -75,26 +75,6 @@ void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Ten
                                  Tensor& out) const {
   Tensor ids, weights;
   route_traced(x, ctx, ids, weights);
-  experts_add_norm(x, ids, weights, ctx, residual, norm, out);
-}
-
-void SparseMoe::forward_norm_add_norm(const Tensor& y, const RmsNorm& norm_in, const ForwardContext& ctx,
-                                      Tensor& residual, const RmsNorm& norm, Tensor& out) const {
-  MS_CHECK(!ctx.bf16_activations, "forward_norm_add_norm: activations rounded to bf16 need the norm's output rounded "
-                                  "before the routing");
-  const int64_t T = residual.size(0);
-  Tensor x = ctx.empty(residual.shape());
-  Tensor ids = ctx.empty({T, router_.columns()}, DType::I32), weights = ctx.empty({T, router_.columns()}, DType::F32);
-  const Tensor& gate_bias = w_.gate.bias();
-  ops::add_rms_norm_route(residual, y, norm_in.weight(), norm_in.eps(), x, w_.gate.weight(),
-                          gate_bias.defined() ? &gate_bias : nullptr,
-                          w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, ids, weights);
-  if (ctx.routing_trace) ctx.routing_trace->push_back(ids.to(Device::CPU).clone());
-  experts_add_norm(x, ids, weights, ctx, residual, norm, out);
-}
-
-void SparseMoe::experts_add_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ForwardContext& ctx,
-                                 Tensor& residual, const RmsNorm& norm, Tensor& out) const {
   // The shared expert does not need the routing: launched right after the router, its products
   // fetch their weights while the router's top-k runs (HBM idles there), instead of beside the
   // routed experts' down product, whose bandwidth they shared.

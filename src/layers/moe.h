@@ -37,11 +37,6 @@ class SparseMoe {
   // comes between the block's output and the add: a rank holding all of it (no reduction).
   void forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
                         Tensor& out) const;
-  // The same for x = norm_in(residual += y) (norm_in.add_forward), made inside the routing's
-  // kernel where the backend can (ops::add_rms_norm_route): the norm before the block, its
-  // router and top-k in one launch on the GPU. Activations that are not rounded to bf16 only.
-  void forward_norm_add_norm(const Tensor& y, const RmsNorm& norm_in, const ForwardContext& ctx, Tensor& residual,
-                             const RmsNorm& norm, Tensor& out) const;
   // All-to-all dispatch (ep == tp): this rank's share of x (rows t with t % group == index)
   // goes to the ranks owning its experts and comes back weighted; returns the rows it owns
   // (others zero) — the attention-TP all-reduce completes them.
@@ -54,9 +49,6 @@ class SparseMoe {
   // route() into new ids and weights, recorded in ctx.routing_trace.
   void route_traced(const Tensor& x, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const;
   void add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& out) const;
-  // forward_add_norm's work after the routing.
-  void experts_add_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ForwardContext& ctx,
-                        Tensor& residual, const RmsNorm& norm, Tensor& out) const;
   MoeWeights w_;
   ops::RouterParams router_;
 };

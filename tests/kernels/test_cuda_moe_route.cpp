@@ -6,8 +6,7 @@
 // moe_route is that path), with any number of parts a block, over repeated launches (the block
 // counter resets itself) and replayed from a captured step with new inputs each time; the sort
 // must be the one align_kernel makes (row order within an expert aside), and a whole MoE layer's
-// output bit-identical, eager and replayed, with one kernel for route, top-k and sort. Also the
-// router kernel that makes its own input, the residual add and RMSNorm (add_rms_norm_route).
+// output bit-identical, eager and replayed, with one kernel for route, top-k and sort.
 // MoeRouteBench prints fused vs unfused microseconds (graphed), routing alone and the whole
 // layer, when MOESERVE_BENCH_ROUTE=1: the routing as the decode step runs it (after the norm
 // that makes its input, launched early), its weight rotated over copies that L2 cannot hold.
@@ -226,99 +225,6 @@ TEST(CudaMoeRoute, ReplayedFromCapturedStep) {
         const std::string at = std::string(c.name) + " T=" + std::to_string(T) + " replay " + std::to_string(rep);
         EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << at;
         EXPECT_EQ(bit_mismatches(w, w_ref), 0) << at;
-      }
-    }
-}
-
-// The post-attention norm made by the router's kernel (cuda::add_rms_norm_route) against
-// cuda::add_rms_norm then the unfused routing: the residual, the normalised rows, ids and weights
-// bit for bit, with BF16 and F32 norm weights, T = 1, 3, 8 and 9 (past the fused sizes); one
-// kernel where the rows fit it (512 to 2048 wide, E <= 256, T <= 8), the two ops' otherwise.
-struct NormInputs {
-  Tensor residual, y, weight;
-};
-
-NormInputs make_norm_inputs(const RouteCase& c, int64_t T, bool f32_weight) {
-  Tensor w = randn({c.H}, 0.2f);
-  for (auto& v : w.span<float>()) v += 1.0f;
-  return {gpu(randn({T, c.H})), gpu(randn({T, c.H})), f32_weight ? w.to(Device::CUDA) : gpu(w)};
-}
-
-struct NormRouted {
-  Tensor residual, out, ids, w;
-};
-
-NormRouted norm_then_route(const NormInputs& in, const Router& r, const RouteCase& c, bool fused) {
-  const int64_t T = in.residual.size(0), C = c.p.columns();
-  NormRouted o{in.residual.clone(), poisoned(DType::BF16, {T, c.H}), poisoned(DType::I32, {T, C}),
-               poisoned(DType::F32, {T, C})};
-  if (fused) {
-    cuda::add_rms_norm_route(o.residual, in.y, in.weight, 1e-6f, o.out, r.gate, r.gb(), r.cb(), c.p, o.ids, o.w);
-  } else {
-    cuda::add_rms_norm(o.residual, in.y, in.weight, 1e-6f, o.out);
-    unfused(o.out, r, c.p, o.ids, o.w);
-  }
-  return o;
-}
-
-void expect_same(const NormRouted& a, const NormRouted& b, const std::string& at) {
-  EXPECT_EQ(bit_mismatches(a.residual, b.residual), 0) << at << ": residual";
-  EXPECT_EQ(bit_mismatches(a.out, b.out), 0) << at << ": normalised rows";
-  EXPECT_EQ(bit_mismatches(a.ids, b.ids), 0) << at << ": ids";
-  EXPECT_EQ(bit_mismatches(a.w, b.w), 0) << at << ": weights";
-}
-
-bool norm_route_fuses(const RouteCase& c, int64_t T) {
-  return c.H >= 512 && c.H <= 2048 && T <= 8 && c.E <= 256;
-}
-
-TEST(CudaMoeRoute, NormRouteMatchesNormThenRoute) {
-  MS_REQUIRE_CUDA();
-  for (const auto& c : kCases) {
-    const Router r = make_router(c);
-    for (const int64_t T : {1, 3, 8, 9})
-      for (const bool f32_weight : {false, true}) {
-        const std::string at = std::string(c.name) + " T=" + std::to_string(T) + (f32_weight ? " f32 weight" : "");
-        const NormInputs in = make_norm_inputs(c, T, f32_weight);
-        const NormRouted ref = norm_then_route(in, r, c, false);
-        for (int rep = 0; rep < 2; ++rep)  // the block counter must be back at 0
-          expect_same(norm_then_route(in, r, c, true), ref, at + " launch " + std::to_string(rep));
-        NormRouted o = norm_then_route(in, r, c, true);
-        const int nodes = kernel_nodes([&] {
-          cuda::add_rms_norm_route(o.residual, in.y, in.weight, 1e-6f, o.out, r.gate, r.gb(), r.cb(), c.p, o.ids, o.w);
-        });
-        if (norm_route_fuses(c, T)) EXPECT_EQ(nodes, 1) << at;
-        else EXPECT_GE(nodes, 2) << at;
-      }
-  }
-}
-
-// Captured once, replayed with new rows each time (the residual is updated in place).
-TEST(CudaMoeRoute, NormRouteReplayedFromCapturedStep) {
-  MS_REQUIRE_CUDA();
-  for (const auto& c : {kCases[0], kCases[1], kCases[5]})
-    for (const int64_t T : {1, 3, 8}) {
-      const Router r = make_router(c);
-      const int64_t C = c.p.columns();
-      NormInputs in = make_norm_inputs(c, T, false);
-      Tensor residual = in.residual.clone(), out = poisoned(DType::BF16, {T, c.H});
-      Tensor ids = Tensor::empty(DType::I32, {T, C}, Device::CUDA), w = Tensor::empty(DType::F32, {T, C}, Device::CUDA);
-      auto body = [&] {
-        cuda::add_rms_norm_route(residual, in.y, in.weight, 1e-6f, out, r.gate, r.gb(), r.cb(), c.p, ids, w);
-      };
-      body();
-      const StepShape step(T);
-      auto pool = ops::make_graph_pool(Device::CUDA);
-      auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
-      for (int rep = 0; rep < 4; ++rep) {
-        const NormInputs next = make_norm_inputs(c, T, false);
-        in.y.copy_from(next.y), residual.copy_from(next.residual);
-        NormInputs now{next.residual, in.y, in.weight};
-        const NormRouted ref = norm_then_route(now, r, c, false);
-        poison(out), poison(ids), poison(w);
-        graph->replay(step.arrays());
-        expect_same(NormRouted{residual, out, ids, w}, ref,
-                    std::string(c.name) + " T=" + std::to_string(T) + " replay " + std::to_string(rep));
       }
     }
 }

@@ -14,13 +14,6 @@ void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float
   rms_norm(residual, weight, eps, out);
 }
 
-void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_weight, float eps, Tensor& out,
-                        const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
-                        Tensor& ids, Tensor& weights) {
-  cpu::add_rms_norm(residual, y, norm_weight, eps, out);
-  cpu::moe_route(out, gate, gate_bias, bias, p, ids, weights);
-}
-
 void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
   const int64_t T = residual.size(0), H = residual.size(1), K = routed.weights.size(1);

@@ -209,61 +209,6 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 // stream a GPU runs these products one after another, so one counter a GPU serves them all.
 __device__ unsigned g_route_blocks_done = 0;
 
-// Rows of route_kernel's input a norm makes (RouteNorm): its rows, as moe_route's fused path.
-constexpr int kRouteNormRows = 8;
-
-// The router's input rows made by the router kernel itself (RouteNorm), as rms_norm_rows_kernel
-// makes them: thread c takes 16-byte piece c of every row (threads past the row add zeros), sums
-// squares in the same order (its piece, the warp's xor tree, then the group's warps in order
-// through warp_ss [T][32]), and writes the normalised piece into h [T][H] (shared memory); sum[t]
-// keeps its piece of residual + y in bf16 for the last block to store. wt: its norm-weight piece.
-__device__ __forceinline__ void route_norm_rows(const RouteNorm& nm, int T, int H, const float (&wt)[8], bf16* h,
-                                                float* warp_ss, uint4 (&sum)[kRouteNormRows]) {
-  const int c = threadIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool mine = c < H / 8;
-  uint4 yr[kRouteNormRows];
-#pragma unroll
-  for (int t = 0; t < kRouteNormRows; ++t)  // every row's pieces asked for before the first is used
-    if (t < T && mine) {
-      sum[t] = reinterpret_cast<const uint4*>(nm.residual + t * nm.rs)[c];
-      yr[t] = reinterpret_cast<const uint4*>(nm.y + t * nm.ys)[c];
-    }
-#pragma unroll
-  for (int t = 0; t < kRouteNormRows; ++t) {
-    if (t >= T) break;
-    float ss = 0.f;
-    if (mine) {
-      float a[8], x[8], v[8];
-      unpack8(yr[t], a);
-      unpack8(sum[t], x);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) a[j] += x[j];
-      sum[t] = pack8(a);
-      unpack8(sum[t], v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
-    }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) warp_ss[t * 32 + warp] = ss;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < kRouteNormRows; ++t) {
-    if (t >= T) break;
-    float ss = 0.f;
-    for (int k = 0; k < nm.group / 32; ++k) ss += warp_ss[t * 32 + k];
-    const float inv = 1.0f / sqrtf(ss / float(H) + nm.eps);
-    if (mine) {
-      float v[8], o[8];
-      unpack8(sum[t], v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) o[j] = v[j] * inv * wt[j];
-      reinterpret_cast<uint4*>(h + t * H)[c] = pack8(o);
-    }
-  }
-  __syncthreads();
-}
-
 // The router's product with its top-k (gemv with a RouteTail), cut into tasks of a warp each:
 // task (slab, first) is what warp `first` of the S warps of gemv_kernel's block for that slab
 // computes (chunks first, first + S, ... in that order), so its F32 parts are that warp's, bit
@@ -272,12 +217,9 @@ __device__ __forceinline__ void route_norm_rows(const RouteNorm& nm, int T, int 
 // blocks of 8 KB where gemv_kernel ran 8 of 64 KB. A warp asks for its first round of weights
 // before pdl_wait (they do not depend on the kernel before, whose tail hides their latency) and
 // L2 for the rest. Parts go to `part` [S][T][E]; the last block to finish sums them in
-// gemv_kernel's order and runs the top-k (route_in_last_block). With NORM the kernel first makes
-// its input rows itself (route_norm_rows; shared memory past `norm_at` floats), and the last
-// block stores them and the residual they came from.
-template <bool FP8, int NV, bool NORM>
-__global__ void __launch_bounds__(256)
-    route_kernel(GemvParams p, RouteTail route, float* part, int S, int per_block, int norm_at) {
+// gemv_kernel's order and runs the top-k (route_in_last_block).
+template <bool FP8, int NV>
+__global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail route, float* part, int S, int per_block) {
   constexpr int U = 4;  // unroll(false), gemv_kernel's U for these rows
   extern __shared__ float smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -304,18 +246,8 @@ __global__ void __launch_bounds__(256)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (int64_t(n) * p.w.ld + int64_t(c) * kChunk) * (FP8 ? 1 : 2)));
     }
   }
-  float wt[8];  // NORM: this thread's piece of the norm weight, a constant
-  if constexpr (NORM)
-    if (threadIdx.x < p.K / 8) {
-      if (route.norm.w_f32) load8(static_cast<const float*>(route.norm.w) + threadIdx.x * 8, wt);
-      else load8(static_cast<const bf16*>(route.norm.w) + threadIdx.x * 8, wt);
-    }
   pdl_wait();
   pdl_trigger();
-  bf16* rows_in = reinterpret_cast<bf16*>(smem + norm_at);  // NORM: the input rows [T][K]
-  uint4 sum[kRouteNormRows];
-  if constexpr (NORM)
-    route_norm_rows(route.norm, p.rows.rows, p.K, wt, rows_in, smem + norm_at + p.rows.rows * p.K / 2, sum);
   if (streams) {
     const int src = g < p.rows.rows ? (p.in.x_rows ? p.in.x_rows[g] : g) : -1;
     float acc[4] = {};
@@ -323,21 +255,7 @@ __global__ void __launch_bounds__(256)
       if (c0 != first) load_round(c0);
       uint32_t xs[U][8];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if constexpr (NORM) {
-          const int k0 = k0_of(c0 + u * S);
-          uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-          if (src >= 0 && k0 < p.K) {
-            const uint4* s = reinterpret_cast<const uint4*>(rows_in + src * p.K + k0);
-            lo = s[0];
-            if (k0 + 8 < p.K) hi = s[1];
-          }
-          xs[u][0] = lo.x, xs[u][1] = lo.y, xs[u][2] = lo.z, xs[u][3] = lo.w;
-          xs[u][4] = hi.x, xs[u][5] = hi.y, xs[u][6] = hi.z, xs[u][7] = hi.w;
-        } else {
-          load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
-        }
-      }
+      for (int u = 0; u < U; ++u) load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
       // gemv_kernel's mmas, in its order.
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -360,15 +278,7 @@ __global__ void __launch_bounds__(256)
         if (n < p.N && row < p.rows.rows) out[int64_t(row) * p.N + n] = acc[2 * h + j];
       }
   }
-  const bool last =
-      route_in_last_block<NV>(route, part, S, p.bias, static_cast<float*>(p.out), &g_route_blocks_done, smem);
-  if constexpr (NORM)  // every block has read the residual: the last one writes it and the rows
-    if (last && threadIdx.x < p.K / 8)
-      for (int t = 0; t < p.rows.rows && t < kRouteNormRows; ++t) {
-        reinterpret_cast<uint4*>(route.norm.residual + t * route.norm.rs)[threadIdx.x] = sum[t];
-        reinterpret_cast<uint4*>(route.norm.out + t * route.norm.os)[threadIdx.x] =
-            reinterpret_cast<const uint4*>(rows_in + t * p.K)[threadIdx.x];
-      }
+  route_in_last_block<NV>(route, part, S, p.bias, static_cast<float*>(p.out), &g_route_blocks_done, smem);
 }
 
 // Whether a warp takes all its chunks in one round of 8 (gemv_kernel's U = 8): when the grid
@@ -402,12 +312,6 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
 
 GemvTuning& tuning();
 
-template <bool FP8, int NV, bool NORM>
-void launch_route(dim3 grid, dim3 block, size_t smem, const GemvParams& p, const RouteTail& r, float* part, int S,
-                  int per_block, int norm_at) {
-  launch_pdl(route_kernel<FP8, NV, NORM>, grid, block, smem, p, r, part, S, per_block, norm_at);
-}
-
 // The router's launch: a warp for each of the slabs x S tasks, per_block of them a block (as few
 // as fill the multiprocessors, or tuning().route_tasks), with at least a warp a row for the top-k.
 // Shared memory for the top-k's group scores or the sort of the pairs, whichever needs more.
@@ -416,27 +320,17 @@ void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
   MS_CHECK(S <= kRouteMaxParts, "gemv: a routed product in ", S, " parts");
   const int tasks = p.slabs * S, tuned = tuning().route_tasks;
   const int per_block = std::min(8, tuned ? tuned : (tasks + sm_count() - 1) / sm_count());
-  const bool norm = r.norm.residual != nullptr;
-  const int blocks = (tasks + per_block - 1) / per_block;
-  const int warps = std::max({per_block, int(r.tp.T), norm ? r.norm.group / 32 : 0});
-  size_t smem = std::max(size_t(warps) * topk_warp_smem(r.tp),
-                         r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
-  // The norm's rows [T][K] (bf16) and its warps' sums [T][32] after the top-k's share, 16-byte aligned.
-  const int norm_at = int((smem + 15) / 16 * 4);
-  if (norm) smem = size_t(norm_at) * 4 + size_t(r.tp.T) * p.K * 2 + size_t(r.tp.T) * 32 * 4;
-  MS_CHECK(smem <= kRouteNormMaxSmem, "gemv: a routed product with ", smem, " bytes of shared memory");
+  const int blocks = (tasks + per_block - 1) / per_block, warps = std::max(per_block, int(r.tp.T));
+  const size_t smem = std::max(size_t(warps) * topk_warp_smem(r.tp),
+                               r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
   Tensor part = scratch(DType::F32, {int64_t(S), r.tp.T, r.tp.E});
   float* pp = part.data<float>();
   const dim3 grid{unsigned(blocks)}, block{unsigned(warps * 32)};
-  auto go = [&]<int NV>() {
-    if (norm) launch_route<FP8, NV, true>(grid, block, smem, p, r, pp, S, per_block, norm_at);
-    else launch_route<FP8, NV, false>(grid, block, smem, p, r, pp, S, per_block, norm_at);
-  };
   switch (r.nv) {
-    case 1: go.template operator()<1>(); break;
-    case 2: go.template operator()<2>(); break;
-    case 4: go.template operator()<4>(); break;
-    case 8: go.template operator()<8>(); break;
+    case 1: launch_pdl(route_kernel<FP8, 1>, grid, block, smem, p, r, pp, S, per_block); break;
+    case 2: launch_pdl(route_kernel<FP8, 2>, grid, block, smem, p, r, pp, S, per_block); break;
+    case 4: launch_pdl(route_kernel<FP8, 4>, grid, block, smem, p, r, pp, S, per_block); break;
+    case 8: launch_pdl(route_kernel<FP8, 8>, grid, block, smem, p, r, pp, S, per_block); break;
     default: fail("gemv: a routed product of ", r.nv, " experts a lane");
   }
 }

@@ -1,12 +1,9 @@
 // Mixture-of-experts on the GPU. Routing: one warp per token runs the CPU op's algorithm step
 // for step (moe_topk.cuh), in its own kernel after the router product, or, for a decode batch,
 // in the router product's last block (moe_route), which then also sorts the chosen pairs by
-// expert for moe_experts (moe_grouped.h): one kernel where there were three; after attention
-// that kernel also makes its input, the residual add and RMSNorm (add_rms_norm_route). Experts:
+// expert for moe_experts (moe_grouped.h): one kernel where there were three. Experts:
 // moe_experts.cu.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -101,8 +98,7 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
     // (no expert parallelism) instead of launching its own (align_kernel).
     const int experts = int(E) + p.fused_shared_experts();
     Permuted perm = permuted_scratch(T * tp.C, experts);
-    const RouteTail tail{tp,          ids.data<int32_t>(), weights.data<float>(), topk_lanes(E),
-                         sorted_pairs(perm, experts), RouteNorm{}};
+    const RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts)};
     if (linear_then_topk(x, gate, gate_bias, logits, tail)) {
       keep_routed_pairs(ids, experts, std::move(perm));
       return;
@@ -110,59 +106,6 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
   }
   cuda::linear(x, gate, gate_bias, logits);
   cuda::moe_topk(logits, bias, p, ids, weights);
-}
-
-namespace {
-
-// Whether the router kernel can make add_rms_norm's rows itself, bit for bit: bf16 rows that
-// rms_norm_rows_kernel would take a 16-byte piece a thread with 64 to 256 threads a row (the
-// router kernel's block bound), 512 to 2048 wide. MOESERVE_NORM_ROUTE=0 keeps two launches.
-bool norm_fits_route(const Tensor& residual, const Tensor& y, const Tensor& w, const Tensor& out) {
-  const char* env = std::getenv("MOESERVE_NORM_ROUTE");
-  if (env && std::strcmp(env, "0") == 0) return false;
-  const auto rows = [&](const Tensor& t) {
-    return t.device() == Device::CUDA && t.dtype() == DType::BF16 && t.dim() == 2 && t.shape() == residual.shape() &&
-           t.strides()[1] == 1 && t.strides()[0] % 8 == 0 && reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0;
-  };
-  const int64_t H = residual.dim() == 2 ? residual.size(1) : 0;
-  return rows(residual) && rows(y) && rows(out) && H >= 512 && H <= 2048 && H % 8 == 0 &&
-         w.device() == Device::CUDA && (w.dtype() == DType::BF16 || w.dtype() == DType::F32) && w.is_contiguous() &&
-         w.numel() == H && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0;
-}
-
-}  // namespace
-
-void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_weight, float eps, Tensor& out,
-                        const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
-                        Tensor& ids, Tensor& weights) {
-  const int64_t T = residual.dim() == 2 ? residual.size(0) : 0, E = gate.out_features();
-  if (T > 0 && T <= kFusedRouteMaxTokens && topk_lanes(E) <= kRouteMaxLanes &&
-      norm_fits_route(residual, y, norm_weight, out)) {
-    const TopkParams tp = topk_params(T, E, E, bias, p, ids, weights);
-    const int experts = int(E) + p.fused_shared_experts();
-    const int64_t H = residual.size(1);
-    // The router kernel's shared memory at most: 8 warps' top-k share, the rows, their sums.
-    const size_t smem = std::max(8 * topk_warp_smem(tp), sort_pairs_smem(experts)) + 16 + T * H * 2 + T * 32 * 4;
-    if (smem <= kRouteNormMaxSmem) {
-      drop_routed_pairs();
-      Permuted perm = permuted_scratch(T * tp.C, experts);
-      RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts),
-                     RouteNorm{}};
-      int group = 1;  // rms_norm_rows_kernel's threads a row (norm.cu, launch_rows)
-      while (group < H / 8) group *= 2;
-      tail.norm = RouteNorm{residual.data<bf16>(), residual.strides()[0], y.data<bf16>(), y.strides()[0],
-                            norm_weight.raw(), norm_weight.dtype() == DType::F32, eps, out.data<bf16>(),
-                            out.strides()[0], group};
-      Tensor logits = scratch(DType::F32, {T, E});
-      // `out` is the product's input: the kernel reads its rows from its own shared memory instead.
-      if (linear_then_topk(out, gate, gate_bias, logits, tail)) {
-        keep_routed_pairs(ids, experts, std::move(perm));
-        return;
-      }
-    }
-  }
-  cuda::add_rms_norm(residual, y, norm_weight, eps, out);
-  cuda::moe_route(out, gate, gate_bias, bias, p, ids, weights);
 }
 
 }  // namespace ms::cuda

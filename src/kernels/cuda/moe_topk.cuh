@@ -27,23 +27,6 @@ struct SortedPairs {
   int experts = 0;
 };
 
-// The RMSNorm that makes the router's input, run by the router kernel first when residual is set
-// (add_rms_norm_route): residual[t] += y[t] (rounded to bf16) and out[t] = norm(residual[t]) * w,
-// as rms_norm_rows_kernel computes them with `group` threads a row, a 16-byte piece a thread
-// (group >= 64). Every block makes the whole rows for itself; the last block writes them.
-struct RouteNorm {
-  __nv_bfloat16* residual = nullptr;
-  int64_t rs = 0;
-  const __nv_bfloat16* y = nullptr;
-  int64_t ys = 0;
-  const void* w = nullptr;  // [H], BF16 or F32 (w_f32)
-  bool w_f32 = false;
-  float eps = 0.f;
-  __nv_bfloat16* out = nullptr;
-  int64_t os = 0;
-  int group = 0;
-};
-
 // What the router product's last block does with its finished logits [T, E] (row stride
 // tp.ls): the top-k of every row into ids / weights [T, C], then, when sort.offsets is set, the
 // sort of those T * C pairs over experts [0, sort.experts). nv: experts a lane (32 * nv >= E).
@@ -53,12 +36,7 @@ struct RouteTail {
   float* weights;
   int nv;
   SortedPairs sort;
-  RouteNorm norm;
 };
-
-// Shared memory the router kernel may take (no opt-in above the default): add_rms_norm_route
-// keeps to it.
-constexpr size_t kRouteNormMaxSmem = 48 * 1024;
 
 // Experts a lane up to which the router product takes the top-k (256 experts: the kernels it
 // instantiates).
@@ -278,16 +256,15 @@ __device__ __forceinline__ void sort_pairs_by_expert(const int32_t* ids, int pai
 // them. `done` counts finished blocks; the last one sets it back to 0, so the next launch (or
 // graph replay) starts from 0 with no memset. parts <= kRouteMaxParts.
 constexpr int kRouteMaxParts = 8;
-// Returns whether this block was the last.
 template <int NV>
-__device__ __forceinline__ bool route_in_last_block(const RouteTail& r, const float* part, int parts,
+__device__ __forceinline__ void route_in_last_block(const RouteTail& r, const float* part, int parts,
                                                     const float* bias, float* logits, unsigned* done, float* smem) {
   __shared__ bool last;
   __threadfence();  // this thread's parts visible device-wide before the block counts as done
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
   __syncthreads();
-  if (!last) return false;  // the whole block: the barriers below see every thread
+  if (!last) return;  // the whole block: the barriers below see every thread
   __threadfence();  // every other block's parts, counted before, are seen after this
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32;
   const int64_t T = r.tp.T, E = r.tp.E;
@@ -321,7 +298,6 @@ __device__ __forceinline__ bool route_in_last_block(const RouteTail& r, const fl
     sort_pairs_by_expert(r.ids, int(T) * r.tp.C, r.tp.C, 0, r.sort, reinterpret_cast<int32_t*>(smem));
   }
   if (threadIdx.x == 0) *done = 0u;
-  return true;
 }
 
 #endif  // __CUDACC__
