@@ -1,9 +1,10 @@
 #!/bin/bash
 # Session 16's device calls (bench/BENCHMARKS.md, "Session 16"), run from the repository root on
 # the GPU machine: PHASE picks the call; the source is a snapshot (git archive) carried as $SRC.
-# MOESERVE_MOE_FUSED=0 turns the batch-1 fused experts kernel (moe_experts_fused.h) off in the
-# same binary, so "off" and "on" sides are one build; that kernel existed only in 084cc79 (phase 1),
-# removed in 54b8557.
+# The switches the sides set existed only in the commits those calls measured, each change
+# removed after its call (bench/BENCHMARKS.md, "Session 16"): MOESERVE_MOE_FUSED=0 turned the
+# batch-1 fused experts kernel off (084cc79, phase 1; removed in 54b8557), MOESERVE_NORM_ROUTE=0
+# the norm made inside the router's kernel (1de0ef4 / 247ed82, phases 4 and 5; removed in 84ccb00).
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
