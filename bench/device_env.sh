@@ -9,9 +9,10 @@ T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.log"; }
 # The layout every session script shares: logs in $L, builds and random models under .b4/ (ignored;
 # a warm machine reuses them), this tree's build linked as /tmp/b with $B its moeserve, and left():
-# the seconds of $BUDGET still to spend.
+# the seconds of $BUDGET still to spend. $L starts empty: a warm machine keeps the last call's logs,
+# and run_gpu_tests skips a test whose log is there.
 L=/tmp/logs BUDGET=${BUDGET:-565} B=/tmp/b/moeserve
-mkdir -p $L .b4/models .b4/after && ln -sfn $ROOT/.b4/after /tmp/b
+rm -rf $L && mkdir -p $L .b4/models .b4/after && ln -sfn $ROOT/.b4/after /tmp/b
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 command -v pkg-config > /dev/null || export PATH=$PATH:$ROOT/.deps/usr/bin
 sed -i "s|^prefix=/usr\$|prefix=$ROOT/.deps/usr|" .deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc .deps/usr/share/pkgconfig/*.pc
