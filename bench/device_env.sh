@@ -51,13 +51,18 @@ spec_vs_plain() {
     log "speculative steps=$n graphs rc=$rc ids $same plain; $(grep -o -i 'accept[^,]*' $L/spec_$n.err | head -1)"
   done
 }
+# Links the checkout's fixtures into each snapshot named (they are not in a snapshot) and notes the
+# GPU in the summary: what every session script does first.
+snapshots_ready() {
+  local s
+  for s in "$@"; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+}
 # Links the fixtures into the snapshot $1 (and $2), notes the GPU, builds $1's moeserve,
 # ms_cuda_ceilings and GPU tests into /tmp/b (TESTS: their names) and, meanwhile, $2's moeserve
 # into /tmp/before when $2 is given; exits when the first build fails.
 build_trees() {
-  local s
-  for s in "$@"; do [ -e $s/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $s/tests/fixtures; done
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+  snapshots_ready "$@"
   local bb=""
   if [ $# -gt 1 ]; then
     (configure_tree $2 /tmp/before && cmake --build /tmp/before -j6 --target moeserve) > $L/build-before.log 2>&1 &

@@ -7,8 +7,7 @@
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
-[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+snapshots_ready $SRC
 
 # PHASE=1 (the commit 2b4a0fa): the streaming product. Its tests (bit for bit against the register kernel, every launch
 #   shape against the host), the per-shape gemv bench (every ring depth), the tests of the decode

@@ -8,8 +8,7 @@
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
-[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+snapshots_ready $SRC
 
 # PHASE=1: the L2 prefetches on and off, one binary: the decode-path tests with them on (the
 #   default) and off, bench-one-batch alternating the masks at B = 1 and 64, timelines, prefills.

@@ -8,8 +8,7 @@
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
-[ -e $SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $SRC/tests/fixtures
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/summary.log" 2>&1
+snapshots_ready $SRC
 OFF=off:MOESERVE_MOE_FUSED=0
 
 # PHASE=1: the fused experts kernel: its tests and bench, the decode-path tests, bench-one-batch
