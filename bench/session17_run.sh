@@ -1,0 +1,25 @@
+#!/bin/bash
+# Session 17's device calls (bench/BENCHMARKS.md, "Session 17"), run from the repository root on
+# the GPU machine: PHASE picks the call; the source is a snapshot (git archive) carried as $SRC.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+snapshots_ready $SRC
+
+# PHASE=1: session 16's pending patch (the norm inside the router's kernel, one-warp blocks;
+#   MOESERVE_NORM_ROUTE=0 is the off side): its tests, the decode-path tests, the ceilings,
+#   B = 1 alternating (three rounds each model), timelines both ways, B = 8 and 64.
+if [ $PHASE = 1 ]; then
+  NOFF=off:MOESERVE_NORM_ROUTE=0
+  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs
+  wait
+  for r in 1 2 3; do
+    SIDES="$NOFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $NOFF" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_NORM_ROUTE=0
+  SIDES="$NOFF on" bench_sides qwen3 "64 256 16"
+  log done
+fi
