@@ -23,3 +23,26 @@ if [ $PHASE = 1 ]; then
   SIDES="$NOFF on" bench_sides qwen3 "64 256 16"
   log done
 fi
+# PHASE=2: the batch-1 experts in one kernel (moe_one_token.cu; MOESERVE_MOE_ONE_TOKEN=0 is the
+#   two grouped products, 2 / 3 its down prefetch in the first round / not at all): its tests and
+#   bench, the MoE and decode-path tests, B = 1 alternating (three rounds each model), the
+#   prefetch variants, timelines both ways.
+if [ $PHASE = 2 ]; then
+  OFF=off:MOESERVE_MOE_ONE_TOKEN=0
+  JOBS=15 build_after ms_kernel_trace test_cuda_moe_one_token test_cuda_attention_moe test_cuda_fixtures \
+    test_cuda_engine_graphs test_cuda_moe_route
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_moe_one_token
+  for v in 1 2 3; do
+    MOESERVE_MOE_ONE_TOKEN=$v MOESERVE_BENCH_MOE_ONE_TOKEN=1 gtest bench-$v 120 /tmp/b/tests/test_cuda_moe_one_token \
+      --gtest_filter='*Bench*'
+  done
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route
+  wait
+  for r in 1 2 3; do
+    SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $OFF" bench_sides v2lite "1 4096 16"
+  done
+  SIDES="first:MOESERVE_MOE_ONE_TOKEN=2 none:MOESERVE_MOE_ONE_TOKEN=3" bench_sides qwen3 "1 4096 16"
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_MOE_ONE_TOKEN=0
+  log done
+fi

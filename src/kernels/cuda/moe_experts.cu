@@ -170,7 +170,9 @@ ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& wei
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
-  Tensor act = scratch(DType::BF16, {pairs, I}), ye = scratch(DType::F32, {pairs, H});
+  Tensor ye = scratch(DType::F32, {pairs, H});
+  if (one_token_experts(x, ids, perm.row_of, table, first, ye)) return {ye, perm.row_of, weights};
+  Tensor act = scratch(DType::BF16, {pairs, I});
   GemvRows rows;
   rows.rows = int(pairs), rows.offsets = perm.offsets.data<int32_t>(), rows.active = perm.active.data<int32_t>();
   rows.n_active = perm.n_active.data<int32_t>();

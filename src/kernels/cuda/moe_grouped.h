@@ -44,6 +44,14 @@ SortedPairs sorted_pairs(const Permuted& p, int E);
 void keep_routed_pairs(const Tensor& ids, int experts, Permuted perm);
 void drop_routed_pairs();
 
+// The routed experts of one token (x [1, H]) in one kernel (moe_one_token.cu): ye [K, H] (F32)
+// gets at row row_of[j] the output of slot j's expert (ids [1, K]), the sums grouped_experts'
+// two products make, in another order. False, with nothing launched, where it does not take the
+// shape (FP8 weights, H not a multiple of 256, I of 32), where its grid would not be resident at
+// once, or when MOESERVE_MOE_ONE_TOKEN=0.
+bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
+                       Tensor& ye);
+
 // xe [rows, H] (BF16, contiguous): row r = x[token_of_row[r]] (x BF16 with contiguous rows), zeros
 // where token_of_row[r] is -1 (a pad row). 16-byte copies, a warp a row, where rows are aligned.
 void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe);

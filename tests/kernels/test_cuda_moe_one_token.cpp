@@ -1,0 +1,210 @@
+// The routed experts of one token in one kernel (cuda::one_token_experts, moe_one_token.cu)
+// against the two grouped products it replaces at batch 1 (MOESERVE_MOE_ONE_TOKEN=0) and the
+// CPU op: at Qwen3-30B-A3B's and DeepSeek-V2-Lite's expert shapes and smaller ones; twenty
+// launches in a row with new tokens and experts (the per-slot counters reset themselves); an
+// expert-parallel slice whose other slots are another rank's; replayed from a captured step.
+// Its sums run in another order than the products', so the bound is float rounding, not bits.
+// MoeOneTokenBench prints both paths' graphed microseconds when MOESERVE_BENCH_MOE_ONE_TOKEN=1.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/moe_grouped.h"
+
+namespace ms {
+namespace {
+using namespace test;
+
+constexpr double kBf16Tol = 1e-2;  // against the CPU op: BF16 inputs and intermediate, F32 sums
+
+struct Shape3 {
+  const char* name;
+  int64_t H, I, K;
+  int E;
+};
+const Shape3 kShapes[] = {{"Qwen3-30B-A3B experts", 2048, 768, 8, 24},
+                          {"DeepSeek-V2-Lite experts", 2048, 1408, 6, 12},
+                          {"small", 1024, 512, 4, 8},
+                          {"wide", 4096, 256, 8, 8}};
+
+// BF16 host tensor of uniform values with standard deviation `std` (a xorshift: fast for the
+// tens of millions of weights).
+Tensor fast_bf16(ms::Shape shape, float std, uint64_t seed) {
+  Tensor t = Tensor::empty(DType::BF16, std::move(shape));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  const float a = std * std::sqrt(3.0f) / float(1u << 31);
+  for (auto& v : t.span<uint16_t>()) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = f32_to_bf16(float(int32_t(uint32_t(s >> 32))) * a);
+  }
+  return t;
+}
+
+struct Experts {
+  ops::ExpertWeights cpu, gpu;
+};
+Experts make_experts(const Shape3& s) {
+  Experts ex;
+  for (int e = 0; e < s.E; ++e) {
+    const uint64_t seed = uint64_t(e) * 3 + 11;
+    ex.cpu.gate.push_back({fast_bf16({s.I, s.H}, 0.03f, seed)});
+    ex.cpu.up.push_back({fast_bf16({s.I, s.H}, 0.03f, seed + 1)});
+    ex.cpu.down.push_back({fast_bf16({s.H, s.I}, 0.04f, seed + 2)});
+  }
+  for (int e = 0; e < s.E; ++e) {
+    ex.gpu.gate.push_back({ex.cpu.gate[size_t(e)].w.to(Device::CUDA)});
+    ex.gpu.up.push_back({ex.cpu.up[size_t(e)].w.to(Device::CUDA)});
+    ex.gpu.down.push_back({ex.cpu.down[size_t(e)].w.to(Device::CUDA)});
+  }
+  return ex;
+}
+
+// Experts [first, first + n) of `all` as one rank's slice under expert parallelism.
+ops::ExpertWeights slice(const ops::ExpertWeights& all, int first, int n) {
+  ops::ExpertWeights s;
+  s.gate.assign(all.gate.begin() + first, all.gate.begin() + first + n);
+  s.up.assign(all.up.begin() + first, all.up.begin() + first + n);
+  s.down.assign(all.down.begin() + first, all.down.begin() + first + n);
+  s.first_expert = first, s.total_experts = all.num_experts();
+  return s;
+}
+
+// One token's K distinct experts of E and their weights in (0.1, 1).
+void route(int64_t K, int E, Tensor& ids, Tensor& w) {
+  ids = Tensor::empty(DType::I32, {1, K}), w = Tensor::empty(DType::F32, {1, K});
+  std::vector<int32_t> all(static_cast<size_t>(E));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng());
+  std::uniform_real_distribution<float> wd(0.1f, 1.0f);
+  for (int64_t j = 0; j < K; ++j) ids.data<int32_t>()[j] = all[size_t(j)], w.data<float>()[j] = wd(rng());
+}
+
+// MOESERVE_MOE_ONE_TOKEN=0 while alive: moe_experts takes the two grouped products.
+struct TwoProducts {
+  TwoProducts() { setenv("MOESERVE_MOE_ONE_TOKEN", "0", 1); }
+  ~TwoProducts() { unsetenv("MOESERVE_MOE_ONE_TOKEN"); }
+};
+
+Tensor run_experts(const Tensor& x, const Tensor& ids, const Tensor& w, const ops::ExpertWeights& ex) {
+  Tensor out = poisoned(DType::F32, {1, x.size(1)});
+  cuda::moe_experts(x, ids.to(Device::CUDA), w.to(Device::CUDA), ex, out);
+  return out.to(Device::CPU);
+}
+
+TEST(CudaMoeOneToken, MatchesTheGroupedProductsAndCpu) {
+  MS_REQUIRE_CUDA();
+  unsetenv("MOESERVE_MOE_ONE_TOKEN");
+  for (const Shape3& s : kShapes) {
+    const Experts ex = make_experts(s);
+    const cuda::ExpertTable* table = cuda::expert_table(ex.gpu);
+    ASSERT_NE(table, nullptr) << s.name;
+    for (int rep = 0; rep < 20; ++rep) {
+      Tensor ids, w;
+      route(s.K, s.E, ids, w);
+      const Tensor x = randn({1, s.H});
+      const Tensor xd = gpu(x), idsd = ids.to(Device::CUDA);
+      const std::string at = std::string(s.name) + " launch " + std::to_string(rep);
+      // The kernel is taken, and each slot's row is the two products' row up to rounding.
+      const cuda::Permuted perm = cuda::permute_on_device(idsd, 0, s.E);
+      Tensor ye = poisoned(DType::F32, {s.K, s.H});
+      ASSERT_TRUE(cuda::one_token_experts(xd, idsd, perm.row_of, *table, 0, ye)) << at;
+      Tensor ye_ref;
+      {
+        TwoProducts off;
+        ye_ref = cuda::moe_expert_rows(xd, idsd, w.to(Device::CUDA), ex.gpu).rows;
+      }
+      EXPECT_LT(rel_error(ye.to_f32(), ye_ref.to_f32()), 2e-3) << at;
+      // The whole op against the CPU.
+      Tensor ref = Tensor::empty(DType::F32, {1, s.H});
+      cpu::moe_experts(x, ids, w, ex.cpu, ref);
+      EXPECT_LT(rel_error(run_experts(xd, ids, w, ex.gpu), ref), kBf16Tol) << at;
+    }
+  }
+}
+
+// A rank holding experts [4, 12) of 16: slots on other ranks' experts add nothing here.
+TEST(CudaMoeOneToken, ExpertParallelSliceSkipsOtherRanksSlots) {
+  MS_REQUIRE_CUDA();
+  const Shape3 s{"slice", 2048, 768, 8, 16};
+  const Experts ex = make_experts(s);
+  const ops::ExpertWeights local = slice(ex.gpu, 4, 8);
+  for (int rep = 0; rep < 6; ++rep) {
+    Tensor ids, w;
+    route(s.K, s.E, ids, w);
+    const Tensor xd = gpu(randn({1, s.H}));
+    const Tensor on = run_experts(xd, ids, w, local);
+    Tensor off;
+    {
+      TwoProducts two;
+      off = run_experts(xd, ids, w, local);
+    }
+    EXPECT_LT(rel_error(on, off), 2e-3) << "launch " << rep;
+  }
+}
+
+// Captured once; each replay with a new token and new experts copied into the captured inputs.
+TEST(CudaMoeOneToken, ReplayedFromCapturedStep) {
+  MS_REQUIRE_CUDA();
+  unsetenv("MOESERVE_MOE_ONE_TOKEN");
+  const Shape3& s = kShapes[0];
+  const Experts ex = make_experts(s);
+  Tensor ids, w;
+  route(s.K, s.E, ids, w);
+  Tensor xd = gpu(randn({1, s.H})), idsd = ids.to(Device::CUDA), wd = w.to(Device::CUDA);
+  Tensor out = Tensor::empty(DType::F32, {1, s.H}, Device::CUDA);
+  auto body = [&] { cuda::moe_experts(xd, idsd, wd, ex.gpu, out); };
+  body();
+  const StepShape step(1);
+  auto pool = ops::make_graph_pool(Device::CUDA);
+  auto graph = ops::capture_step(Device::CUDA, step.arrays(), 1, 1, *pool, body);
+  for (int rep = 0; rep < 5; ++rep) {
+    route(s.K, s.E, ids, w);
+    const Tensor x = randn({1, s.H});
+    xd.copy_from(host_as(x, DType::BF16)), idsd.copy_from(ids), wd.copy_from(w);
+    graph->replay(step.arrays());
+    Tensor ref = Tensor::empty(DType::F32, {1, s.H});
+    cpu::moe_experts(x, ids, w, ex.cpu, ref);
+    EXPECT_LT(rel_error(out.to(Device::CPU), ref), kBf16Tol) << "replay " << rep;
+  }
+}
+
+// Graphed microseconds of moe_experts at batch 1, one kernel against the two products, Qwen3's
+// and V2-Lite's shapes with all their experts, each replay's weights cold in L2 (the experts
+// rotate over more bytes than L2 holds).
+TEST(CudaMoeOneToken, MoeOneTokenBench) {
+  const char* env = std::getenv("MOESERVE_BENCH_MOE_ONE_TOKEN");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_MOE_ONE_TOKEN=1 to time it";
+  MS_REQUIRE_CUDA();
+  for (Shape3 s : {Shape3{"Qwen3-30B-A3B", 2048, 768, 8, 128}, Shape3{"DeepSeek-V2-Lite", 2048, 1408, 6, 64}}) {
+    const Experts ex = make_experts(s);
+    std::vector<Tensor> ids_of, w_of;
+    for (int i = 0; i < 16; ++i) {  // slots rotate over all experts: 16 launches read them all
+      Tensor ids, w;
+      route(s.K, s.E, ids, w);
+      ids_of.push_back(ids.to(Device::CUDA)), w_of.push_back(w.to(Device::CUDA));
+    }
+    const Tensor xd = gpu(randn({1, s.H}));
+    Tensor out = Tensor::empty(DType::F32, {1, s.H}, Device::CUDA);
+    int i = 0;
+    auto call = [&] {
+      cuda::moe_experts(xd, ids_of[size_t(i)], w_of[size_t(i)], ex.gpu, out);
+      i = (i + 1) % 16;
+    };
+    const double one = graphed_us(1, call, 16);
+    double two;
+    {
+      TwoProducts off;
+      two = graphed_us(1, call, 16);
+    }
+    const double mb = double(s.K) * 3 * s.H * s.I * 2 / 1e6;
+    std::printf("[bench] %s batch-1 experts (%.1f MB): one kernel %.2f us (%.0f GB/s), two products %.2f us (%.0f GB/s)\n",
+                s.name, mb, one, mb * 1e3 / one, two, mb * 1e3 / two);
+  }
+}
+
+}  // namespace
+}  // namespace ms
