@@ -46,3 +46,26 @@ if [ $PHASE = 2 ]; then
   trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_MOE_ONE_TOKEN=0
   log done
 fi
+# PHASE=3: the one-token kernel at both slab widths (MOESERVE_MOE_ONE_TOKEN=64 / 32; the default
+#   takes 64 where its grid fits the multiprocessors; 0 the two grouped products), no prefetch:
+#   its tests, the bench at each width, B = 1 alternating with the two products (three rounds
+#   each model), width 32 once each, timelines.
+if [ $PHASE = 3 ]; then
+  OFF=off:MOESERVE_MOE_ONE_TOKEN=0
+  JOBS=15 build_after ms_kernel_trace test_cuda_moe_one_token test_cuda_attention_moe test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_moe_one_token
+  for v in 64 32; do
+    MOESERVE_MOE_ONE_TOKEN=$v MOESERVE_BENCH_MOE_ONE_TOKEN=1 gtest bench-$v 120 /tmp/b/tests/test_cuda_moe_one_token \
+      --gtest_filter='*Bench*'
+  done
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_engine_graphs
+  wait
+  for r in 1 2 3; do
+    SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $OFF" bench_sides v2lite "1 4096 16"
+  done
+  SIDES="w32:MOESERVE_MOE_ONE_TOKEN=32" bench_sides qwen3 "1 4096 16"
+  SIDES="w32:MOESERVE_MOE_ONE_TOKEN=32" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 on; trace v2lite 1 4096 on; trace v2lite 1 4096 off MOESERVE_MOE_ONE_TOKEN=0
+  log done
+fi

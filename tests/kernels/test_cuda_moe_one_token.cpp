@@ -1,7 +1,7 @@
 // The routed experts of one token in one kernel (cuda::one_token_experts, moe_one_token.cu)
 // against the two grouped products it replaces at batch 1 (MOESERVE_MOE_ONE_TOKEN=0) and the
 // CPU op: at Qwen3-30B-A3B's and DeepSeek-V2-Lite's expert shapes and smaller ones; twenty
-// launches in a row with new tokens and experts (the per-slot counters reset themselves); an
+// launches in a row with new tokens and experts, at both slab widths (the per-slot counters reset themselves); an
 // expert-parallel slice whose other slots are another rank's; replayed from a captured step.
 // Its sums run in another order than the products', so the bound is float rounding, not bits.
 // MoeOneTokenBench prints both paths' graphed microseconds when MOESERVE_BENCH_MOE_ONE_TOKEN=1.
@@ -83,10 +83,23 @@ void route(int64_t K, int E, Tensor& ids, Tensor& w) {
   for (int64_t j = 0; j < K; ++j) ids.data<int32_t>()[j] = all[size_t(j)], w.data<float>()[j] = wd(rng());
 }
 
-// MOESERVE_MOE_ONE_TOKEN=0 while alive: moe_experts takes the two grouped products.
-struct TwoProducts {
-  TwoProducts() { setenv("MOESERVE_MOE_ONE_TOKEN", "0", 1); }
-  ~TwoProducts() { unsetenv("MOESERVE_MOE_ONE_TOKEN"); }
+// MOESERVE_MOE_ONE_TOKEN=value while alive (0: moe_experts takes the two grouped products; 64
+// or 32: the kernel's slab width), then as it was.
+struct OneTokenMode {
+  std::string saved;
+  bool was_set;
+  explicit OneTokenMode(const char* value) {
+    const char* old = std::getenv("MOESERVE_MOE_ONE_TOKEN");
+    was_set = old != nullptr, saved = old ? old : "";
+    setenv("MOESERVE_MOE_ONE_TOKEN", value, 1);
+  }
+  ~OneTokenMode() {
+    if (was_set) setenv("MOESERVE_MOE_ONE_TOKEN", saved.c_str(), 1);
+    else unsetenv("MOESERVE_MOE_ONE_TOKEN");
+  }
+};
+struct TwoProducts : OneTokenMode {
+  TwoProducts() : OneTokenMode("0") {}
 };
 
 Tensor run_experts(const Tensor& x, const Tensor& ids, const Tensor& w, const ops::ExpertWeights& ex) {
@@ -95,10 +108,12 @@ Tensor run_experts(const Tensor& x, const Tensor& ids, const Tensor& w, const op
   return out.to(Device::CPU);
 }
 
+// Both slab widths (64 features a block, one block an SM; 32, two), each shape.
 TEST(CudaMoeOneToken, MatchesTheGroupedProductsAndCpu) {
   MS_REQUIRE_CUDA();
-  unsetenv("MOESERVE_MOE_ONE_TOKEN");
-  for (const Shape3& s : kShapes) {
+  for (const Shape3& s : kShapes)
+  for (const char* width : {"64", "32"}) {
+    const OneTokenMode mode(width);
     const Experts ex = make_experts(s);
     const cuda::ExpertTable* table = cuda::expert_table(ex.gpu);
     ASSERT_NE(table, nullptr) << s.name;
@@ -107,7 +122,7 @@ TEST(CudaMoeOneToken, MatchesTheGroupedProductsAndCpu) {
       route(s.K, s.E, ids, w);
       const Tensor x = randn({1, s.H});
       const Tensor xd = gpu(x), idsd = ids.to(Device::CUDA);
-      const std::string at = std::string(s.name) + " launch " + std::to_string(rep);
+      const std::string at = std::string(s.name) + " width " + width + " launch " + std::to_string(rep);
       // The kernel is taken, and each slot's row is the two products' row up to rounding.
       const cuda::Permuted perm = cuda::permute_on_device(idsd, 0, s.E);
       Tensor ye = poisoned(DType::F32, {s.K, s.H});
@@ -172,8 +187,8 @@ TEST(CudaMoeOneToken, ReplayedFromCapturedStep) {
   }
 }
 
-// Graphed microseconds of moe_experts at batch 1, one kernel against the two products, Qwen3's
-// and V2-Lite's shapes with all their experts, each replay's weights cold in L2 (the experts
+// Graphed microseconds of moe_experts at batch 1, one kernel (at the width MOESERVE_MOE_ONE_TOKEN
+// names, or its automatic one) against the two products, Qwen3's and V2-Lite's shapes with all their experts, each replay's weights cold in L2 (the experts
 // rotate over more bytes than L2 holds).
 TEST(CudaMoeOneToken, MoeOneTokenBench) {
   const char* env = std::getenv("MOESERVE_BENCH_MOE_ONE_TOKEN");

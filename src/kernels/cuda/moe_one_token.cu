@@ -6,9 +6,10 @@
 // the down product reads its input, and HBM idles while the last gate|up blocks drain and the
 // down blocks start: on the H200 its down product took twice its bytes' time (BENCHMARKS).
 //
-// The partials of a slot meet at a counter: every block of the slot, once all have stored theirs,
-// sums rows [j * chunk, (j + 1) * chunk) of them in slab order into ye, so the result is the same
-// every run (no float atomics). A block waits for the slot's other blocks, so the whole grid must
+// F is 64 (a block an SM, whole 128-byte lines of each down row) where the grid fits the
+// multiprocessors, else 32 (two blocks an SM). The partials of a slot meet at a counter: every
+// block of the slot, once all have stored theirs, sums rows [j * chunk, (j + 1) * chunk) of them
+// in slab order into ye, so the result is the same every run (no float atomics). A block waits for the slot's other blocks, so the whole grid must
 // be resident at once: the launch checks the occupancy and otherwise declines, and the kernel
 // lets the next one start (PDL) only after that wait, so no later block can take a slot it needs.
 #include "kernels/cuda/moe_grouped.h"
@@ -18,9 +19,6 @@
 namespace ms::cuda {
 namespace {
 
-constexpr int kF = 32;  // intermediate features a block: 64 bytes of each down row
-constexpr int kWarps = 8, kThreads = kWarps * 32;
-constexpr int kRows = 2 * kF / kWarps;  // gate and up rows a warp (interleaved: gate f, up f, ...)
 constexpr int kMaxSlots = 16;
 constexpr int kMaxHidden = 8192;  // the token's row in shared memory
 
@@ -37,7 +35,6 @@ struct Params {
   const void* const* down;
   int64_t gu_ld, down_ld;
   int first, E, H, slabs, chunk;
-  int prefetch_round;  // the [gate | up] round that asks L2 for the down columns (-1: none)
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]
 };
@@ -48,22 +45,29 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
-__global__ void __launch_bounds__(kThreads, 2) one_token_kernel(Params p) {
+// F intermediate features a block (F * 2 bytes of each down row), W warps, B blocks an SM.
+template <int F, int W, int B>
+__global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
+  constexpr int kThreads = W * 32;
+  constexpr int kRows = 2 * F / W;       // gate and up rows a warp (interleaved: gate f, up f, ...)
+  constexpr int kLanes = F / 8;          // lanes that share a down row, 16 bytes each
+  constexpr int kRowsAtOnce = 32 / kLanes;  // down rows a warp's load takes
+  static_assert(kRows % 2 == 0 && kLanes <= 32 && 32 % kLanes == 0);
   extern __shared__ uint4 xs[];  // [H / 8] the token's row
-  __shared__ float hs[kF];
+  __shared__ float hs[F];
   const int j = blockIdx.x, s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;  // another rank's expert: the slot's every block leaves
   for (int i = threadIdx.x; i < p.H / 8; i += kThreads) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
 
-  // [gate | up]: warp w takes features 4w .. 4w + 3, a row of each matrix; lane l the 16 bytes
-  // at l * 8 of every 256-wide chunk of K.
+  // [gate | up]: warp w takes features kRows / 2 * w onwards, a row of each matrix; lane l the
+  // 16 bytes at l * 8 of every 256-wide chunk of K, two chunks a round.
   const bf16* w_row[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
-    w_row[r] = static_cast<const bf16*>((r % 2 ? p.up : p.gate)[e]) + int64_t(j * kF + warp * (kRows / 2) + r / 2) * p.gu_ld + lane * 8;
-  const bf16* down = static_cast<const bf16*>(p.down[e]) + j * kF;
+    w_row[r] = static_cast<const bf16*>((r % 2 ? p.up : p.gate)[e]) +
+               int64_t(j * F + warp * (kRows / 2) + r / 2) * p.gu_ld + lane * 8;
   float acc[kRows] = {};
   const int chunks = p.H / 256;
   __syncthreads();  // xs
@@ -74,11 +78,6 @@ __global__ void __launch_bounds__(kThreads, 2) one_token_kernel(Params p) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         w[u][r] = c0 + u < chunks ? __ldg(reinterpret_cast<const uint4*>(w_row[r] + (c0 + u) * 256)) : make_uint4(0, 0, 0, 0);
-    // With the last round of [gate | up] loads asked for (by default), the down columns go to
-    // L2 meanwhile (a 128-byte line a row, whose other half the neighbouring slab's block reads).
-    if (c0 / 2 == p.prefetch_round)
-      for (int n = threadIdx.x; n < p.H; n += kThreads)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(down + int64_t(n) * p.down_ld));
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if (c0 + u >= chunks) break;
@@ -105,32 +104,33 @@ __global__ void __launch_bounds__(kThreads, 2) one_token_kernel(Params p) {
     }
   __syncthreads();
 
-  // Down: lanes 4r .. 4r + 3 take row r of each group of 8 rows, 16 bytes (8 features) each;
-  // warp w the groups w, w + 8, ...
-  const int rr = lane / 4, q = lane % 4, groups = p.H / 8;
+  // Down: kLanes lanes take one row of the slab's columns, 16 bytes (8 features) each, so a
+  // warp's load takes kRowsAtOnce rows ("a group"); warp w the groups w, w + W, ...
+  const int rr = lane / kLanes, q = lane % kLanes, groups = p.H / kRowsAtOnce;
   float hq[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) hq[i] = hs[q * 8 + i];
+  const bf16* down = static_cast<const bf16*>(p.down[e]) + j * F + q * 8;
   float* part = p.part + (int64_t(s) * p.slabs + j) * p.H;
-  for (int g0 = warp; g0 < groups; g0 += kWarps * 8) {
+  for (int g0 = warp; g0 < groups; g0 += W * 8) {
     uint4 w[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int g = g0 + u * kWarps;
-      w[u] = g < groups ? __ldg(reinterpret_cast<const uint4*>(down + int64_t(g * 8 + rr) * p.down_ld + q * 8))
+      const int g = g0 + u * W;
+      w[u] = g < groups ? __ldg(reinterpret_cast<const uint4*>(down + int64_t(g * kRowsAtOnce + rr) * p.down_ld))
                         : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int g = g0 + u * kWarps;
+      const int g = g0 + u * W;
       if (g >= groups) break;
       float wf[8], v = 0.f;
       unpack8(w[u], wf);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v = fmaf(wf[i], hq[i], v);
-      v += __shfl_xor_sync(~0u, v, 1);
-      v += __shfl_xor_sync(~0u, v, 2);
-      if (q == 0) __stcg(part + g * 8 + rr, v);
+#pragma unroll
+      for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(~0u, v, off);
+      if (q == 0) __stcg(part + g * kRowsAtOnce + rr, v);
     }
   }
 
@@ -154,36 +154,49 @@ __global__ void __launch_bounds__(kThreads, 2) one_token_kernel(Params p) {
   if (threadIdx.x == 0 && atomicAdd(&g_summed[s], 1u) == unsigned(p.slabs) - 1) g_arrived[s] = 0, g_summed[s] = 0;
 }
 
-// Blocks of one_token_kernel a multiprocessor holds with `smem` bytes of shared memory.
-int blocks_per_sm(size_t smem) {
+// A launch shape: F features a block, W warps, B blocks an SM.
+struct Shape {
+  int F;
+  void (*kernel)(Params);
+  int warps;
+};
+// Wide slabs first: a block an SM reading whole 128-byte lines of the down rows; else two
+// blocks an SM of half the width, for more blocks than multiprocessors.
+constexpr Shape kShapes[] = {{64, one_token_kernel<64, 16, 1>, 16}, {32, one_token_kernel<32, 8, 2>, 8}};
+
+// Whether `sh` takes K slots of I features at once on this GPU (every block resident).
+bool fits(const Shape& sh, int64_t K, int64_t I, size_t smem) {
+  if (I % sh.F != 0) return false;
   int n = 0;
-  MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, one_token_kernel, kThreads, smem));
-  return n;
+  MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, sh.kernel, sh.warps * 32, smem));
+  return int64_t(n) * sm_count() >= K * (I / sh.F);
 }
 
 }  // namespace
 
 bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
                        Tensor& ye) {
-  // MOESERVE_MOE_ONE_TOKEN: 0 off; 1 (default) the down columns prefetched in the last round of
-  // [gate | up] loads, 2 in the first, 3 not at all (the variants the H200 was timed with).
+  // MOESERVE_MOE_ONE_TOKEN: 0 off; unset or 1 the first shape that fits; 64 or 32 that width only.
   const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN");
   const int mode = env ? std::atoi(env) : 1;
-  if (mode < 1 || mode > 3) return false;
+  if (mode == 0) return false;
   const int64_t H = t.hidden, I = t.intermediate, K = ids.numel();
-  if (t.fp8 || x.size(0) != 1 || x.size(1) != H || H % 256 != 0 || H > kMaxHidden || I % kF != 0 || K > kMaxSlots ||
+  if (t.fp8 || x.size(0) != 1 || x.size(1) != H || H % 256 != 0 || H > kMaxHidden || K > kMaxSlots ||
       t.gate_up.ld % 8 != 0 || t.down.ld % 8 != 0 || !aligned16(x.raw(), 0) || !t.gate_up.w || !t.gate_up.w2 ||
       !t.down.w)
     return false;
-  const int slabs = int(I / kF);
   const size_t smem = size_t(H) * sizeof(bf16);
-  if (int64_t(blocks_per_sm(smem)) * sm_count() < K * slabs) return false;
-  Tensor part = scratch(DType::F32, {K, slabs, H});
-  Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
-           t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-           mode == 1 ? int((H / 256 - 1) / 2) : mode == 2 ? 0 : -1, part.data<float>(), ye.data<float>()};
-  launch_pdl(one_token_kernel, dim3(unsigned(slabs), unsigned(K)), dim3(kThreads), smem, p);
-  return true;
+  for (const Shape& sh : kShapes) {
+    if ((mode != 1 && mode != sh.F) || !fits(sh, K, I, smem)) continue;
+    const int slabs = int(I / sh.F);
+    Tensor part = scratch(DType::F32, {K, slabs, H});
+    Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
+             t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
+             part.data<float>(), ye.data<float>()};
+    launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
+    return true;
+  }
+  return false;
 }
 
 }  // namespace ms::cuda
