@@ -69,3 +69,26 @@ if [ $PHASE = 3 ]; then
   trace qwen3 1 4096 on; trace v2lite 1 4096 on; trace v2lite 1 4096 off MOESERVE_MOE_ONE_TOKEN=0
   log done
 fi
+# PHASE=4: the final tree (the one-token kernel lets the next kernel start at once): the ceilings,
+#   the kernel's tests and the decode-path tests, B = 1 alternating with the two products (three
+#   rounds each model), timelines, the targets' other shapes (B = 64, 8k prefill), the 8k
+#   prefills' op traces (--trace-ops), then every other single-GPU test program while time is left.
+if [ $PHASE = 4 ]; then
+  OFF=off:MOESERVE_MOE_ONE_TOKEN=0
+  TESTS=$(gpu_tests_of $SRC)
+  JOBS=16 build_after ms_kernel_trace ms_cuda_ceilings $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  wait
+  for r in 1 2 3; do
+    SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $OFF" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 on; trace v2lite 1 4096 on
+  SIDES="on" bench_sides qwen3 "64 256 16" "1 8192 2"
+  SIDES="on" bench_sides v2lite "64 256 16" "1 8192 2"
+  SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"
+  SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  for t in $TESTS; do [ $(left) -gt 60 ] && run_gpu_tests /tmp/b $t; done
+  log done
+fi
