@@ -92,3 +92,22 @@ if [ $PHASE = 4 ]; then
   for t in $TESTS; do [ $(left) -gt 60 ] && run_gpu_tests /tmp/b $t; done
   log done
 fi
+# PHASE=5: Nsight Compute on the graphed B = 1 decode of the final tree: the one-token experts
+#   kernel beside the products and the router (time, DRAM and L2 throughput, occupancy, warp
+#   stalls), Qwen3 then V2-Lite while the device time lasts; the reports go straight to $OUT.
+if [ $PHASE = 5 ]; then
+  JOBS=16 build_after
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  wait
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for m in qwen3 v2lite; do
+    timeout $(( $(left) - 5 )) $NCU --clock-control none --target-processes all \
+      -k regex:'one_token_kernel|gemv_kernel|route_kernel' --launch-skip 400 --launch-count 12 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section LaunchStats --csv --page details \
+      $B bench-one-batch --model-path /tmp/$m --device cuda --batch-size 1 --input-len 4096 --output-len 16 \
+      > $OUT/ncu-$m.csv 2> $L/ncu-$m.err
+    log "ncu $m rc=$? $(wc -l < $OUT/ncu-$m.csv) lines"; tail -3 $L/ncu-$m.err >> "$OUT/summary.log"
+  done
+  log done
+fi
