@@ -17,6 +17,7 @@
 #include <string>
 
 #include "cuda_test_util.h"
+#include "moe_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/grouped_gemm.h"
@@ -213,70 +214,6 @@ TEST(CudaGroupedGemm, TileShapeByName) {
 
 // ---- moe_experts on the grouped GEMM ----
 
-struct MoeShape {
-  const char* name;
-  int64_t H, I, K;
-  int E;
-};
-const MoeShape kQwen3{"Qwen3-30B-A3B", 2048, 768, 8, 128};
-const MoeShape kDeepseekV2Lite{"DeepSeek-V2-Lite", 2048, 1408, 6, 64};
-
-// BF16 host tensor of uniform values with standard deviation `std` (xorshift: a billion values).
-Tensor fast_bf16(Shape shape, float std, uint64_t seed) {
-  Tensor t = Tensor::empty(DType::BF16, std::move(shape));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  const float a = std * std::sqrt(3.0f) / float(1u << 31);
-  for (auto& v : t.span<uint16_t>()) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = f32_to_bf16(float(int32_t(uint32_t(s >> 32))) * a);
-  }
-  return t;
-}
-
-struct Experts {
-  ops::ExpertWeights cpu, gpu;
-};
-Experts make_experts(const MoeShape& s) {
-  Experts ex;
-  for (int e = 0; e < s.E; ++e) {
-    const uint64_t seed = uint64_t(e) * 3 + 7;
-    ex.cpu.gate.push_back({fast_bf16({s.I, s.H}, 0.03f, seed)});
-    ex.cpu.up.push_back({fast_bf16({s.I, s.H}, 0.03f, seed + 1)});
-    ex.cpu.down.push_back({fast_bf16({s.H, s.I}, 0.04f, seed + 2)});
-  }
-  auto move = [](const std::vector<ops::Weight>& ws, std::vector<ops::Weight>& dst) {
-    for (const auto& w : ws) dst.push_back({w.w.to(Device::CUDA)});
-  };
-  move(ex.cpu.gate, ex.gpu.gate), move(ex.cpu.up, ex.gpu.up), move(ex.cpu.down, ex.gpu.down);
-  return ex;
-}
-
-ops::ExpertWeights slice(const ops::ExpertWeights& all, int first, int n) {
-  ops::ExpertWeights s;
-  s.gate.assign(all.gate.begin() + first, all.gate.begin() + first + n);
-  s.up.assign(all.up.begin() + first, all.up.begin() + first + n);
-  s.down.assign(all.down.begin() + first, all.down.begin() + first + n);
-  s.first_expert = first, s.total_experts = all.num_experts();
-  return s;
-}
-
-// K distinct experts a token, weights in (0.1, 1); skewed: low ids favoured, e % 13 == 7 never.
-void route(int64_t T, int64_t K, int E, bool skewed, Tensor& ids, Tensor& w) {
-  ids = Tensor::empty(DType::I32, {T, K}), w = Tensor::empty(DType::F32, {T, K});
-  std::uniform_real_distribution<float> u(0.f, 1.f), wd(0.1f, 1.0f);
-  for (int64_t t = 0; t < T; ++t) {
-    int32_t* row = ids.data<int32_t>() + t * K;
-    for (int64_t j = 0; j < K; ++j) {
-      int32_t e;
-      do {
-        const float v = u(rng());
-        e = std::min(E - 1, int(float(E) * (skewed ? v * v : v)));
-      } while (std::find(row, row + j, e) != row + j || (skewed && e % 13 == 7));
-      row[j] = e, w.data<float>()[t * K + j] = wd(rng());
-    }
-  }
-}
-
 // Sets MOESERVE_GROUPED_GEMM for the scope (moe_experts reads it at every call).
 struct GroupedSwitch {
   explicit GroupedSwitch(bool on) { setenv("MOESERVE_GROUPED_GEMM", on ? "1" : "0", 1); }
@@ -288,8 +225,8 @@ struct GroupedSwitch {
 void expect_moe_matches(const MoeShape& s, const Experts& ex, int64_t T, bool skewed, int first, int n_local,
                         const std::string& what) {
   Tensor x = randn({T, s.H}), ids, w;
-  route(T, s.K, s.E, skewed, ids, w);
-  const ops::ExpertWeights gpu_ex = slice(ex.gpu, first, n_local), cpu_ex = slice(ex.cpu, first, n_local);
+  route_tokens(T, s.K, s.E, skewed, ids, w);
+  const ops::ExpertWeights gpu_ex = expert_slice(ex.gpu, first, n_local), cpu_ex = expert_slice(ex.cpu, first, n_local);
   Tensor xg = gpu(x), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
   Tensor out_lt = poisoned(DType::BF16, {T, s.H});
   {
@@ -333,7 +270,7 @@ void expect_moe_matches(const MoeShape& s, const Experts& ex, int64_t T, bool sk
 TEST(CudaGroupedGemm, MoeExpertsMatchCpuAtPrefillSizes) {
   MS_REQUIRE_CUDA();
   for (const MoeShape* s : {&kQwen3, &kDeepseekV2Lite}) {
-    const Experts ex = make_experts(*s);
+    const Experts ex = make_experts(*s, 7);
     for (int64_t T : {512, 4096})
       for (bool skewed : {false, true})
         expect_moe_matches(*s, ex, T, skewed, 0, s->E,
@@ -391,7 +328,7 @@ TEST(CudaGroupedGemm, GroupedGemmBench) {
   };
   for (const Point& pt : {Point{&kQwen3, {4096, 8192}}, Point{&kDeepseekV2Lite, {4096, 8192}}}) {
     const MoeShape* s = pt.s;
-    const Experts ex = make_experts(*s);
+    const Experts ex = make_experts(*s, 7);
     std::vector<Tensor> gate, up, down;
     for (int e = 0; e < s->E; ++e)
       gate.push_back(ex.gpu.gate[size_t(e)].w), up.push_back(ex.gpu.up[size_t(e)].w), down.push_back(ex.gpu.down[size_t(e)].w);
@@ -399,7 +336,7 @@ TEST(CudaGroupedGemm, GroupedGemmBench) {
     for (const int64_t T : pt.tokens) {
       const int64_t H = s->H, I = s->I, K = s->K, rows = T * K;
       Tensor ids, w;
-      route(T, K, s->E, false, ids, w);
+      route_tokens(T, K, s->E, false, ids, w);
       std::vector<int32_t> off, tor;
       sorted_rows(ids, s->E, off, tor);
       Tensor offg = gpu_i32(off), torg = gpu_i32(tor), x = gpu(randn({T, H}));

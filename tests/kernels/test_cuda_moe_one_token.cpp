@@ -5,13 +5,12 @@
 // expert-parallel slice whose other slots are another rank's; replayed from a captured step.
 // Its sums run in another order than the products', so the bound is float rounding, not bits.
 // MoeOneTokenBench prints both paths' graphed microseconds when MOESERVE_BENCH_MOE_ONE_TOKEN=1.
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <string>
 
 #include "cuda_test_util.h"
+#include "moe_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/moe_grouped.h"
 
@@ -21,67 +20,10 @@ using namespace test;
 
 constexpr double kBf16Tol = 1e-2;  // against the CPU op: BF16 inputs and intermediate, F32 sums
 
-struct Shape3 {
-  const char* name;
-  int64_t H, I, K;
-  int E;
-};
-const Shape3 kShapes[] = {{"Qwen3-30B-A3B experts", 2048, 768, 8, 24},
-                          {"DeepSeek-V2-Lite experts", 2048, 1408, 6, 12},
-                          {"small", 1024, 512, 4, 8},
-                          {"wide", 4096, 256, 8, 8}};
-
-// BF16 host tensor of uniform values with standard deviation `std` (a xorshift: fast for the
-// tens of millions of weights).
-Tensor fast_bf16(ms::Shape shape, float std, uint64_t seed) {
-  Tensor t = Tensor::empty(DType::BF16, std::move(shape));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  const float a = std * std::sqrt(3.0f) / float(1u << 31);
-  for (auto& v : t.span<uint16_t>()) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = f32_to_bf16(float(int32_t(uint32_t(s >> 32))) * a);
-  }
-  return t;
-}
-
-struct Experts {
-  ops::ExpertWeights cpu, gpu;
-};
-Experts make_experts(const Shape3& s) {
-  Experts ex;
-  for (int e = 0; e < s.E; ++e) {
-    const uint64_t seed = uint64_t(e) * 3 + 11;
-    ex.cpu.gate.push_back({fast_bf16({s.I, s.H}, 0.03f, seed)});
-    ex.cpu.up.push_back({fast_bf16({s.I, s.H}, 0.03f, seed + 1)});
-    ex.cpu.down.push_back({fast_bf16({s.H, s.I}, 0.04f, seed + 2)});
-  }
-  for (int e = 0; e < s.E; ++e) {
-    ex.gpu.gate.push_back({ex.cpu.gate[size_t(e)].w.to(Device::CUDA)});
-    ex.gpu.up.push_back({ex.cpu.up[size_t(e)].w.to(Device::CUDA)});
-    ex.gpu.down.push_back({ex.cpu.down[size_t(e)].w.to(Device::CUDA)});
-  }
-  return ex;
-}
-
-// Experts [first, first + n) of `all` as one rank's slice under expert parallelism.
-ops::ExpertWeights slice(const ops::ExpertWeights& all, int first, int n) {
-  ops::ExpertWeights s;
-  s.gate.assign(all.gate.begin() + first, all.gate.begin() + first + n);
-  s.up.assign(all.up.begin() + first, all.up.begin() + first + n);
-  s.down.assign(all.down.begin() + first, all.down.begin() + first + n);
-  s.first_expert = first, s.total_experts = all.num_experts();
-  return s;
-}
-
-// One token's K distinct experts of E and their weights in (0.1, 1).
-void route(int64_t K, int E, Tensor& ids, Tensor& w) {
-  ids = Tensor::empty(DType::I32, {1, K}), w = Tensor::empty(DType::F32, {1, K});
-  std::vector<int32_t> all(static_cast<size_t>(E));
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), rng());
-  std::uniform_real_distribution<float> wd(0.1f, 1.0f);
-  for (int64_t j = 0; j < K; ++j) ids.data<int32_t>()[j] = all[size_t(j)], w.data<float>()[j] = wd(rng());
-}
+const MoeShape kShapes[] = {{"Qwen3-30B-A3B experts", 2048, 768, 8, 24},
+                            {"DeepSeek-V2-Lite experts", 2048, 1408, 6, 12},
+                            {"small", 1024, 512, 4, 8},
+                            {"wide", 4096, 256, 8, 8}};
 
 // MOESERVE_MOE_ONE_TOKEN=value while alive (0: moe_experts takes the two grouped products; 64
 // or 32: the kernel's slab width), then as it was.
@@ -111,15 +53,15 @@ Tensor run_experts(const Tensor& x, const Tensor& ids, const Tensor& w, const op
 // Both slab widths (64 features a block, one block an SM; 32, two), each shape.
 TEST(CudaMoeOneToken, MatchesTheGroupedProductsAndCpu) {
   MS_REQUIRE_CUDA();
-  for (const Shape3& s : kShapes)
+  for (const MoeShape& s : kShapes)
   for (const char* width : {"64", "32"}) {
     const OneTokenMode mode(width);
-    const Experts ex = make_experts(s);
+    const Experts ex = make_experts(s, 11);
     const cuda::ExpertTable* table = cuda::expert_table(ex.gpu);
     ASSERT_NE(table, nullptr) << s.name;
     for (int rep = 0; rep < 20; ++rep) {
       Tensor ids, w;
-      route(s.K, s.E, ids, w);
+      route_tokens(1, s.K, s.E, false, ids, w);
       const Tensor x = randn({1, s.H});
       const Tensor xd = gpu(x), idsd = ids.to(Device::CUDA);
       const std::string at = std::string(s.name) + " width " + width + " launch " + std::to_string(rep);
@@ -144,12 +86,12 @@ TEST(CudaMoeOneToken, MatchesTheGroupedProductsAndCpu) {
 // A rank holding experts [4, 12) of 16: slots on other ranks' experts add nothing here.
 TEST(CudaMoeOneToken, ExpertParallelSliceSkipsOtherRanksSlots) {
   MS_REQUIRE_CUDA();
-  const Shape3 s{"slice", 2048, 768, 8, 16};
-  const Experts ex = make_experts(s);
-  const ops::ExpertWeights local = slice(ex.gpu, 4, 8);
+  const MoeShape s{"slice", 2048, 768, 8, 16};
+  const Experts ex = make_experts(s, 11);
+  const ops::ExpertWeights local = expert_slice(ex.gpu, 4, 8);
   for (int rep = 0; rep < 6; ++rep) {
     Tensor ids, w;
-    route(s.K, s.E, ids, w);
+    route_tokens(1, s.K, s.E, false, ids, w);
     const Tensor xd = gpu(randn({1, s.H}));
     const Tensor on = run_experts(xd, ids, w, local);
     Tensor off;
@@ -165,10 +107,10 @@ TEST(CudaMoeOneToken, ExpertParallelSliceSkipsOtherRanksSlots) {
 TEST(CudaMoeOneToken, ReplayedFromCapturedStep) {
   MS_REQUIRE_CUDA();
   unsetenv("MOESERVE_MOE_ONE_TOKEN");
-  const Shape3& s = kShapes[0];
-  const Experts ex = make_experts(s);
+  const MoeShape& s = kShapes[0];
+  const Experts ex = make_experts(s, 11);
   Tensor ids, w;
-  route(s.K, s.E, ids, w);
+  route_tokens(1, s.K, s.E, false, ids, w);
   Tensor xd = gpu(randn({1, s.H})), idsd = ids.to(Device::CUDA), wd = w.to(Device::CUDA);
   Tensor out = Tensor::empty(DType::F32, {1, s.H}, Device::CUDA);
   auto body = [&] { cuda::moe_experts(xd, idsd, wd, ex.gpu, out); };
@@ -177,7 +119,7 @@ TEST(CudaMoeOneToken, ReplayedFromCapturedStep) {
   auto pool = ops::make_graph_pool(Device::CUDA);
   auto graph = ops::capture_step(Device::CUDA, step.arrays(), 1, 1, *pool, body);
   for (int rep = 0; rep < 5; ++rep) {
-    route(s.K, s.E, ids, w);
+    route_tokens(1, s.K, s.E, false, ids, w);
     const Tensor x = randn({1, s.H});
     xd.copy_from(host_as(x, DType::BF16)), idsd.copy_from(ids), wd.copy_from(w);
     graph->replay(step.arrays());
@@ -194,12 +136,12 @@ TEST(CudaMoeOneToken, MoeOneTokenBench) {
   const char* env = std::getenv("MOESERVE_BENCH_MOE_ONE_TOKEN");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_MOE_ONE_TOKEN=1 to time it";
   MS_REQUIRE_CUDA();
-  for (Shape3 s : {Shape3{"Qwen3-30B-A3B", 2048, 768, 8, 128}, Shape3{"DeepSeek-V2-Lite", 2048, 1408, 6, 64}}) {
-    const Experts ex = make_experts(s);
+  for (const MoeShape& s : {kQwen3, kDeepseekV2Lite}) {
+    const Experts ex = make_experts(s, 11);
     std::vector<Tensor> ids_of, w_of;
     for (int i = 0; i < 16; ++i) {  // slots rotate over all experts: 16 launches read them all
       Tensor ids, w;
-      route(s.K, s.E, ids, w);
+      route_tokens(1, s.K, s.E, false, ids, w);
       ids_of.push_back(ids.to(Device::CUDA)), w_of.push_back(w.to(Device::CUDA));
     }
     const Tensor xd = gpu(randn({1, s.H}));

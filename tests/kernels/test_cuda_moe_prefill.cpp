@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cuda_test_util.h"
+#include "moe_test_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_common.h"
 
@@ -32,27 +33,6 @@ namespace ms {
 namespace {
 using namespace test;
 
-struct MoeShape {
-  const char* name;
-  int64_t H, I, K;
-  int E;
-};
-const MoeShape kQwen3{"Qwen3-30B-A3B", 2048, 768, 8, 128};
-const MoeShape kDeepseekV2Lite{"DeepSeek-V2-Lite", 2048, 1408, 6, 64};
-
-// BF16 host tensor of uniform values with standard deviation `std`: a 64-bit xorshift, as the
-// experts' weights run to a billion values, too many for the normal distribution's generator.
-Tensor fast_bf16(Shape shape, float std, uint64_t seed) {
-  Tensor t = Tensor::empty(DType::BF16, std::move(shape));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  const float a = std * std::sqrt(3.0f) / float(1u << 31);
-  for (auto& v : t.span<uint16_t>()) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = f32_to_bf16(float(int32_t(uint32_t(s >> 32))) * a);
-  }
-  return t;
-}
-
 Tensor gpu_i32(const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty(DType::I32, {int64_t(v.size())});
   std::copy(v.begin(), v.end(), t.data<int32_t>());
@@ -60,54 +40,6 @@ Tensor gpu_i32(const std::vector<int32_t>& v) {
 }
 
 Tensor scratch_bf16(int64_t rows, int64_t cols) { return cuda::scratch(DType::BF16, {rows, cols}); }
-
-// Host and device copies of E experts' BF16 weights (the device ones share nothing).
-struct Experts {
-  ops::ExpertWeights cpu, gpu;
-};
-Experts make_experts(const MoeShape& s) {
-  Experts ex;
-  for (int e = 0; e < s.E; ++e) {
-    const uint64_t seed = uint64_t(e) * 3;
-    ex.cpu.gate.push_back({fast_bf16({s.I, s.H}, 0.03f, seed)});
-    ex.cpu.up.push_back({fast_bf16({s.I, s.H}, 0.03f, seed + 1)});
-    ex.cpu.down.push_back({fast_bf16({s.H, s.I}, 0.04f, seed + 2)});
-  }
-  auto move = [](const std::vector<ops::Weight>& ws, std::vector<ops::Weight>& dst) {
-    for (const auto& w : ws) dst.push_back({w.w.to(Device::CUDA)});
-  };
-  move(ex.cpu.gate, ex.gpu.gate), move(ex.cpu.up, ex.gpu.up), move(ex.cpu.down, ex.gpu.down);
-  return ex;
-}
-
-// Experts [first, first + n) of `all` as one rank's slice of all.E under expert parallelism.
-ops::ExpertWeights slice(const ops::ExpertWeights& all, int first, int n) {
-  ops::ExpertWeights s;
-  s.gate.assign(all.gate.begin() + first, all.gate.begin() + first + n);
-  s.up.assign(all.up.begin() + first, all.up.begin() + first + n);
-  s.down.assign(all.down.begin() + first, all.down.begin() + first + n);
-  s.first_expert = first, s.total_experts = all.num_experts();
-  return s;
-}
-
-// K distinct experts a token with weights in (0.1, 1). Skewed: expert e drawn as E * u^2 (low
-// ids take most rows, as a trained router's favourites do) and experts e % 13 == 7 never, so
-// some experts have no rows.
-void route(int64_t T, int64_t K, int E, bool skewed, Tensor& ids, Tensor& w) {
-  ids = Tensor::empty(DType::I32, {T, K}), w = Tensor::empty(DType::F32, {T, K});
-  std::uniform_real_distribution<float> u(0.f, 1.f), wd(0.1f, 1.0f);
-  for (int64_t t = 0; t < T; ++t) {
-    int32_t* row = ids.data<int32_t>() + t * K;
-    for (int64_t j = 0; j < K; ++j) {
-      int32_t e;
-      do {
-        const float v = u(rng());
-        e = std::min(E - 1, int(float(E) * (skewed ? v * v : v)));
-      } while (std::find(row, row + j, e) != row + j || (skewed && e % 13 == 7));
-      row[j] = e, w.data<float>()[t * K + j] = wd(rng());
-    }
-  }
-}
 
 // n sorted distinct tokens of T (all of them when n >= T), the first and last among them.
 std::vector<int64_t> sample_tokens(int64_t T, int64_t n) {
@@ -125,8 +57,8 @@ std::vector<int64_t> sample_tokens(int64_t T, int64_t n) {
 void expect_matches_cpu(const MoeShape& s, const Experts& ex, int64_t T, bool skewed, int first, int n_local,
                         DType out_dtype, const std::string& what) {
   Tensor x = randn({T, s.H}), ids, w;
-  route(T, s.K, s.E, skewed, ids, w);
-  const ops::ExpertWeights gpu_ex = slice(ex.gpu, first, n_local), cpu_ex = slice(ex.cpu, first, n_local);
+  route_tokens(T, s.K, s.E, skewed, ids, w);
+  const ops::ExpertWeights gpu_ex = expert_slice(ex.gpu, first, n_local), cpu_ex = expert_slice(ex.cpu, first, n_local);
   Tensor out = poisoned(out_dtype, {T, s.H});
   cuda::moe_experts(gpu(x), ids.to(Device::CUDA), w.to(Device::CUDA), gpu_ex, out);
   const std::vector<int64_t> keep = sample_tokens(T, 256);
@@ -149,7 +81,7 @@ void expect_matches_cpu(const MoeShape& s, const Experts& ex, int64_t T, bool sk
 TEST(CudaMoePrefill, ExpertsMatchCpuAtPrefillSizes) {
   MS_REQUIRE_CUDA();
   for (const MoeShape* s : {&kQwen3, &kDeepseekV2Lite}) {
-    const Experts ex = make_experts(*s);
+    const Experts ex = make_experts(*s, 0);
     for (int64_t T : {512, 4096})
       for (bool skewed : {false, true})
         expect_matches_cpu(*s, ex, T, skewed, 0, s->E, DType::BF16,
@@ -330,7 +262,7 @@ TEST(CudaMoePrefill, MoePrefillBench) {
   for (const MoeShape* s : {&kQwen3, &kDeepseekV2Lite}) {
     const int64_t H = s->H, I = s->I, K = s->K, rows = T * K;
     Tensor ids, w;
-    route(T, K, s->E, false, ids, w);
+    route_tokens(T, K, s->E, false, ids, w);
     std::vector<int32_t> token_of_row, row_of;
     sorted_rows(ids, s->E, token_of_row, row_of);
     Tensor tor = gpu_i32(token_of_row), ro = gpu_i32(row_of), wg = w.to(Device::CUDA);
@@ -372,7 +304,7 @@ TEST(CudaMoePrefill, MoePrefillBench) {
                   (long long)K, cb);
     }
 
-    const Experts ex = make_experts(*s);
+    const Experts ex = make_experts(*s, 0);
     Tensor idsg = ids.to(Device::CUDA), moe_out = scratch_bf16(T, H);
     const double whole = time_us(5, [&] { cuda::moe_experts(x, idsg, wg, ex.gpu, moe_out); });
     // From an idle stream: the host's time to issue one call (its launches, one per expert and
