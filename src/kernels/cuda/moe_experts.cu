@@ -2,8 +2,9 @@
 // capture) stay on the device: one block sorts the (token, slot) pairs by expert (count, prefix
 // sum, scatter) and lists the experts that have rows; one grouped product streams each listed
 // expert's gate and up rows once and writes silu(gate) * up, a second its down rows; no host
-// sync. A single token takes one kernel for both (moe_one_token.cu) where it fits. More tokens (prefill) with BF16 weights sort the pairs on the device too and run each
-// projection as one grouped tensor-core GEMM over all experts (grouped_gemm.h), gate and up
+// sync. A single token takes one kernel for both (moe_one_token.cu) where it fits. More tokens
+// (prefill) with BF16 weights sort the pairs on the device too and run each projection as one
+// grouped tensor-core GEMM over all experts (grouped_gemm.h), gate and up
 // ending in SiLU-and-mul; FP8-block weights in the default Fp8Mode::Dequant take its FP8 sibling
 // (grouped_gemm_fp8) from a mean of 8 rows an expert up to 160 (512 on its wgmma shapes; any
 // count under capture), fewer rows the streaming product. Otherwise (more rows, shapes those kernels do not take,
