@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   if (threadIdx.x == 0 && atomicAdd(&g_summed[s], 1u) == unsigned(p.slabs) - 1) g_arrived[s] = 0, g_summed[s] = 0;
 }
 
-// A launch shape: F features a block, W warps, B blocks an SM.
+// A launch shape: F features a block, its kernel and that kernel's warps a block.
 struct Shape {
   int F;
   void (*kernel)(Params);
