@@ -111,3 +111,29 @@ if [ $PHASE = 5 ]; then
   done
   log done
 fi
+# PHASE=6 (for the next session; $SRC = main with bench/gpu_pending.patch applied): the one-token
+#   kernel's loads through a shared-memory ring (MOESERVE_MOE_ONE_TOKEN=ring, the patch's default)
+#   against its register loads (=64) and the two products (=0): its tests, the bench in each
+#   shape, B = 1 alternating ring / 64 (three rounds each model), the two products once each,
+#   timelines, then the other tests the patch touches (cp.async helpers moved into cuda_common.h).
+if [ $PHASE = 6 ]; then
+  JOBS=16 build_after ms_kernel_trace test_cuda_moe_one_token test_cuda_attention_moe test_cuda_fixtures \
+    test_cuda_engine_graphs test_cuda_flash_prefill test_cuda_mla_prefill test_cuda_grouped_gemm test_cuda_moe_prefill
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_moe_one_token
+  for v in ring 64; do
+    MOESERVE_MOE_ONE_TOKEN=$v MOESERVE_BENCH_MOE_ONE_TOKEN=1 gtest bench-$v 120 /tmp/b/tests/test_cuda_moe_one_token \
+      --gtest_filter='*Bench*'
+  done
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  wait
+  for r in 1 2 3; do
+    SIDES="regs:MOESERVE_MOE_ONE_TOKEN=64 ring" bench_sides qwen3 "1 4096 16"
+    SIDES="ring regs:MOESERVE_MOE_ONE_TOKEN=64" bench_sides v2lite "1 4096 16"
+  done
+  SIDES="off:MOESERVE_MOE_ONE_TOKEN=0" bench_sides qwen3 "1 4096 16"
+  SIDES="off:MOESERVE_MOE_ONE_TOKEN=0" bench_sides v2lite "1 4096 16"
+  trace qwen3 1 4096 ring; trace v2lite 1 4096 ring
+  run_gpu_tests /tmp/b test_cuda_flash_prefill test_cuda_mla_prefill test_cuda_grouped_gemm test_cuda_moe_prefill
+  log done
+fi
