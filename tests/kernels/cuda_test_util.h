@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -33,6 +34,19 @@ inline bool cuda_available() {
 inline std::mt19937& rng() {
   static std::mt19937 g(1234);
   return g;
+}
+
+// Uniform values of standard deviation `std`, each rounded to bf16, handed to put(i, v) in
+// order: a 64-bit xorshift seeded by `seed`, as the weight tests run to a billion values, too
+// many for the normal distribution's generator.
+template <class Put>
+void xorshift_uniform(int64_t n, float std, uint64_t seed, Put put) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  const float a = std * std::sqrt(3.0f) / float(1u << 31);
+  for (int64_t i = 0; i < n; ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    put(i, round_bf16(float(int32_t(uint32_t(s >> 32))) * a));
+  }
 }
 
 // F32 host tensor of normal values times `scale`, rounded to bf16.

@@ -3,7 +3,6 @@
 // expert parallelism, and random routings.
 #pragma once
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -18,16 +17,11 @@ struct MoeShape {
 inline const MoeShape kQwen3{"Qwen3-30B-A3B", 2048, 768, 8, 128};
 inline const MoeShape kDeepseekV2Lite{"DeepSeek-V2-Lite", 2048, 1408, 6, 64};
 
-// BF16 host tensor of uniform values with standard deviation `std`: a 64-bit xorshift, as the
-// experts' weights run to a billion values, too many for the normal distribution's generator.
+// BF16 host tensor of uniform values with standard deviation `std` (xorshift_uniform).
 inline Tensor fast_bf16(Shape shape, float std, uint64_t seed) {
   Tensor t = Tensor::empty(DType::BF16, std::move(shape));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  const float a = std * std::sqrt(3.0f) / float(1u << 31);
-  for (auto& v : t.span<uint16_t>()) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = f32_to_bf16(float(int32_t(uint32_t(s >> 32))) * a);
-  }
+  uint16_t* out = t.data<uint16_t>();
+  xorshift_uniform(t.numel(), std, seed, [&](int64_t i, float v) { out[i] = f32_to_bf16(v); });
   return t;
 }
 

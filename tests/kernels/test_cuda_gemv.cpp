@@ -168,16 +168,11 @@ Tensor device_pointers(const std::vector<const void*>& ptrs) {
   return t.to(Device::CUDA);
 }
 
-// Uniform values of standard deviation `std`, exact in bf16 (a xorshift: the weights run to
-// tens of millions of values).
+// F32 host tensor of uniform values of standard deviation `std`, exact in bf16 (xorshift_uniform).
 Tensor uniform_bf16_values(Shape shape, float std, uint64_t seed) {
   Tensor t = Tensor::empty(DType::F32, std::move(shape));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  const float a = std * std::sqrt(3.0f) / float(1u << 31);
-  for (auto& v : t.span<float>()) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = round_bf16(float(int32_t(uint32_t(s >> 32))) * a);
-  }
+  float* out = t.data<float>();
+  xorshift_uniform(t.numel(), std, seed, [&](int64_t i, float v) { out[i] = v; });
   return t;
 }
 
