@@ -1,7 +1,7 @@
 // The routed experts of one token in one kernel (cuda::one_token_experts, moe_one_token.cu)
 // against the two grouped products it replaces at batch 1 (MOESERVE_MOE_ONE_TOKEN=0) and the
 // CPU op: at Qwen3-30B-A3B's and DeepSeek-V2-Lite's expert shapes and smaller ones; twenty
-// launches in a row with new tokens and experts, at both slab widths (the per-slot counters reset themselves); an
+// launches in a row with new tokens and experts, in each launch shape (the per-slot counters reset themselves); an
 // expert-parallel slice whose other slots are another rank's; replayed from a captured step.
 // Its sums run in another order than the products', so the bound is float rounding, not bits.
 // MoeOneTokenBench prints both paths' graphed microseconds when MOESERVE_BENCH_MOE_ONE_TOKEN=1.
@@ -25,8 +25,8 @@ const MoeShape kShapes[] = {{"Qwen3-30B-A3B experts", 2048, 768, 8, 24},
                             {"small", 1024, 512, 4, 8},
                             {"wide", 4096, 256, 8, 8}};
 
-// MOESERVE_MOE_ONE_TOKEN=value while alive (0: moe_experts takes the two grouped products; 64
-// or 32: the kernel's slab width), then as it was.
+// MOESERVE_MOE_ONE_TOKEN=value while alive (0: moe_experts takes the two grouped products;
+// ring, 64 or 32: that launch shape), then as it was.
 struct OneTokenMode {
   std::string saved;
   bool was_set;
@@ -50,11 +50,11 @@ Tensor run_experts(const Tensor& x, const Tensor& ids, const Tensor& w, const op
   return out.to(Device::CPU);
 }
 
-// Both slab widths (64 features a block, one block an SM; 32, two), each shape.
+// Every launch shape (the ring, and register loads at 64 and 32 features a block), each shape.
 TEST(CudaMoeOneToken, MatchesTheGroupedProductsAndCpu) {
   MS_REQUIRE_CUDA();
   for (const MoeShape& s : kShapes)
-  for (const char* width : {"64", "32"}) {
+  for (const char* width : {"ring", "64", "32"}) {
     const OneTokenMode mode(width);
     const Experts ex = make_experts(s, 11);
     const cuda::ExpertTable* table = cuda::expert_table(ex.gpu);
@@ -64,7 +64,7 @@ TEST(CudaMoeOneToken, MatchesTheGroupedProductsAndCpu) {
       route_tokens(1, s.K, s.E, false, ids, w);
       const Tensor x = randn({1, s.H});
       const Tensor xd = gpu(x), idsd = ids.to(Device::CUDA);
-      const std::string at = std::string(s.name) + " width " + width + " launch " + std::to_string(rep);
+      const std::string at = std::string(s.name) + " shape " + width + " launch " + std::to_string(rep);
       // The kernel is taken, and each slot's row is the two products' row up to rounding.
       const cuda::Permuted perm = cuda::permute_on_device(idsd, 0, s.E);
       Tensor ye = poisoned(DType::F32, {s.K, s.H});
@@ -129,7 +129,7 @@ TEST(CudaMoeOneToken, ReplayedFromCapturedStep) {
   }
 }
 
-// Graphed microseconds of moe_experts at batch 1, one kernel (at the width MOESERVE_MOE_ONE_TOKEN
+// Graphed microseconds of moe_experts at batch 1, one kernel (in the shape MOESERVE_MOE_ONE_TOKEN
 // names, or its automatic one) against the two products, Qwen3's and V2-Lite's shapes with all their experts, each replay's weights cold in L2 (the experts
 // rotate over more bytes than L2 holds).
 TEST(CudaMoeOneToken, MoeOneTokenBench) {

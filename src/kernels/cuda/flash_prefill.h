@@ -151,22 +151,5 @@ struct FlashPlan {
 FlashPlan flash_prefill_plan(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const ops::AttentionLayout& layout, float scale, Tensor& out, int block_rows);
 
-// Asynchronous 16-byte copies from global to shared memory (cp.async, L2 only: the KV cache is
-// streamed once), so that the decode kernels keep several steps of keys in flight without
-// holding them in registers. `valid` false copies nothing and zero-fills the 16 bytes: keys past
-// a split's end must read as zeros, since a zero probability times a stale NaN is NaN.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
-               : "memory");
-}
-// Closes the group of copies issued since the last commit (an empty group when none were).
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 }  // namespace ms::cuda
 #endif

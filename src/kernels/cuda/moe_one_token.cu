@@ -7,11 +7,12 @@
 // down blocks start: on the H200 its down product took twice its bytes' time (BENCHMARKS).
 //
 // F is 64 (a block an SM, whole 128-byte lines of each down row) where the grid fits the
-// multiprocessors, else 32 (two blocks an SM). The partials of a slot meet at a counter: every
-// block of the slot, once all have stored theirs, sums rows [j * chunk, (j + 1) * chunk) of them
-// in slab order into ye, so the result is the same every run (no float atomics). A block waits
-// for the slot's other blocks, so the whole grid must be resident at once: the launch checks the
-// occupancy and otherwise declines.
+// multiprocessors, its lanes' loads through a shared-memory ring (one_token_ring_kernel) where
+// the hidden size allows, else 32 (two blocks an SM). The partials of a slot meet at a counter:
+// every block of the slot, once all have stored theirs, sums rows [j * chunk, (j + 1) * chunk)
+// of them in slab order into ye, so the result is the same every run (no float atomics). A block
+// waits for the slot's other blocks, so the whole grid must be resident at once: the launch
+// checks the occupancy and otherwise declines.
 //
 // The kernel lets the next one start (PDL) only once its partials are stored. Earlier would be
 // safe too (that launch waits until every block here has triggered, so is resident), but the
@@ -22,6 +23,8 @@
 #include "kernels/cuda/moe_grouped.h"
 
 #include <cstdlib>
+#include <iterator>
+#include <string_view>
 
 namespace ms::cuda {
 namespace {
@@ -52,53 +55,10 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
-// F intermediate features a block (F * 2 bytes of each down row), W warps, B blocks an SM.
-template <int F, int W, int B>
-__global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
-  constexpr int kThreads = W * 32;
-  constexpr int kRows = 2 * F / W;       // gate and up rows a warp (interleaved: gate f, up f, ...)
-  constexpr int kLanes = F / 8;          // lanes that share a down row, 16 bytes each
-  constexpr int kRowsAtOnce = 32 / kLanes;  // down rows a warp's load takes
-  static_assert(kRows % 2 == 0 && kLanes <= 32 && 32 % kLanes == 0);
-  extern __shared__ uint4 xs[];  // [H / 8] the token's row
-  __shared__ float hs[F];
-  const int j = blockIdx.x, s = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  pdl_wait();
-  const int e = p.ids[s] - p.first, row = p.row_of[s];
-  if (row < 0 || e < 0 || e >= p.E) return;  // another rank's expert: the slot's every block leaves
-  for (int i = threadIdx.x; i < p.H / 8; i += kThreads) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
-
-  // [gate | up]: warp w takes features kRows / 2 * w onwards, a row of each matrix; lane l the
-  // 16 bytes at l * 8 of every 256-wide chunk of K, two chunks a round.
-  const bf16* w_row[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    w_row[r] = static_cast<const bf16*>((r % 2 ? p.up : p.gate)[e]) +
-               int64_t(j * F + warp * (kRows / 2) + r / 2) * p.gu_ld + lane * 8;
-  float acc[kRows] = {};
-  const int chunks = p.H / 256;
-  __syncthreads();  // xs
-  for (int c0 = 0; c0 < chunks; c0 += 2) {
-    uint4 w[2][kRows];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        w[u][r] = c0 + u < chunks ? __ldg(reinterpret_cast<const uint4*>(w_row[r] + (c0 + u) * 256)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (c0 + u >= chunks) break;
-      float xf[8];
-      unpack8(xs[(c0 + u) * 32 + lane], xf);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float wf[8];
-        unpack8(w[u][r], wf);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
-      }
-    }
-  }
+// The warp's kRows gate|up sums (lane-partial) made silu(gate) * up of its kRows / 2 features,
+// rounded to BF16 as grouped_experts' intermediate, into hs.
+template <int kRows>
+__device__ __forceinline__ void gate_up_to_hs(float (&acc)[kRows], float* hs, int warp, int lane) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -109,39 +69,39 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
       const float g = acc[2 * f], h = g / (1.0f + expf(-g)) * acc[2 * f + 1];
       hs[warp * (kRows / 2) + f] = __bfloat162float(__float2bfloat16_rn(h));
     }
-  __syncthreads();
+}
 
-  // Down: kLanes lanes take one row of the slab's columns, 16 bytes (8 features) each, so a
-  // warp's load takes kRowsAtOnce rows ("a group"); warp w the groups w, w + W, ...
-  const int rr = lane / kLanes, q = lane % kLanes, groups = p.H / kRowsAtOnce;
-  float hq[8];
+// acc[r] += the 8 products of gate|up piece w[r] with the token's 8 inputs x8.
+template <int kRows>
+__device__ __forceinline__ void gate_up_piece(const uint4 (&w)[kRows], uint4 x8, float (&acc)[kRows]) {
+  float xf[8];
+  unpack8(x8, xf);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) hq[i] = hs[q * 8 + i];
-  const bf16* down = static_cast<const bf16*>(p.down[e]) + j * F + q * 8;
-  float* part = p.part + (int64_t(s) * p.slabs + j) * p.H;
-  for (int g0 = warp; g0 < groups; g0 += W * 8) {
-    uint4 w[8];
+  for (int r = 0; r < kRows; ++r) {
+    float wf[8];
+    unpack8(w[r], wf);
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int g = g0 + u * W;
-      w[u] = g < groups ? __ldg(reinterpret_cast<const uint4*>(down + int64_t(g * kRowsAtOnce + rr) * p.down_ld))
-                        : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int g = g0 + u * W;
-      if (g >= groups) break;
-      float wf[8], v = 0.f;
-      unpack8(w[u], wf);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v = fmaf(wf[i], hq[i], v);
-#pragma unroll
-      for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(~0u, v, off);
-      if (q == 0) __stcg(part + g * kRowsAtOnce + rr, v);
-    }
+    for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
   }
+}
 
-  // Every block of the slot has stored its partial: then each sums its rows of them.
+// One down piece: 16 bytes of a down row (8 of the slab's features) times their h, summed over
+// the row's kLanes lanes; the row's first lane stores it.
+template <int kLanes>
+__device__ __forceinline__ void down_piece(uint4 w, const float (&hq)[8], bool first_lane, float* dst) {
+  float wf[8], v = 0.f;
+  unpack8(w, wf);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v = fmaf(wf[i], hq[i], v);
+#pragma unroll
+  for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(~0u, v, off);
+  if (first_lane) __stcg(dst, v);
+}
+
+// Once every thread of the block has stored its pieces of the partial: the slot's blocks meet
+// at its counter, then this one sums rows [j * chunk, (j + 1) * chunk) of the slot's partials in
+// slab order into ye; the last to finish resets the counters.
+__device__ void sum_slot(const Params& p, int s, int j, int row) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -152,7 +112,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   pdl_trigger();
   const float* parts = p.part + int64_t(s) * p.slabs * p.H;
   const int n_end = min(p.H, (j + 1) * p.chunk);
-  for (int n = j * p.chunk + threadIdx.x; n < n_end; n += kThreads) {
+  for (int n = j * p.chunk + threadIdx.x; n < n_end; n += blockDim.x) {
     float v = 0.f;
 #pragma unroll 8
     for (int k = 0; k < p.slabs; ++k) v += __ldcg(parts + int64_t(k) * p.H + n);
@@ -161,40 +121,202 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   if (threadIdx.x == 0 && atomicAdd(&g_summed[s], 1u) == unsigned(p.slabs) - 1) g_arrived[s] = 0, g_summed[s] = 0;
 }
 
-// A launch shape: F features a block, its kernel and that kernel's warps a block.
+// What both kernels' threads take: the slot's expert (or -1: another rank's), the token's row in
+// shared memory, and the addresses of this lane's pieces.
+template <int F, int W>
+struct Lanes {
+  static constexpr int kRows = 2 * F / W;       // gate and up rows a warp (interleaved: gate f, up f, ...)
+  static constexpr int kLanes = F / 8;          // lanes that share a down row, 16 bytes each
+  static constexpr int kRowsAtOnce = 32 / kLanes;  // down rows a warp's load takes ("a group")
+  static_assert(kRows % 2 == 0 && kLanes <= 32 && 32 % kLanes == 0);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rr = lane / kLanes, q = lane % kLanes;
+  // [gate | up]: warp w takes features kRows / 2 * w onwards, a row of each matrix; lane l the
+  // 16 bytes at l * 8 of every 256-wide chunk of K. Down: kLanes lanes take one row of the slab's
+  // columns, 16 bytes (8 features) each; warp w the groups w, w + W, ...
+  const bf16* w_row[kRows];
+  const bf16* down;
+  __device__ Lanes(const Params& p, int e, int j) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      w_row[r] = static_cast<const bf16*>((r % 2 ? p.up : p.gate)[e]) +
+                 int64_t(j * F + warp * (kRows / 2) + r / 2) * p.gu_ld + lane * 8;
+    down = static_cast<const bf16*>(p.down[e]) + j * F + q * 8;
+  }
+  __device__ const bf16* down_row(const Params& p, int g) const { return down + int64_t(g * kRowsAtOnce + rr) * p.down_ld; }
+};
+
+// F intermediate features a block (F * 2 bytes of each down row), W warps, B blocks an SM; each
+// lane's loads go to registers, two 256-wide chunks of gate|up a round, then 8 down groups.
+template <int F, int W, int B>
+__global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
+  using L = Lanes<F, W>;
+  extern __shared__ uint4 xs[];  // [H / 8] the token's row
+  __shared__ float hs[F];
+  const int j = blockIdx.x, s = blockIdx.y;
+  pdl_wait();
+  const int e = p.ids[s] - p.first, row = p.row_of[s];
+  if (row < 0 || e < 0 || e >= p.E) return;  // another rank's expert: the slot's every block leaves
+  for (int i = threadIdx.x; i < p.H / 8; i += W * 32) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
+  const L l(p, e, j);
+  float acc[L::kRows] = {};
+  const int chunks = p.H / 256;
+  __syncthreads();  // xs
+  for (int c0 = 0; c0 < chunks; c0 += 2) {
+    uint4 w[2][L::kRows];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int r = 0; r < L::kRows; ++r)
+        w[u][r] = c0 + u < chunks ? __ldg(reinterpret_cast<const uint4*>(l.w_row[r] + (c0 + u) * 256)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      if (c0 + u < chunks) gate_up_piece(w[u], xs[(c0 + u) * 32 + l.lane], acc);
+  }
+  gate_up_to_hs(acc, hs, l.warp, l.lane);
+  __syncthreads();
+  float hq[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) hq[i] = hs[l.q * 8 + i];
+  float* part = p.part + (int64_t(s) * p.slabs + j) * p.H;
+  const int groups = p.H / L::kRowsAtOnce;
+  for (int g0 = l.warp; g0 < groups; g0 += W * 8) {
+    uint4 w[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int g = g0 + u * W;
+      w[u] = g < groups ? __ldg(reinterpret_cast<const uint4*>(l.down_row(p, g))) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int g = g0 + u * W;
+      if (g < groups) down_piece<L::kLanes>(w[u], hq, l.q == 0, part + g * L::kRowsAtOnce + l.rr);
+    }
+  }
+  sum_slot(p, s, j, row);
+}
+
+// The same sums with every lane's loads streamed through a private ring of D steps in shared
+// memory (cp.async), 8 pieces of 16 bytes a step: the gate|up chunks, then the down groups, in
+// one stream, so the first down pieces are in flight while the last gate|up ones are summed and
+// bytes in flight are not bound by registers. F = 64 and 16 warps: one block an SM; the hidden
+// size a multiple of 512 (whole steps of down groups).
+template <int W, int D>
+__global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
+  using L = Lanes<64, W>;
+  constexpr int kThreads = W * 32, kPieces = 8;
+  static_assert(L::kRows == kPieces, "a gate|up step and a down step are both 8 pieces a lane");
+  extern __shared__ uint4 smem[];  // [H / 8] the token's row, then the ring [D][kPieces][kThreads]
+  __shared__ float hs[64];
+  const int j = blockIdx.x, s = blockIdx.y;
+  pdl_wait();
+  const int e = p.ids[s] - p.first, row = p.row_of[s];
+  if (row < 0 || e < 0 || e >= p.E) return;
+  uint4* xs = smem;
+  uint4* ring = smem + p.H / 8 + threadIdx.x;  // this thread's slots: ring[(stage * kPieces + r) * kThreads]
+  const L l(p, e, j);
+  const int chunks = p.H / 256, steps = chunks + p.H / L::kRowsAtOnce / (W * 8);
+  auto issue = [&](int t) {
+    if (t < steps) {
+      uint4* stage = ring + (t % D) * kPieces * kThreads;
+#pragma unroll
+      for (int r = 0; r < kPieces; ++r)
+        cp_async16(stage + r * kThreads,
+                   t < chunks ? l.w_row[r] + t * 256 : l.down_row(p, l.warp + ((t - chunks) * 8 + r) * W), true);
+    }
+    cp_async_commit();  // empty past the last step, so that every wait counts the same groups
+  };
+#pragma unroll
+  for (int t = 0; t < D - 1; ++t) issue(t);
+  for (int i = threadIdx.x; i < p.H / 8; i += kThreads) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
+  __syncthreads();  // xs
+  float acc[kPieces] = {}, hq[8];
+  float* part = p.part + (int64_t(s) * p.slabs + j) * p.H;
+  for (int t = 0; t < steps; ++t) {
+    issue(t + D - 1);
+    cp_async_wait<D - 1>();  // step t's pieces have landed (this thread's own slots)
+    const uint4* stage = ring + (t % D) * kPieces * kThreads;
+    uint4 w[kPieces];
+#pragma unroll
+    for (int r = 0; r < kPieces; ++r) w[r] = stage[r * kThreads];
+    if (t < chunks) {
+      gate_up_piece(w, xs[t * 32 + l.lane], acc);
+      if (t == chunks - 1) {
+        gate_up_to_hs(acc, hs, l.warp, l.lane);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 8; ++i) hq[i] = hs[l.q * 8 + i];
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kPieces; ++u) {
+        const int g = l.warp + ((t - chunks) * 8 + u) * W;
+        down_piece<L::kLanes>(w[u], hq, l.q == 0, part + g * L::kRowsAtOnce + l.rr);
+      }
+    }
+  }
+  sum_slot(p, s, j, row);
+}
+
+constexpr int kRingSteps = 3;
+constexpr size_t kRingBytes = size_t(kRingSteps) * 8 * 512 * sizeof(uint4);  // D x 8 pieces x 16 warps' lanes
+
+// A launch shape: its name (MOESERVE_MOE_ONE_TOKEN), F features a block, its kernel and warps,
+// shared memory beyond the token's row, and the hidden sizes it takes (a multiple of `h_step`).
 struct Shape {
+  const char* name;
   int F;
   void (*kernel)(Params);
   int warps;
+  size_t ring;
+  int h_step;
 };
-// Wide slabs first: a block an SM reading whole 128-byte lines of the down rows; else two
-// blocks an SM of half the width, for more blocks than multiprocessors.
-constexpr Shape kShapes[] = {{64, one_token_kernel<64, 16, 1>, 16}, {32, one_token_kernel<32, 8, 2>, 8}};
+// First that fits: the ring; the same slabs with register loads; two blocks an SM of half the
+// width, for more blocks than multiprocessors.
+constexpr Shape kShapes[] = {{"ring", 64, one_token_ring_kernel<16, kRingSteps>, 16, kRingBytes, 512},
+                             {"64", 64, one_token_kernel<64, 16, 1>, 16, 0, 256},
+                             {"32", 32, one_token_kernel<32, 8, 2>, 8, 0, 256}};
 
-// Whether `sh` takes K slots of I features at once on this GPU (every block resident).
-bool fits(const Shape& sh, int64_t K, int64_t I, size_t smem) {
-  if (I % sh.F != 0) return false;
-  int n = 0;
-  MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, sh.kernel, sh.warps * 32, smem));
-  return int64_t(n) * sm_count() >= K * (I / sh.F);
+// Blocks of shape i a multiprocessor holds, asked once a GPU with the largest row's shared memory
+// (every shape is bound by its registers or its ring, not by the row), its shared memory allowed
+// first: a decode step without graphs asks at every MoE layer.
+int blocks_per_sm(size_t i) {
+  static PerDeviceOnce once[std::size(kShapes)];
+  static int blocks[64][std::size(kShapes)];
+  const Shape& sh = kShapes[i];
+  const int dev = current_device();
+  once[i]([&] {
+    const size_t smem = kMaxHidden * sizeof(bf16) + sh.ring;
+    if (sh.ring) MS_CUDA(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks[dev][i], sh.kernel, sh.warps * 32, smem));
+  });
+  return blocks[dev][i];
+}
+
+// Whether shape i takes K slots of I features of a hidden size H at once on this GPU (every
+// block resident).
+bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
+  const Shape& sh = kShapes[i];
+  return I % sh.F == 0 && H % sh.h_step == 0 && int64_t(blocks_per_sm(i)) * sm_count() >= K * (I / sh.F);
 }
 
 }  // namespace
 
 bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
                        Tensor& ye) {
-  // MOESERVE_MOE_ONE_TOKEN: 0 off; unset or 1 the first shape that fits; 64 or 32 that width only.
+  // MOESERVE_MOE_ONE_TOKEN: 0 off; unset or 1 the first shape that fits; a shape's name (ring, 64,
+  // 32) that shape only.
   const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN");
-  const int mode = env ? std::atoi(env) : 1;
-  if (mode == 0) return false;
+  const std::string_view mode = env ? env : "1";
+  if (mode == "0") return false;
   const int64_t H = t.hidden, I = t.intermediate, K = ids.numel();
   if (t.fp8 || x.size(0) != 1 || x.size(1) != H || H % 256 != 0 || H > kMaxHidden || K > kMaxSlots ||
       t.gate_up.ld % 8 != 0 || t.down.ld % 8 != 0 || !aligned16(x.raw(), 0) || !t.gate_up.w || !t.gate_up.w2 ||
       !t.down.w)
     return false;
-  const size_t smem = size_t(H) * sizeof(bf16);
-  for (const Shape& sh : kShapes) {
-    if ((mode != 1 && mode != sh.F) || !fits(sh, K, I, smem)) continue;
+  for (size_t i = 0; i < std::size(kShapes); ++i) {
+    const Shape& sh = kShapes[i];
+    if ((mode != "1" && mode != sh.name) || !fits(i, K, H, I)) continue;
+    const size_t smem = size_t(H) * sizeof(bf16) + sh.ring;
     const int slabs = int(I / sh.F);
     Tensor part = scratch(DType::F32, {K, slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
