@@ -1,0 +1,41 @@
+#!/bin/bash
+# Session 18's device calls (bench/BENCHMARKS.md, "Session 18"), run from the repository root on
+# the GPU machine: PHASE picks the call; the source is a snapshot (git archive) carried as $SRC.
+# (The first call ran session17_run.sh's PHASE=6 on main + session 17's pending patch.)
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-2}
+source $SRC/bench/device_env.sh
+snapshots_ready $SRC
+
+# The engine's own decode of one 4096-token prompt (bench-offline: overlap scheduling, CUDA
+# graphs), $2 new tokens, label $3, flags after it; the total time in summary.log. Two lengths
+# give the steady step: (T(long) - T(short)) / (long - short).
+offline() {
+  local m=$1 o=$2 tag=$3; shift 3
+  timeout $(( $(left) - 10 )) $B bench-offline --model-path /tmp/$m --device cuda --num-prompts 1 \
+    --random-input-len 4096 --random-output-len $o --random-range-ratio 1 --disable-tqdm \
+    --result-filename $OUT/offline-$tag.jsonl "$@" > $L/offline-$tag-$m-$o.log 2>&1
+  log "offline $tag $m out=$o rc=$? $(grep -E 'duration' $L/offline-$tag-$m-$o.log | tr -s ' ')"
+}
+
+# PHASE=2: the experts kernel ending in the layer's residual add and norm at batch 1
+#   (MOESERVE_MOE_ONE_TOKEN_NORM=0 keeps the norm's kernel): its tests and the decode-path
+#   tests, B = 1 alternating (three rounds each model), timelines both ways, then the engine's
+#   overlapped decode (bench-offline, one prompt, 16 and 528 new tokens; 528 without overlap).
+if [ $PHASE = 2 ]; then
+  OFF=off:MOESERVE_MOE_ONE_TOKEN_NORM=0
+  JOBS=16 build_after ms_kernel_trace test_cuda_moe_one_token test_cuda_moe_combine_norm test_cuda_fixtures \
+    test_cuda_engine_graphs test_cuda_attention_moe test_cuda_ops
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_moe_one_token test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe test_cuda_ops
+  wait
+  for r in 1 2 3; do
+    SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $OFF" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_MOE_ONE_TOKEN_NORM=0; trace v2lite 1 4096 on
+  for m in qwen3 v2lite; do
+    offline $m 16 on; offline $m 528 on; offline $m 528 nooverlap --disable-overlap-schedule
+  done
+  log done
+fi
