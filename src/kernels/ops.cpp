@@ -138,13 +138,6 @@ void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, co
   MS_CHECK(!shared_gate || shared, "moe_combine_add_rms_norm: a shared-expert gate without its expert's output");
   MS_DISPATCH(residual, moe_combine_add_rms_norm(routed, shared, shared_gate, round_bf16, residual, weight, eps, out));
 }
-void moe_experts_add_rms_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                              const Tensor* shared, const Tensor* shared_gate, bool round_bf16, Tensor& residual,
-                              const Tensor& weight, float eps, Tensor& out) {
-  MS_CHECK(!shared_gate || shared, "moe_experts_add_rms_norm: a shared-expert gate without its expert's output");
-  MS_DISPATCH(x, moe_experts_add_rms_norm(x, ids, weights, experts, shared, shared_gate, round_bf16, residual, weight,
-                                          eps, out));
-}
 std::vector<int32_t> argmax_rows(const Tensor& logits) { return MS_DISPATCH(logits, argmax_rows(logits)); }
 void argmax_rows_into(const Tensor& logits, Tensor& ids) {
   MS_CHECK(ids.dtype() == DType::I32 && ids.device() == logits.device() && ids.dim() == 1 &&

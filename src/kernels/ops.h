@@ -197,12 +197,6 @@ ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& wei
 // that order (on the GPU one kernel where the rows are BF16 and 16-byte aligned).
 void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out);
-// moe_expert_rows, then moe_combine_add_rms_norm on its rows, bit for bit; on the GPU one kernel
-// for a single token whose experts are all on this rank (batch-1 decode: its last block makes the
-// norm, so no kernel boundary comes between the experts and the norm).
-void moe_experts_add_rms_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                              const Tensor* shared, const Tensor* shared_gate, bool round_bf16, Tensor& residual,
-                              const Tensor& weight, float eps, Tensor& out);
 
 // Index of the largest value in each row of logits [T, V] (ties: the lower index). On the GPU only
 // the indices are copied to the host.

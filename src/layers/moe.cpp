@@ -81,9 +81,9 @@ void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Ten
   Tensor shared, gate;
   if (w_.shared.defined()) shared = w_.shared.forward(x, ctx);
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
-  ops::moe_experts_add_rms_norm(x, ids, weights, w_.experts, shared.defined() ? &shared : nullptr,
-                                gate.defined() ? &gate : nullptr, ctx.bf16_activations, residual, norm.weight(),
-                                norm.eps(), out);
+  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
+  ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
+                                ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);
 }
 
 }  // namespace ms

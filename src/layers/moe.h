@@ -33,8 +33,7 @@ class SparseMoe {
   Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
   // residual += forward(x), then out = norm(residual), bit for bit as norm.add_forward after
   // forward gives them, but with the experts' weighted sum (and the shared expert's add) made
-  // inside the norm's kernel on the GPU, or the norm inside the experts' kernel for one token
-  // (ops::moe_experts_add_rms_norm). Only where nothing
+  // inside the norm's kernel on the GPU (ops::moe_combine_add_rms_norm). Only where nothing
   // comes between the block's output and the add: a rank holding all of it (no reduction).
   void forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
                         Tensor& out) const;

@@ -42,9 +42,6 @@ ops::ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor
                                 const ExpertWeights& experts);
 void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out);
-void moe_experts_add_rms_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                              const Tensor* shared, const Tensor* shared_gate, bool round_bf16, Tensor& residual,
-                              const Tensor& weight, float eps, Tensor& out);
 std::vector<int32_t> argmax_rows(const Tensor& logits);
 void argmax_rows_into(const Tensor& logits, Tensor& ids);
 void sample_rows_into(const Tensor& logits, std::span<const ops::RowSampling> rows, Tensor& ids);

@@ -37,13 +37,6 @@ void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* share
   add_rms_norm(residual, f, weight, eps, out);
 }
 
-void moe_experts_add_rms_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                              const Tensor* shared, const Tensor* shared_gate, bool round_bf16, Tensor& residual,
-                              const Tensor& weight, float eps, Tensor& out) {
-  cpu::moe_combine_add_rms_norm(cpu::moe_expert_rows(x, ids, weights, experts), shared, shared_gate, round_bf16,
-                                residual, weight, eps, out);
-}
-
 void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act) {
   const int64_t T = x.size(0), I = gate.out_features();
   Tensor gu = Tensor::empty(act.dtype(), {T, 2 * I});

@@ -20,10 +20,8 @@
 // [gate | up] products, the down products), as the reference model computes them, and every
 // data-moving kernel takes 16-byte accesses. The products accumulate in f32 inside the GEMM and
 // are rounded once on the way out; the combine sums in f32.
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -318,22 +316,6 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
            x.describe(), " -> ", out.describe());
   const ExpertRows rows = cuda::moe_expert_rows(x, ids, weights, experts);
   combine_expert_rows(rows.rows, rows.row_of, rows.weights, out);
-}
-
-void moe_experts_add_rms_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                              const Tensor* shared, const Tensor* shared_gate, bool round_bf16, Tensor& residual,
-                              const Tensor& weight, float eps, Tensor& out) {
-  // MOESERVE_MOE_ONE_TOKEN_NORM=0: the rows, then the norm's own kernel (to measure the fusion).
-  const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN_NORM");
-  const bool norm_in_kernel = !env || std::string_view(env) != "0";
-  const ExpertTable* table = expert_table(experts);
-  const auto [first, total] = local_range(experts);
-  if (norm_in_kernel && table && x.dim() == 2 && x.size(0) == 1 && first == 0 && total == table->experts && ids.dtype() == DType::I32 &&
-      ids.is_contiguous() &&
-      one_token_experts_add_rms_norm(x, ids, weights, *table, shared, shared_gate, residual, weight, eps, out))
-    return;
-  cuda::moe_combine_add_rms_norm(cuda::moe_expert_rows(x, ids, weights, experts), shared, shared_gate, round_bf16,
-                                 residual, weight, eps, out);
 }
 
 ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {

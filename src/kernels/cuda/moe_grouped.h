@@ -51,14 +51,6 @@ void drop_routed_pairs();
 // once, or when MOESERVE_MOE_ONE_TOKEN=0.
 bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
                        Tensor& ye);
-// The same launch ending in moe_combine_add_rms_norm's work on its rows (every expert on this
-// rank, routing weights [1, K]): the weighted sum, the shared expert's output (BF16 [1, H], gate
-// [1, 1]) added, the residual updated and normed into out, bit for bit as the two ops; its last
-// block makes the norm. False, with nothing launched, where it does not take the shape (as
-// above, or BF16 rows, norm weight and residual of at most 4096, 16-byte aligned).
-bool one_token_experts_add_rms_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& t,
-                                    const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
-                                    const Tensor& norm_weight, float eps, Tensor& out);
 
 // xe [rows, H] (BF16, contiguous): row r = x[token_of_row[r]] (x BF16 with contiguous rows), zeros
 // where token_of_row[r] is -1 (a pad row). 16-byte copies, a warp a row, where rows are aligned.

@@ -26,8 +26,6 @@
 #include <iterator>
 #include <string_view>
 
-#include "kernels/cuda/norm_row.cuh"
-
 namespace ms::cuda {
 namespace {
 
@@ -35,22 +33,8 @@ constexpr int kMaxSlots = 16;
 constexpr int kMaxHidden = 8192;  // the token's row in shared memory
 
 // Blocks of slot s that stored their partial, and that finished their sum; the last to finish
-// resets both for the next launch (one stream a GPU runs these one after another). With the
-// norm: blocks of the launch, likewise.
-__device__ unsigned g_arrived[kMaxSlots], g_summed[kMaxSlots], g_all_arrived, g_all_summed;
-
-// The layer's residual add and norm after the experts (moe_combine_add_rms_norm's), made by the
-// launch itself: see combine_norm.
-struct NormTail {
-  bf16* out;           // null: no norm, the slots' rows go to ye
-  bf16* residual;      // [H]
-  const bf16* weight;  // [H]
-  const float* route;  // [K] the router's weights
-  float* sum;          // [H] scratch: the routed sum
-  SharedExpertTail shared;
-  float eps;
-  int group;  // threads of the last block that norm the row (rms_norm_rows_kernel's group)
-};
+// resets both for the next launch (one stream a GPU runs these one after another).
+__device__ unsigned g_arrived[kMaxSlots], g_summed[kMaxSlots];
 
 struct Params {
   const bf16* x;           // [H]
@@ -63,7 +47,6 @@ struct Params {
   int first, E, H, slabs, chunk;
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]
-  NormTail norm;
 };
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -138,65 +121,6 @@ __device__ void sum_slot(const Params& p, int s, int j, int row) {
   if (threadIdx.x == 0 && atomicAdd(&g_summed[s], 1u) == unsigned(p.slabs) - 1) g_arrived[s] = 0, g_summed[s] = 0;
 }
 
-// With the norm (every slot this rank's): once every block of the launch has stored its
-// partial, block b sums output rows [b * chunk, (b + 1) * chunk): a warp a slot, each slot's
-// slabs in order as sum_slot adds them, then the slots in order weighted by the router as
-// moe_combine_add_rms_norm's sum does, into norm.sum. The last block to finish adds the row to
-// the residual and norms it as rms_norm_rows_kernel would. So one launch replaces the slots'
-// sums into ye and the norm kernel after them, bit for bit, and the norm, a one-block kernel
-// anyway, no longer waits for a kernel boundary.
-__device__ void combine_norm(const Params& p, int s, int j) {
-  __shared__ float slot_rows[kMaxSlots][32];
-  __shared__ float warp_ss[32];
-  __shared__ bool last;
-  const unsigned blocks = gridDim.x * gridDim.y;
-  const int K = gridDim.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(&g_all_arrived, 1u);
-    while (load_acquire(&g_all_arrived) < blocks) __nanosleep(32);
-  }
-  __syncthreads();
-  pdl_trigger();
-  const int b = s * p.slabs + j, chunk = (p.H + int(blocks) - 1) / int(blocks);
-  const int n_end = min(p.H, (b + 1) * chunk);
-  for (int n0 = b * chunk; n0 < n_end; n0 += 32) {
-    for (int k = warp; k < K && n0 + lane < n_end; k += warps) {
-      const float* parts = p.part + int64_t(k) * p.slabs * p.H + n0 + lane;
-      float v = 0.f;
-#pragma unroll 8
-      for (int q = 0; q < p.slabs; ++q) v += __ldcg(parts + int64_t(q) * p.H);
-      slot_rows[k][lane] = v;
-    }
-    __syncthreads();
-    if (warp == 0 && n0 + lane < n_end) {
-      float acc = 0.f;
-      for (int k = 0; k < K; ++k) acc = fmaf(p.norm.route[k], slot_rows[k][lane], acc);
-      __stcg(p.norm.sum + n0 + lane, acc);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(&g_all_summed, 1u) == blocks - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const NormTail& n = p.norm;
-  const int group = n.group;
-  norm_row<1>(n.residual, 0, SummedAddend{n.sum, p.H, n.shared}, n.weight, n.eps, p.H, int(threadIdx.x) / group,
-              int(threadIdx.x) < group, int(threadIdx.x) % group, group, n.out, 0, warp_ss);
-  if (threadIdx.x == 0) g_all_arrived = 0, g_all_summed = 0;
-}
-
-// Each block's end, once its partial is stored.
-__device__ void finish(const Params& p, int s, int j, int row) {
-  if (p.norm.out) combine_norm(p, s, j);
-  else sum_slot(p, s, j, row);
-}
-
 // What both kernels' threads take: the slot's expert (or -1: another rank's), the token's row in
 // shared memory, and the addresses of this lane's pieces.
 template <int F, int W>
@@ -230,7 +154,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   __shared__ float hs[F];
   const int j = blockIdx.x, s = blockIdx.y;
   pdl_wait();
-  const int e = p.ids[s] - p.first, row = p.row_of ? p.row_of[s] : s;
+  const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;  // another rank's expert: the slot's every block leaves
   for (int i = threadIdx.x; i < p.H / 8; i += W * 32) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
   const L l(p, e, j);
@@ -268,7 +192,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
       if (g < groups) down_piece<L::kLanes>(w[u], hq, l.q == 0, part + g * L::kRowsAtOnce + l.rr);
     }
   }
-  finish(p, s, j, row);
+  sum_slot(p, s, j, row);
 }
 
 // The same sums with every lane's loads streamed through a private ring of D steps in shared
@@ -285,7 +209,7 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
   __shared__ float hs[64];
   const int j = blockIdx.x, s = blockIdx.y;
   pdl_wait();
-  const int e = p.ids[s] - p.first, row = p.row_of ? p.row_of[s] : s;
+  const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;
   uint4* xs = smem;
   uint4* ring = smem + p.H / 8 + threadIdx.x;  // this thread's slots: ring[(stage * kPieces + r) * kThreads]
@@ -330,7 +254,7 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
       }
     }
   }
-  finish(p, s, j, row);
+  sum_slot(p, s, j, row);
 }
 
 constexpr int kRingSteps = 3;
@@ -375,10 +299,10 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
   return I % sh.F == 0 && H % sh.h_step == 0 && int64_t(blocks_per_sm(i)) * sm_count() >= K * (I / sh.F);
 }
 
-// The launch both entry points make: the first shape that fits (or MOESERVE_MOE_ONE_TOKEN's),
-// with ye's rows or the norm as its end. False, with nothing launched, where none fits.
-bool launch_one_token(const Tensor& x, const Tensor& ids, const int32_t* row_of, const ExpertTable& t, int first,
-                      float* ye, const NormTail& norm) {
+}  // namespace
+
+bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
+                       Tensor& ye) {
   // MOESERVE_MOE_ONE_TOKEN: 0 off; unset or 1 the first shape that fits; a shape's name (ring, 64,
   // 32) that shape only.
   const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN");
@@ -391,48 +315,17 @@ bool launch_one_token(const Tensor& x, const Tensor& ids, const int32_t* row_of,
     return false;
   for (size_t i = 0; i < std::size(kShapes); ++i) {
     const Shape& sh = kShapes[i];
-    if ((mode != "1" && mode != sh.name) || !fits(i, K, H, I) || (norm.out && norm.group > sh.warps * 32)) continue;
+    if ((mode != "1" && mode != sh.name) || !fits(i, K, H, I)) continue;
     const size_t smem = size_t(H) * sizeof(bf16) + sh.ring;
     const int slabs = int(I / sh.F);
     Tensor part = scratch(DType::F32, {K, slabs, H});
-    Params p{x.data<bf16>(), ids.data<int32_t>(), row_of, t.gate_up.w, t.gate_up.w2, t.down.w, t.gate_up.ld,
-             t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs), part.data<float>(), ye, norm};
+    Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
+             t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
+             part.data<float>(), ye.data<float>()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return true;
   }
   return false;
-}
-
-}  // namespace
-
-bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                       Tensor& ye) {
-  return launch_one_token(x, ids, row_of.data<int32_t>(), t, first, ye.data<float>(), NormTail{});
-}
-
-bool one_token_experts_add_rms_norm(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& t,
-                                    const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
-                                    const Tensor& norm_weight, float eps, Tensor& out) {
-  const int64_t H = t.hidden, K = ids.numel();
-  // Wider rows: rms_norm_rows_kernel's group would be wider than SummedAddend's.
-  if (H > 8 * SummedAddend::kMaxGroup) return false;
-  auto bf16_row = [&](const Tensor* r) {
-    return !r || (r->dtype() == DType::BF16 && r->is_contiguous() && r->numel() == H && aligned16(r->raw(), 0));
-  };
-  if (!bf16_row(&residual) || !bf16_row(&out) || !bf16_row(&norm_weight) || !bf16_row(shared) ||
-      (shared_gate && (shared_gate->dtype() != DType::BF16 || shared_gate->numel() != 1)) ||
-      weights.dtype() != DType::F32 || !weights.is_contiguous() || weights.numel() != K)
-    return false;
-  Tensor sum = scratch(DType::F32, {H});
-  const NormTail norm{out.data<bf16>(),
-                      residual.data<bf16>(),
-                      norm_weight.data<bf16>(),
-                      weights.data<float>(),
-                      sum.data<float>(),
-                      {shared ? shared->data<bf16>() : nullptr, 0, shared_gate ? shared_gate->data<bf16>() : nullptr, 0},
-                      eps,
-                      norm_group(H, SummedAddend::kMaxGroup)};
-  return launch_one_token(x, ids, nullptr, t, 0, nullptr, norm);
 }
 
 }  // namespace ms::cuda

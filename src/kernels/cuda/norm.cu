@@ -7,11 +7,11 @@
 // sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
 // write and read of f.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/moe_grouped.h"
-#include "kernels/cuda/norm_row.cuh"
 
 namespace ms::cuda {
 namespace {
@@ -65,9 +65,111 @@ __global__ void rms_norm_kernel(T* x, int64_t xs, const TY* y, int64_t ys, const
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) store_f(orow + i, load_f(xr + i) * inv * load_f(w + i));
 }
 
+constexpr int kNormPieces = 2;          // 16-byte pieces a thread, at most
+constexpr int kNormMaxGroup = 1024;     // threads a row, at most: widths up to 16384
 constexpr int kNormMinBlock = 128;
 
-// RMSNorm of bf16 rows (norm_row.cuh), blockDim / group rows a block.
+// What rms_norm_rows_kernel adds to x: piece c (8 columns) of row t, as f32. kMaxGroup: the
+// most threads a row (the launch bound, so the registers a thread may use).
+struct NoAddend {
+  static constexpr int kMaxGroup = kNormMaxGroup;
+};
+struct RowAddend {  // rows of a bf16 tensor
+  static constexpr int kMaxGroup = kNormMaxGroup;
+  const bf16* y;
+  int64_t ys;
+  __device__ void operator()(int64_t t, int c, float a[8]) const {
+    unpack8(reinterpret_cast<const uint4*>(y + t * ys)[c], a);
+  }
+};
+// Eight values of a bf16 or f32 row as raw bytes, and back to f32 (a piece in flight in registers).
+struct Raw8 {
+  uint4 lo, hi;  // hi: f32 only
+};
+__device__ __forceinline__ Raw8 load16(const bf16* p) { return {*reinterpret_cast<const uint4*>(p), {}}; }
+__device__ __forceinline__ Raw8 load16(const float* p) {
+  return {reinterpret_cast<const uint4*>(p)[0], reinterpret_cast<const uint4*>(p)[1]};
+}
+template <class TY>
+__device__ __forceinline__ void unpack16(const Raw8& r, float v[8]) {
+  if constexpr (std::is_same_v<TY, bf16>) {
+    unpack8(r.lo, v);
+  } else {
+    const uint32_t u[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(u[i]);
+  }
+}
+
+// A MoE block's output as the unfused ops leave it in bf16. First combine_expert_rows: the f32
+// sum over slots j in order of weights[t, j] * rows[row_of[t, j]] (rows -1 skipped; fmaf is the
+// contraction nvcc makes of its acc += w * v), rounded to bf16. Then, with a shared expert,
+// add_inplace (f + s) or add_sigmoid_gated (fmaf(g, s, f), g = 1 / (1 + expf(-gate)) written as
+// that kernel writes it), rounded again.
+// BATCH slots' row numbers, then all their pieces, are loaded before the first is summed: in a
+// prefill the pieces are ~90 % of the bytes a norm moves, and one slot's row number, piece and
+// sum in series each was a round trip a slot (8k Qwen3 tokens: ~2.9 TB/s). Rows up to 4096 wide
+// take groups of up to 512 threads, whose bound leaves 128 registers for 8 pieces in flight;
+// wider ones (DeepSeek-V3's 7168) keep add_rms_norm's 1024-thread groups, so that the sum of
+// squares adds up in the same order and the norm's bits match, a slot at a time (64 registers).
+template <class TY, int BATCH, int MAX_GROUP>
+struct MoeAddend {
+  static constexpr int kMaxGroup = MAX_GROUP, kBatch = BATCH;
+  const TY* rows;
+  const int32_t* row_of;
+  const float* weights;
+  int K;
+  int64_t H;
+  const bf16* shared;  // null: no shared expert
+  int64_t ss;
+  const bf16* gate;  // null: added ungated
+  int64_t gs;
+  __device__ void operator()(int64_t t, int c, float a[8]) const {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j0 = 0; j0 < K; j0 += kBatch) {
+      int32_t r[kBatch];
+      float w[kBatch];
+      Raw8 raw[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        r[j] = j0 + j < K ? row_of[t * K + j0 + j] : -1;
+        w[j] = j0 + j < K ? weights[t * K + j0 + j] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (r[j] >= 0) raw[j] = load16(rows + int64_t(r[j]) * H + c * 8);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {  // slots in order: the combine's sum, bit for bit
+        if (r[j] < 0) continue;
+        float v[8];
+        unpack16<TY>(raw[j], v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[j], v[i], acc[i]);
+      }
+    }
+    unpack8(pack8(acc), a);
+    if (!shared) return;
+    float s[8];
+    unpack8(reinterpret_cast<const uint4*>(shared + t * ss)[c], s);
+    if (gate) {
+      const float g = 1.0f / (1.0f + expf(-load_f(gate + t * gs)));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] = fmaf(g, s[i], a[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] += s[i];
+    }
+    unpack8(pack8(a), a);
+  }
+};
+
+// RMSNorm of bf16 rows (width a multiple of 8, 16-byte aligned rows and weight) by groups of
+// `group` threads a row (a power of two: a part of a warp for narrow rows such as per-head
+// q/k norms, up to a whole block for wide ones), so that a handful of rows, or one, still spreads
+// over many threads. Each thread keeps its 16-byte pieces (and their weights, loaded at once so
+// both reads are in flight together) in registers from the sum of squares to the write, so a row
+// is read once and in place is safe. With an addend y, a piece is x + y rounded to bf16, written
+// back to x, and that rounded value is normalised, as rms_norm_kernel does.
 // Bounded for the widest group the addend allows (Addend::kMaxGroup threads): without a bound
 // the MoE addend's loop took more registers than a 1024-thread block of 7168-wide rows has.
 // PIECES: the 16-byte pieces a thread takes at most (1 unless a row is wider than 8 x the
@@ -80,8 +182,46 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
   pdl_trigger();  // the product after a norm may start fetching its weights now
   pdl_wait();     // launched early (launch_pdl): x and the addend are the kernels' before
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
-  // Threads past the last row still join the reductions.
-  norm_row<PIECES>(x, xs, y, w, eps, D, row, row < rows, int(threadIdx.x) % group, group, out, os, warp_ss);
+  const int g = int(threadIdx.x) % group, n = D / 8;
+  const bool live = row < rows;  // threads past the last row still join the reductions
+  float v[PIECES][8], wt[PIECES][8], ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < PIECES; ++i) {
+    const int c = g + group * i;
+    if (!live || c >= n) break;
+    uint4* xp = reinterpret_cast<uint4*>(x + row * xs) + c;
+    unpack8(*xp, v[i]);
+    if constexpr (!std::is_same_v<Addend, NoAddend>) {
+      float add[8];
+      y(row, c, add);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) add[j] += v[i][j];
+      const uint4 sum = pack8(add);
+      *xp = sum;
+      unpack8(sum, v[i]);
+    }
+    load8(w + c * 8, wt[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += v[i][j] * v[i][j];
+  }
+  for (int o = min(group, 32) / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (group > 32) {  // the row's warps meet in shared memory
+    if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
+    __syncthreads();
+    const int first = int(threadIdx.x) / group * (group / 32);
+    ss = 0.f;
+    for (int k = 0; k < group / 32; ++k) ss += warp_ss[first + k];
+  }
+  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
+#pragma unroll
+  for (int i = 0; i < PIECES; ++i) {
+    const int c = g + group * i;
+    if (!live || c >= n) break;
+    float o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = v[i][j] * inv * wt[i][j];
+    reinterpret_cast<uint4*>(out + row * os)[c] = pack8(o);
+  }
 }
 
 void check_weight(const char* op, const Tensor& weight, int64_t width) {
@@ -102,7 +242,8 @@ bool rows_kernel_fits(const Tensor& x, const Rows& xr, const Tensor& out, const 
 template <class Addend>
 void launch_rows(const Tensor& x, const Rows& xr, Addend y, const Tensor& weight, float eps, const Tensor& out,
                  const Rows& orow) {
-  const int group = norm_group(xr.width, Addend::kMaxGroup);
+  int group = 1;
+  while (group < Addend::kMaxGroup && group < xr.width / 8) group *= 2;
   const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
   const bool one_piece = xr.width <= 8 * int64_t(group);
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
@@ -180,8 +321,10 @@ void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, co
                   routed.weights.data<float>(),
                   int(K),
                   H,
-                  {shared ? shared->data<bf16>() : nullptr, sr.stride,
-                   shared_gate ? shared_gate->data<bf16>() : nullptr, gr.stride}};
+                  shared ? shared->data<bf16>() : nullptr,
+                  sr.stride,
+                  shared_gate ? shared_gate->data<bf16>() : nullptr,
+                  gr.stride};
         launch_rows(residual, xr, y, weight, eps, out, orow);
       };
       if (H <= 8 * 512) launch(MoeAddend<TY, 8, 512>{});
