@@ -1,6 +1,6 @@
 // The fused routing of a decode batch (cuda::moe_route: the router product, a warp a slab and
-// part of K over many blocks, whose last block sums the parts, runs the top-k, then sorts the
-// chosen pairs by expert) against the unfused path it replaces (cuda::linear into F32 logits,
+// part of K, in one cluster of blocks or over many, whose first or last block sums the parts,
+// runs the top-k, then sorts the chosen pairs by expert) against the unfused path it replaces (cuda::linear into F32 logits,
 // cuda::moe_topk, then moe_experts' own sort, align_kernel): ids and weights must be
 // bit-identical in every routing variant, at T = 1, 3 and 8 (and past the fused sizes, where
 // moe_route is that path), with any number of parts a block, over repeated launches (the block
@@ -173,8 +173,9 @@ struct TuningGuard {
   ~TuningGuard() { cuda::set_gemv_tuning(saved); }
 };
 
-// One to eight parts a block (a warp each; the automatic shape has one on an H200): the same
-// ids and weights, every part summed once.
+// The many-block kernel (a tuned route_tasks takes it) with one to eight parts a block (a warp
+// each), against the unfused path: the same ids and weights, every part summed once. The
+// automatic shape (the other tests) is one cluster wherever a case has at most 64 tasks.
 TEST(CudaMoeRoute, PartsPerBlockAgree) {
   MS_REQUIRE_CUDA();
   TuningGuard guard;

@@ -11,12 +11,17 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/mma.h"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 namespace ms::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kChunk = 64;   // k per warp step: 16 per lane of a quad
 constexpr int kSlab = 16;    // output features per mma tile
@@ -209,35 +214,32 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 // stream a GPU runs these products one after another, so one counter a GPU serves them all.
 __device__ unsigned g_route_blocks_done = 0;
 
-// The router's product with its top-k (gemv with a RouteTail), cut into tasks of a warp each:
-// task (slab, first) is what warp `first` of the S warps of gemv_kernel's block for that slab
+// One warp's share of the router's product (the product with its top-k: gemv with a RouteTail),
+// task (slab, first): what warp `first` of the S warps of gemv_kernel's block for that slab
 // computes (chunks first, first + S, ... in that order), so its F32 parts are that warp's, bit
-// for bit. per_block tasks a block (warps past them only join the top-k) spread the weight over
-// as many multiprocessors as there are tasks: Qwen3's router (128 x 2048 BF16, S = 8) is 64
-// blocks of 8 KB where gemv_kernel ran 8 of 64 KB. A warp asks for its first round of weights
-// before pdl_wait (they do not depend on the kernel before, whose tail hides their latency) and
-// L2 for the rest. Parts go to `part` [S][T][E]; the last block to finish sums them in
-// gemv_kernel's order and runs the top-k (route_in_last_block).
-template <bool FP8, int NV>
-__global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail route, float* part, int S, int per_block) {
-  constexpr int U = 4;  // unroll(false), gemv_kernel's U for these rows
-  extern __shared__ float smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int task = blockIdx.x * per_block + warp;
-  const bool streams = warp < per_block && task < p.slabs * S;
-  const int n0 = task / S * kSlab, first = task % S;
+// for bit. start() asks for the first round of weights (into registers) and L2 for the rest:
+// they do not depend on the kernel before, whose tail hides their latency, so it runs before
+// pdl_wait. finish() runs the mmas and writes the parts to `part` [S][T][E].
+template <bool FP8>
+struct RouteTask {
+  static constexpr int U = 4;  // unroll(false), gemv_kernel's U for these rows
+  const GemvParams& p;
+  const int S, n0, first, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const char* W = static_cast<const char*>(p.w.w_one);
-  // This lane's k0 in chunk c (past the last chunk: K, which loads zeros).
-  auto k0_of = [&](int c) { return c < p.chunks ? c * kChunk + q * 16 : p.K; };
   uint32_t a[U][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
-  auto load_round = [&](int c0) {
+
+  __device__ RouteTask(const GemvParams& params, int task, int parts)
+      : p(params), S(parts), n0(task / parts * kSlab), first(task % parts) {}
+  // This lane's k0 in chunk c (past the last chunk: K, which loads zeros).
+  __device__ int k0_of(int c) const { return c < p.chunks ? c * kChunk + q * 16 : p.K; }
+  __device__ void load_round(int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       load_weights<FP8>(p, W, p.w.s_one, n0 + g, k0_of(c0 + u * S), a[u][0]);
       load_weights<FP8>(p, W, p.w.s_one, n0 + g + 8, k0_of(c0 + u * S), a[u][1]);
     }
-  };
-  if (streams) {
+  }
+  __device__ void start() {
     load_round(first);
     const int rest = (p.chunks - first - S * U + S - 1) / S;  // this warp's chunks after its first round
     for (int i = lane; i < rest * kSlab; i += 32) {
@@ -246,9 +248,7 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
         asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (int64_t(n) * p.w.ld + int64_t(c) * kChunk) * (FP8 ? 1 : 2)));
     }
   }
-  pdl_wait();
-  pdl_trigger();
-  if (streams) {
+  __device__ void finish(float* part) {
     const int src = g < p.rows.rows ? (p.in.x_rows ? p.in.x_rows[g] : g) : -1;
     float acc[4] = {};
     for (int c0 = first; c0 < p.chunks; c0 += S * U) {
@@ -278,7 +278,45 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
         if (n < p.N && row < p.rows.rows) out[int64_t(row) * p.N + n] = acc[2 * h + j];
       }
   }
+};
+
+// The router's product with its top-k over many blocks: per_block tasks a block (warps past them
+// only join the top-k) spread the weight over as many multiprocessors as there are tasks: Qwen3's
+// router (128 x 2048 BF16, S = 8) is 64 blocks of 8 KB where gemv_kernel ran 8 of 64 KB. Parts go
+// to `part` in global memory; the last block to finish sums them and runs the top-k
+// (route_in_last_block).
+template <bool FP8, int NV>
+__global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail route, float* part, int S, int per_block) {
+  extern __shared__ float smem[];
+  const int warp = threadIdx.x / 32, task = blockIdx.x * per_block + warp;
+  const bool streams = warp < per_block && task < p.slabs * S;
+  RouteTask<FP8> w(p, task, S);
+  if (streams) w.start();
+  pdl_wait();
+  pdl_trigger();
+  if (streams) w.finish(part);
   route_in_last_block<NV>(route, part, S, p.bias, static_cast<float*>(p.out), &g_route_blocks_done, smem);
+}
+
+// The same as one thread-block cluster (at most 8 blocks, a task a warp): the parts go straight
+// into the first block's shared memory (distributed shared memory), the cluster meets at its
+// hardware barrier, and that block runs the top-k. Where route_kernel's blocks wrote their parts
+// to L2, fenced them, counted themselves at a device counter and the last read them back (round
+// trips in series), this is one barrier. smem: [S][T][E] parts, then route_tail's scratch.
+template <bool FP8, int NV>
+__global__ void __launch_bounds__(256) route_cluster_kernel(GemvParams p, RouteTail route, int S) {
+  extern __shared__ float smem[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int task = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const bool streams = task < p.slabs * S;
+  RouteTask<FP8> w(p, task, S);
+  if (streams) w.start();
+  pdl_wait();
+  pdl_trigger();
+  if (streams) w.finish(cluster.map_shared_rank(smem, 0));
+  cluster.sync();  // every part in the first block's shared memory (release / acquire)
+  if (cluster.block_rank() != 0) return;
+  route_tail<NV, true>(route, smem, S, p.bias, static_cast<float*>(p.out), smem + S * route.tp.T * route.tp.E);
 }
 
 // Whether a warp takes all its chunks in one round of 8 (gemv_kernel's U = 8): when the grid
@@ -312,17 +350,49 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
 
 GemvTuning& tuning();
 
-// The router's launch: a warp for each of the slabs x S tasks, per_block of them a block (as few
-// as fill the multiprocessors, or tuning().route_tasks), with at least a warp a row for the top-k.
-// Shared memory for the top-k's group scores or the sort of the pairs, whichever needs more.
+// Whether the router runs as one cluster (route_cluster_kernel): its tasks fit 8 blocks of at
+// most 8 warps and its parts and scratch 48 KB of shared memory. MOESERVE_ROUTE_CLUSTER=0: never.
+bool route_as_cluster(int tasks, size_t smem) {
+  const char* env = std::getenv("MOESERVE_ROUTE_CLUSTER");
+  return !(env && std::string_view(env) == "0") && tasks <= 64 && smem <= 48 * 1024;
+}
+
+// The router's launch: one cluster where it fits, else a warp for each of the slabs x S tasks,
+// per_block of them a block (as few as fill the multiprocessors, or tuning().route_tasks), with
+// at least a warp a row for the top-k. Shared memory for the top-k's group scores or the sort of
+// the pairs, whichever needs more (after the parts, in a cluster).
 template <bool FP8>
 void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
   MS_CHECK(S <= kRouteMaxParts, "gemv: a routed product in ", S, " parts");
   const int tasks = p.slabs * S, tuned = tuning().route_tasks;
+  auto tail_smem = [&](int warps) {
+    return std::max(size_t(warps) * topk_warp_smem(r.tp), r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
+  };
+  const int cluster = std::min(8, tasks), cluster_warps = std::max((tasks + cluster - 1) / cluster, int(r.tp.T));
+  const size_t cluster_smem = size_t(S) * r.tp.T * r.tp.E * sizeof(float) + tail_smem(cluster_warps);
+  if (!tuned && cluster_warps <= 8 && route_as_cluster(tasks, cluster_smem)) {
+    cudaLaunchAttribute attrs[2] = {};
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = unsigned(cluster), attrs[0].val.clusterDim.y = 1, attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(cluster)), config.blockDim = dim3(unsigned(cluster_warps * 32));
+    config.dynamicSmemBytes = cluster_smem, config.stream = stream();
+    config.attrs = attrs, config.numAttrs = pdl_enabled() ? 2 : 1;
+    auto launch = [&](auto kernel) { MS_CUDA(cudaLaunchKernelEx(&config, kernel, p, r, S)); };
+    switch (r.nv) {
+      case 1: launch(route_cluster_kernel<FP8, 1>); break;
+      case 2: launch(route_cluster_kernel<FP8, 2>); break;
+      case 4: launch(route_cluster_kernel<FP8, 4>); break;
+      case 8: launch(route_cluster_kernel<FP8, 8>); break;
+      default: fail("gemv: a routed product of ", r.nv, " experts a lane");
+    }
+    return;
+  }
   const int per_block = std::min(8, tuned ? tuned : (tasks + sm_count() - 1) / sm_count());
   const int blocks = (tasks + per_block - 1) / per_block, warps = std::max(per_block, int(r.tp.T));
-  const size_t smem = std::max(size_t(warps) * topk_warp_smem(r.tp),
-                               r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
+  const size_t smem = tail_smem(warps);
   Tensor part = scratch(DType::F32, {int64_t(S), r.tp.T, r.tp.E});
   float* pp = part.data<float>();
   const dim3 grid{unsigned(blocks)}, block{unsigned(warps * 32)};

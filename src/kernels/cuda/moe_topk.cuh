@@ -247,36 +247,29 @@ __device__ __forceinline__ void sort_pairs_by_expert(const int32_t* ids, int pai
   }
 }
 
-// Called by every thread of every block of the router's product once its share of the partial
-// sums `part` [parts][T][E] is written (and no block-wide barrier of the kernel follows): the
-// block that finishes last sums each logit's parts in order from 0.f, adds bias[e] (the linear's
-// own; may be null), as the streaming product sums its warps' parts, writes the logits [T, E]
-// (row stride r.tp.ls), runs the top-k of every row, a warp a row, then (r.sort) the sort of the
-// chosen pairs by expert, with smem (warps * topk_warp_smem bytes, and sort_pairs_smem) free for
-// them. `done` counts finished blocks; the last one sets it back to 0, so the next launch (or
-// graph replay) starts from 0 with no memset. parts <= kRouteMaxParts.
 constexpr int kRouteMaxParts = 8;
-template <int NV>
-__device__ __forceinline__ void route_in_last_block(const RouteTail& r, const float* part, int parts,
-                                                    const float* bias, float* logits, unsigned* done, float* smem) {
-  __shared__ bool last;
-  __threadfence();  // this thread's parts visible device-wide before the block counts as done
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
-  __syncthreads();
-  if (!last) return;  // the whole block: the barriers below see every thread
-  __threadfence();  // every other block's parts, counted before, are seen after this
+
+// The router's last step, by one block: each logit's parts [parts][T][E] summed in order from
+// 0.f, plus bias[e] (the linear's own; may be null), as the streaming product sums its warps'
+// parts, written to logits [T, E] (row stride r.tp.ls); the top-k of every row, a warp a row;
+// then (r.sort) the sort of the chosen pairs by expert, with smem (warps * topk_warp_smem bytes,
+// and sort_pairs_smem) free for them. SHARED: the parts are in this block's shared memory (a
+// cluster's leader), else in global memory that other blocks wrote.
+template <int NV, bool SHARED>
+__device__ __forceinline__ void route_tail(const RouteTail& r, const float* part, int parts, const float* bias,
+                                           float* logits, float* smem) {
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32;
   const int64_t T = r.tp.T, E = r.tp.E;
   for (int64_t t = warp; t < T; t += warps) {
-    // Every part of the lane's NV logits requested before the first is added: one L2 round trip.
+    // Every part of the lane's NV logits requested before the first is added: one round trip.
     float v[NV][kRouteMaxParts];
 #pragma unroll
     for (int i = 0; i < NV; ++i)
 #pragma unroll
       for (int s = 0; s < kRouteMaxParts; ++s) {
-        const int64_t e = i * 32 + lane;
-        v[i][s] = s < parts && e < E ? __ldcg(part + (s * T + t) * E + e) : 0.f;  // past L1: other blocks wrote them
+        const int64_t e = i * 32 + lane, at = (s * T + t) * E + e;
+        // Global parts past L1: other blocks wrote them.
+        v[i][s] = s < parts && e < E ? (SHARED ? part[at] : __ldcg(part + at)) : 0.f;
       }
     float x[NV];
 #pragma unroll
@@ -297,6 +290,24 @@ __device__ __forceinline__ void route_in_last_block(const RouteTail& r, const fl
     __syncthreads();  // every row's ids written (a barrier makes this block's writes visible to it)
     sort_pairs_by_expert(r.ids, int(T) * r.tp.C, r.tp.C, 0, r.sort, reinterpret_cast<int32_t*>(smem));
   }
+}
+
+// Called by every thread of every block of the router's product once its share of the partial
+// sums `part` [parts][T][E] is written (and no block-wide barrier of the kernel follows): the
+// block that finishes last runs route_tail. `done` counts finished blocks; the last one sets it
+// back to 0, so the next launch (or graph replay) starts from 0 with no memset. parts <=
+// kRouteMaxParts.
+template <int NV>
+__device__ __forceinline__ void route_in_last_block(const RouteTail& r, const float* part, int parts,
+                                                    const float* bias, float* logits, unsigned* done, float* smem) {
+  __shared__ bool last;
+  __threadfence();  // this thread's parts visible device-wide before the block counts as done
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
+  __syncthreads();
+  if (!last) return;  // the whole block: the barriers below see every thread
+  __threadfence();  // every other block's parts, counted before, are seen after this
+  route_tail<NV, false>(r, part, parts, bias, logits, smem);
   if (threadIdx.x == 0) *done = 0u;
 }
 
