@@ -39,3 +39,24 @@ if [ $PHASE = 2 ]; then
   done
   log done
 fi
+# PHASE=3: the router as one thread-block cluster (MOESERVE_ROUTE_CLUSTER=0: the many-block kernel):
+#   the ceilings, the routing and decode-path tests, B = 1 alternating (three rounds each model),
+#   timelines both ways, the targets' other shapes (B = 64 at 256 keys, 8k prefill), then every
+#   other single-GPU test program while the budget lasts.
+if [ $PHASE = 3 ]; then
+  OFF=off:MOESERVE_ROUTE_CLUSTER=0
+  TESTS=$(gpu_tests_of $SRC)
+  JOBS=16 build_after ms_kernel_trace ms_cuda_ceilings $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  wait
+  for r in 1 2 3; do
+    SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $OFF" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_ROUTE_CLUSTER=0; trace v2lite 1 4096 on
+  SIDES="on" bench_sides qwen3 "64 256 16" "1 8192 2"
+  SIDES="on" bench_sides v2lite "64 256 16" "1 8192 2"
+  for t in $TESTS; do [ $(left) -gt 45 ] && run_gpu_tests /tmp/b $t; done
+  log done
+fi
