@@ -60,3 +60,13 @@ if [ $PHASE = 3 ]; then
   for t in $TESTS; do [ $(left) -gt 45 ] && run_gpu_tests /tmp/b $t; done
   log done
 fi
+# PHASE=4: the final tree's two test programs phase 3 left for want of time (ops, sampling), then
+#   the engine's overlapped decode of one prompt (bench-offline, 16 and 528 new tokens) per model.
+if [ $PHASE = 4 ]; then
+  JOBS=16 build_after test_cuda_ops test_cuda_sampling
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_ops test_cuda_sampling
+  wait
+  for m in qwen3 v2lite; do offline $m 16 on; offline $m 528 on; done
+  log done
+fi
