@@ -280,10 +280,10 @@ struct RouteTask {
   }
 };
 
-// The router's product with its top-k over many blocks: per_block tasks a block (warps past them
-// only join the top-k) spread the weight over as many multiprocessors as there are tasks: Qwen3's
-// router (128 x 2048 BF16, S = 8) is 64 blocks of 8 KB where gemv_kernel ran 8 of 64 KB. Parts go
-// to `part` in global memory; the last block to finish sums them and runs the top-k
+// The router's product with its top-k over many blocks (routers of more than 64 tasks, such as
+// DeepSeek-V3's 256 experts, or a tuned route_tasks): per_block tasks a block (warps past them
+// only join the top-k) spread the weight over as many multiprocessors as there are tasks. Parts
+// go to `part` in global memory; the last block to finish sums them and runs the top-k
 // (route_in_last_block).
 template <bool FP8, int NV>
 __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail route, float* part, int S, int per_block) {

@@ -60,8 +60,9 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 // automatic choice): warps a block (1..8, each takes every warps-th 64-wide chunk of K), blocks_y
 // blocks over a group's 16-feature slabs (grid.y, at most the slab count; each walks every
 // blocks_y-th slab), nt tiles of 8 rows a pass over the weights (1, 2 or 4). The router's product
-// (`route`) keeps its own shape but for route_tasks, the warps that stream a block (1..8; it
-// always takes the automatic split of K, so that its logits stay the unrouted product's). Starts
+// (`route`) keeps its own shape but for route_tasks: set (1..8), the many-block kernel with that
+// many warps streaming a block, instead of one cluster where it fits (it always takes the
+// automatic split of K, so that its logits stay the unrouted product's). Starts
 // as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" says (read once); set_gemv_tuning replaces it for
 // later launches (a captured graph keeps the shape it was captured with). Not for concurrent use:
 // set it while no other thread launches products.
@@ -72,9 +73,10 @@ GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
 
 // With `route` (a dense product into F32, at most 8 rows, route->nv <= kRouteMaxLanes), the
-// product runs as the router's kernel: its work spread a warp a (slab, part of K) over many
-// blocks, the same sums as without `route`, and the block that finishes last adds the parts up
-// and runs the router's top-k over the whole output (moe_topk.cuh).
+// product runs as the router's kernel: its work spread a warp a (slab, part of K) over one
+// cluster of up to 8 blocks (at most 64 tasks) or over many blocks, the same sums as without
+// `route`, and the cluster's first block, or the block that finishes last, adds the parts up and
+// runs the router's top-k over the whole output (moe_topk.cuh).
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
           const GemvOutput& out, bool swiglu, const RouteTail* route = nullptr);
 
