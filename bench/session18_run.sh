@@ -70,3 +70,15 @@ if [ $PHASE = 4 ]; then
   for m in qwen3 v2lite; do offline $m 16 on; offline $m 528 on; done
   log done
 fi
+# PHASE=5 (ran on 0cec9ad, a branch since deleted: BENCHMARKS, session 18, fifth call): the
+#   one-token kernel with each slot's blocks as one cluster (MOESERVE_MOE_ONE_TOKEN=cluster, its
+#   default where a slot has at most 16 slabs: Qwen3; =ring the L2 counter form): its test, then
+#   Qwen3 B = 1 alternating (three rounds), in the device time the session had left.
+if [ $PHASE = 5 ]; then
+  JOBS=16 build_after test_cuda_moe_one_token
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b test_cuda_moe_one_token
+  wait
+  for r in 1 2 3; do SIDES="ring:MOESERVE_MOE_ONE_TOKEN=ring on" bench_sides qwen3 "1 4096 16"; done
+  log done
+fi
