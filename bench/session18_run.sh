@@ -82,3 +82,20 @@ if [ $PHASE = 5 ]; then
   for r in 1 2 3; do SIDES="ring:MOESERVE_MOE_ONE_TOKEN=ring on" bench_sides qwen3 "1 4096 16"; done
   log done
 fi
+# PHASE=6 (for the next session; $SRC = main with bench/gpu_pending.patch applied): GQA decode's
+#   splits as one cluster that merges them (MOESERVE_GQA_CLUSTER_MERGE=16, the patch's default;
+#   8; 0 the merge kernel): the attention and decode-path tests, Qwen3 B = 1 alternating 16 / 0
+#   (three rounds) and 8 once, B = 8 at 4096 both ways, timelines both ways (V2-Lite's MLA is
+#   not affected).
+if [ $PHASE = 6 ]; then
+  OFF=off:MOESERVE_GQA_CLUSTER_MERGE=0
+  JOBS=16 build_after ms_kernel_trace test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+  wait
+  for r in 1 2 3; do SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; done
+  SIDES="c8:MOESERVE_GQA_CLUSTER_MERGE=8" bench_sides qwen3 "1 4096 16"
+  SIDES="$OFF on" bench_sides qwen3 "8 4096 16"
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_GQA_CLUSTER_MERGE=0
+  log done
+fi
