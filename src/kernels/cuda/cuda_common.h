@@ -160,6 +160,21 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, A
   MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// launch_pdl for a grid of thread-block clusters of `cluster` blocks (each grid dimension a
+// multiple of the cluster's); more than 8 blocks need the kernel's non-portable size allowed.
+template <class... Params, class... Args>
+void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = cluster.x, attrs[0].val.clusterDim.y = cluster.y, attrs[0].val.clusterDim.z = cluster.z;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream();
+  config.attrs = attrs, config.numAttrs = pdl_enabled() ? 2 : 1;
+  MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 __device__ __forceinline__ float fp8_to_f(uint8_t byte) {
   __nv_fp8_e4m3 v;
   v.__x = byte;

@@ -371,16 +371,8 @@ void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
   const int cluster = std::min(8, tasks), cluster_warps = std::max((tasks + cluster - 1) / cluster, int(r.tp.T));
   const size_t cluster_smem = size_t(S) * r.tp.T * r.tp.E * sizeof(float) + tail_smem(cluster_warps);
   if (!tuned && cluster_warps <= 8 && route_as_cluster(tasks, cluster_smem)) {
-    cudaLaunchAttribute attrs[2] = {};
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = unsigned(cluster), attrs[0].val.clusterDim.y = 1, attrs[0].val.clusterDim.z = 1;
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(cluster)), config.blockDim = dim3(unsigned(cluster_warps * 32));
-    config.dynamicSmemBytes = cluster_smem, config.stream = stream();
-    config.attrs = attrs, config.numAttrs = pdl_enabled() ? 2 : 1;
-    auto launch = [&](auto kernel) { MS_CUDA(cudaLaunchKernelEx(&config, kernel, p, r, S)); };
+    const dim3 grid{unsigned(cluster)}, block{unsigned(cluster_warps * 32)};
+    auto launch = [&](auto kernel) { launch_pdl_cluster(kernel, grid, grid, block, cluster_smem, p, r, S); };
     switch (r.nv) {
       case 1: launch(route_cluster_kernel<FP8, 1>); break;
       case 2: launch(route_cluster_kernel<FP8, 2>); break;
