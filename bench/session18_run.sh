@@ -89,9 +89,9 @@ fi
 #   not affected).
 if [ $PHASE = 6 ]; then
   OFF=off:MOESERVE_GQA_CLUSTER_MERGE=0
-  JOBS=16 build_after ms_kernel_trace test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+  JOBS=16 build_after ms_kernel_trace test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route
   model qwen3 qwen3-30b-a3b 12 &
-  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route
   wait
   for r in 1 2 3; do SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; done
   SIDES="c8:MOESERVE_GQA_CLUSTER_MERGE=8" bench_sides qwen3 "1 4096 16"
