@@ -1,0 +1,40 @@
+#!/bin/bash
+# Session 19's device calls (bench/BENCHMARKS.md, "Session 19"), run from the repository root on
+# the GPU machine: PHASE picks the call; the source is a snapshot (git archive) carried as $SRC.
+# (The first call ran session18_run.sh's PHASE=6 on main + that session's pending patch.)
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+snapshots_ready $SRC
+
+# The engine's own decode of one 4096-token prompt (bench-offline: overlap scheduling, CUDA
+# graphs), $2 new tokens, label $3, flags after it; the total time in summary.log. Two lengths
+# give the steady step: (T(long) - T(short)) / (long - short).
+offline() {
+  local m=$1 o=$2 tag=$3; shift 3
+  timeout $(( $(left) - 10 )) $B bench-offline --model-path /tmp/$m --device cuda --num-prompts 1 \
+    --random-input-len 4096 --random-output-len $o --random-range-ratio 1 --disable-tqdm \
+    --result-filename $OUT/offline-$tag.jsonl "$@" > $L/offline-$tag-$m-$o.log 2>&1
+  log "offline $tag $m out=$o rc=$? $(grep -E 'duration' $L/offline-$tag-$m-$o.log | tr -s ' ')"
+}
+
+# PHASE=1: the post-attention residual add and norm inside the router's cluster
+#   (MOESERVE_NORM_ROUTE=0 keeps the norm's kernel): the routing and decode-path tests, B = 1
+#   alternating (three rounds each model), timelines both ways, then the engine's overlapped
+#   decode (bench-offline, 16 and 528 new tokens) and the targets' other shapes while time lasts.
+if [ $PHASE = 1 ]; then
+  OFF=off:MOESERVE_NORM_ROUTE=0
+  JOBS=16 build_after ms_kernel_trace test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe test_cuda_moe_one_token
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
+    test_cuda_moe_one_token
+  wait
+  for r in 1 2 3; do
+    SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $OFF" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_NORM_ROUTE=0; trace v2lite 1 4096 on
+  for m in qwen3 v2lite; do offline $m 16 on; offline $m 528 on; done
+  SIDES="on" bench_sides qwen3 "64 256 16"; SIDES="on" bench_sides v2lite "64 256 16"
+  log done
+fi
