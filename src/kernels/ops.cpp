@@ -127,12 +127,6 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
                Tensor& ids, Tensor& weights) {
   MS_DISPATCH(x, moe_route(x, gate, gate_bias, bias, p, ids, weights));
 }
-void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_weight, float eps, bool round_bf16,
-                        Tensor& out, const Weight& gate, const Tensor* gate_bias, const Tensor* bias,
-                        const RouterParams& p, Tensor& ids, Tensor& weights) {
-  MS_DISPATCH(residual, add_rms_norm_route(residual, y, norm_weight, eps, round_bf16, out, gate, gate_bias, bias, p,
-                                           ids, weights));
-}
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
   MS_DISPATCH(x, moe_experts(x, ids, weights, experts, out));
 }

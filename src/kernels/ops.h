@@ -166,12 +166,6 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
 // decode batch runs the top-k inside the router product's kernel.)
 void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
                Tensor& ids, Tensor& weights);
-// A MoE block's entry from the residual stream: add_rms_norm(residual, y, norm_weight, eps, out),
-// out rounded to bf16 when round_bf16 (as bf16 storage would), then moe_route(out, ...), with
-// the same bits. (On the GPU a decode batch runs the add and norm in the router's kernel.)
-void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_weight, float eps, bool round_bf16,
-                        Tensor& out, const Weight& gate, const Tensor* gate_bias, const Tensor* bias,
-                        const RouterParams& p, Tensor& ids, Tensor& weights);
 
 // Routed experts: out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x)) * up_e(x)), e = ids[t, j].
 // Under expert parallelism a rank holds experts [first_expert, first_expert + num_experts()) of

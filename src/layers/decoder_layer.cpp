@@ -9,17 +9,16 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
   Tensor a = std::visit([&](const auto& attn) { return attn.forward(h, layer, ctx); }, attention);
   if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
   h = ctx.empty(hidden.shape());
+  post_attention_norm.add_forward(hidden, a, h);
+  ctx.round(h);
+  const Tensor x = h;
+  h = ctx.empty(hidden.shape());
   const bool local = !ctx.parallel || ffn_mode == FfnMode::Local;
   if (const auto* moe = std::get_if<SparseMoe>(&ffn); moe && local) {
     // Nothing comes between the block's output and the residual add (no reduction), so the
-    // post-attention norm runs with the router and the experts' rows are summed inside the next
-    // norm's kernel: two launches fewer a layer.
-    moe->forward_add_norm(hidden, a, post_attention_norm, ctx, next_norm, h);
+    // experts' rows are summed inside the next norm's kernel: one launch fewer a layer.
+    moe->forward_add_norm(x, ctx, hidden, next_norm, h);
   } else {
-    post_attention_norm.add_forward(hidden, a, h);
-    ctx.round(h);
-    const Tensor x = h;
-    h = ctx.empty(hidden.shape());
     Tensor f;
     if (local) {
       f = feed_forward(x, ctx);

@@ -53,20 +53,17 @@ void SparseMoe::add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& o
   ctx.round(out);
 }
 
-void SparseMoe::routing_outputs(int64_t T, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const {
+void SparseMoe::route_traced(const Tensor& x, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const {
+  const int64_t T = x.size(0);
   ids = ctx.empty({T, router_.columns()}, DType::I32);
   weights = ctx.empty({T, router_.columns()}, DType::F32);
-}
-
-void SparseMoe::trace(const Tensor& ids, const ForwardContext& ctx) {
+  route(x, ids, weights);
   if (ctx.routing_trace) ctx.routing_trace->push_back(ids.to(Device::CPU).clone());
 }
 
 Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
   Tensor ids, weights;
-  routing_outputs(x.size(0), ctx, ids, weights);
-  route(x, ids, weights);
-  trace(ids, ctx);
+  route_traced(x, ctx, ids, weights);
   Tensor out = ctx.empty(x.shape());
   ops::moe_experts(x, ids, weights, w_.experts, out);
   ctx.round(out);
@@ -74,15 +71,10 @@ Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
   return out;
 }
 
-void SparseMoe::forward_add_norm(Tensor& residual, const Tensor& y, const RmsNorm& pre_norm, const ForwardContext& ctx,
-                                 const RmsNorm& next_norm, Tensor& out) const {
-  Tensor x = ctx.empty(residual.shape()), ids, weights;
-  routing_outputs(x.size(0), ctx, ids, weights);
-  const Tensor& gate_bias = w_.gate.bias();
-  ops::add_rms_norm_route(residual, y, pre_norm.weight(), pre_norm.eps(), ctx.bf16_activations, x,
-                          w_.gate.weight(), gate_bias.defined() ? &gate_bias : nullptr,
-                          w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, ids, weights);
-  trace(ids, ctx);
+void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
+                                 Tensor& out) const {
+  Tensor ids, weights;
+  route_traced(x, ctx, ids, weights);
   // The shared expert does not need the routing: launched right after the router, its products
   // fetch their weights while the router's top-k runs (HBM idles there), instead of beside the
   // routed experts' down product, whose bandwidth they shared.
@@ -91,7 +83,7 @@ void SparseMoe::forward_add_norm(Tensor& residual, const Tensor& y, const RmsNor
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
   const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
   ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
-                                ctx.bf16_activations, residual, next_norm.weight(), next_norm.eps(), out);
+                                ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);
 }
 
 }  // namespace ms

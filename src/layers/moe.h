@@ -31,15 +31,12 @@ class SparseMoe {
   SparseMoe(MoeWeights w, ops::RouterParams router);
   // Partial output of this rank's experts (and shard of the shared expert) for tokens x.
   Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
-  // The block from the residual add before it to the norm after it: x = pre_norm(residual +=
-  // y), residual += forward(x), out = next_norm(residual), bit for bit as add_forward, forward
-  // and add_forward give them; but the first add and norm run with the router
-  // (ops::add_rms_norm_route: inside its kernel on the GPU), and the experts' weighted sum (and
-  // the shared expert's add) inside the last norm's kernel (ops::moe_combine_add_rms_norm). Only
-  // where nothing comes between the block's output and the add: a rank holding all of it (no
-  // reduction).
-  void forward_add_norm(Tensor& residual, const Tensor& y, const RmsNorm& pre_norm, const ForwardContext& ctx,
-                        const RmsNorm& next_norm, Tensor& out) const;
+  // residual += forward(x), then out = norm(residual), bit for bit as norm.add_forward after
+  // forward gives them, but with the experts' weighted sum (and the shared expert's add) made
+  // inside the norm's kernel on the GPU (ops::moe_combine_add_rms_norm). Only where nothing
+  // comes between the block's output and the add: a rank holding all of it (no reduction).
+  void forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
+                        Tensor& out) const;
   // All-to-all dispatch (ep == tp): this rank's share of x (rows t with t % group == index)
   // goes to the ranks owning its experts and comes back weighted; returns the rows it owns
   // (others zero) — the attention-TP all-reduce completes them.
@@ -49,9 +46,8 @@ class SparseMoe {
   const ops::RouterParams& router() const { return router_; }
 
  private:
-  // New ids and weights for T tokens; trace() records ids in ctx.routing_trace.
-  void routing_outputs(int64_t T, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const;
-  static void trace(const Tensor& ids, const ForwardContext& ctx);
+  // route() into new ids and weights, recorded in ctx.routing_trace.
+  void route_traced(const Tensor& x, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const;
   void add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& out) const;
   MoeWeights w_;
   ops::RouterParams router_;

@@ -6,9 +6,7 @@
 // moe_route is that path), with any number of parts a block, over repeated launches (the block
 // counter resets itself) and replayed from a captured step with new inputs each time; the sort
 // must be the one align_kernel makes (row order within an expert aside), and a whole MoE layer's
-// output bit-identical, eager and replayed, with one kernel for route, top-k and sort. The
-// residual add and norm before the router, run in its cluster (add_rms_norm_route), against
-// add_rms_norm then moe_route, bit for bit.
+// output bit-identical, eager and replayed, with one kernel for route, top-k and sort.
 // MoeRouteBench prints fused vs unfused microseconds (graphed), routing alone and the whole
 // layer, when MOESERVE_BENCH_ROUTE=1: the routing as the decode step runs it (after the norm
 // that makes its input, launched early), its weight rotated over copies that L2 cannot hold.
@@ -167,104 +165,6 @@ TEST(CudaMoeRoute, MatchesHostReference) {
       EXPECT_LT(rel_error(w.to(Device::CPU), w_ref), 1e-5) << at;
     }
   }
-}
-
-// The residual add and norm before the router in the router's cluster (add_rms_norm_route)
-// against add_rms_norm then moe_route: residual, norm output, ids and weights bit-identical in
-// every routing variant and batch (the cases the cluster does not take run the two ops), over
-// repeated launches, through ops::, and replayed from a captured step. Where the cluster takes
-// it (Qwen3's and V2-Lite's routers at T = 1), one kernel in place of two.
-struct NormInputs {
-  Tensor residual, y, weight;
-};
-NormInputs make_norm_inputs(int64_t T, int64_t H) {
-  Tensor w = randn({H}, 0.2f);
-  for (auto& v : w.span<float>()) v += 1.0f;
-  return {gpu(randn({T, H})), gpu(randn({T, H}, 0.5f)), gpu(w)};
-}
-
-void norm_then_route(const NormInputs& in, const Router& r, const ops::RouterParams& p, Tensor& residual, Tensor& out,
-                     Tensor& ids, Tensor& w) {
-  residual.copy_from(in.residual);
-  cuda::add_rms_norm(residual, in.y, in.weight, 1e-6f, out);
-  cuda::moe_route(out, r.gate, r.gb(), r.cb(), p, ids, w);
-}
-
-TEST(CudaMoeRoute, NormBeforeRouterMatchesTheTwoOps) {
-  MS_REQUIRE_CUDA();
-  std::vector<RouteCase> cases = kCases;
-  // 4096 wide: the norm's 16 warps a row, two in each of the cluster's blocks.
-  cases.push_back({"128 experts, hidden 4096", 128, 4096, router(8, S::Softmax, G::None, 1, 1, true, 1.0f)});
-  for (const auto& c : cases) {
-    const Router r = make_router(c);
-    for (const int64_t T : {1, 2, 3, 4, 8, 9}) {
-      const NormInputs in = make_norm_inputs(T, c.H);
-      const int64_t C = c.p.columns();
-      Tensor res_ref = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA), out_ref = poisoned(DType::BF16, {T, c.H});
-      Tensor ids_ref = poisoned(DType::I32, {T, C}), w_ref = poisoned(DType::F32, {T, C});
-      norm_then_route(in, r, c.p, res_ref, out_ref, ids_ref, w_ref);
-      Tensor res = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
-      for (int rep = 0; rep < 3; ++rep) {
-        res.copy_from(in.residual);
-        Tensor out = poisoned(DType::BF16, {T, c.H}), ids = poisoned(DType::I32, {T, C}), w = poisoned(DType::F32, {T, C});
-        if (rep < 2)
-          cuda::add_rms_norm_route(res, in.y, in.weight, 1e-6f, false, out, r.gate, r.gb(), r.cb(), c.p, ids, w);
-        else
-          ops::add_rms_norm_route(res, in.y, in.weight, 1e-6f, false, out, r.gate, r.gb(), r.cb(), c.p, ids, w);
-        const std::string at = std::string(c.name) + " T=" + std::to_string(T) + " launch " + std::to_string(rep);
-        EXPECT_EQ(bit_mismatches(res, res_ref), 0) << at;
-        EXPECT_EQ(bit_mismatches(out, out_ref), 0) << at;
-        EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << at;
-        EXPECT_EQ(bit_mismatches(w, w_ref), 0) << at;
-      }
-    }
-  }
-  for (const auto& c : {kCases[0], kCases[1]}) {  // the cluster takes these: one kernel
-    const Router r = make_router(c);
-    const NormInputs in = make_norm_inputs(1, c.H);
-    Tensor res = in.residual.clone(), out = poisoned(DType::BF16, {1, c.H});
-    Tensor ids = poisoned(DType::I32, {1, c.p.columns()}), w = poisoned(DType::F32, {1, c.p.columns()});
-    EXPECT_EQ(kernel_nodes([&] {
-                cuda::add_rms_norm_route(res, in.y, in.weight, 1e-6f, false, out, r.gate, r.gb(), r.cb(), c.p, ids, w);
-              }),
-              1)
-        << c.name;
-  }
-}
-
-TEST(CudaMoeRoute, NormBeforeRouterReplayedFromCapturedStep) {
-  MS_REQUIRE_CUDA();
-  for (const auto& c : {kCases[0], kCases[1], kCases[6]})
-    for (const int64_t T : {1, 3}) {
-      const Router r = make_router(c);
-      const int64_t C = c.p.columns();
-      NormInputs in = make_norm_inputs(T, c.H);
-      Tensor res = in.residual.clone(), out = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
-      Tensor ids = Tensor::empty(DType::I32, {T, C}, Device::CUDA), w = Tensor::empty(DType::F32, {T, C}, Device::CUDA);
-      auto body = [&] {
-        cuda::add_rms_norm_route(res, in.y, in.weight, 1e-6f, false, out, r.gate, r.gb(), r.cb(), c.p, ids, w);
-      };
-      body();
-      const StepShape step(T);
-      auto pool = ops::make_graph_pool(Device::CUDA);
-      auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool, body);
-      for (int rep = 0; rep < 3; ++rep) {
-        const NormInputs next = make_norm_inputs(T, c.H);
-        in.y.copy_from(next.y);
-        res.copy_from(next.residual);
-        Tensor res_ref = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA), out_ref = poisoned(DType::BF16, {T, c.H});
-        Tensor ids_ref = poisoned(DType::I32, {T, C}), w_ref = poisoned(DType::F32, {T, C});
-        NormInputs ref_in{next.residual, in.y, in.weight};
-        norm_then_route(ref_in, r, c.p, res_ref, out_ref, ids_ref, w_ref);
-        poison(out), poison(ids), poison(w);
-        graph->replay(step.arrays());
-        const std::string at = std::string(c.name) + " T=" + std::to_string(T) + " replay " + std::to_string(rep);
-        EXPECT_EQ(bit_mismatches(res, res_ref), 0) << at;
-        EXPECT_EQ(bit_mismatches(out, out_ref), 0) << at;
-        EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << at;
-        EXPECT_EQ(bit_mismatches(w, w_ref), 0) << at;
-      }
-    }
 }
 
 // Restores the launch shape a test changed.

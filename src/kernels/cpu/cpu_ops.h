@@ -37,9 +37,6 @@ void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const Attenti
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights);
 void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
                Tensor& ids, Tensor& weights);
-void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_weight, float eps, bool round_bf16,
-                        Tensor& out, const Weight& gate, const Tensor* gate_bias, const Tensor* bias,
-                        const RouterParams& p, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 ops::ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                 const ExpertWeights& experts);

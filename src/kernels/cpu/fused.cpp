@@ -1,5 +1,4 @@
-// CPU forms of the fused ops (residual add + RMSNorm, the same before the router, rope + KV-cache
-// write). They are the
+// CPU forms of the fused ops (residual add + RMSNorm, rope + KV-cache write). They are the
 // separate CPU steps in the order the layers ran them, so a model's CPU numbers (and the fixture
 // comparisons against the reference) do not depend on which form a layer calls.
 #include "core/check.h"
@@ -13,14 +12,6 @@ void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float
            "add_rms_norm: ", residual.describe(), " -> ", out.describe());
   add_inplace(residual, y);
   rms_norm(residual, weight, eps, out);
-}
-
-void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_weight, float eps, bool round_bf16,
-                        Tensor& out, const Weight& gate, const Tensor* gate_bias, const Tensor* bias,
-                        const RouterParams& p, Tensor& ids, Tensor& weights) {
-  add_rms_norm(residual, y, norm_weight, eps, out);
-  if (round_bf16) round_to_bf16(out);
-  cpu::moe_route(out, gate, gate_bias, bias, p, ids, weights);
 }
 
 void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,

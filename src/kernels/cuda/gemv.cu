@@ -79,17 +79,6 @@ __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
-// The same from rows [T][K] in shared memory.
-__device__ __forceinline__ void load_shared_inputs(const bf16* xs, int K, int src, int k0, uint32_t (&x)[8]) {
-  uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-  if (src >= 0 && k0 < K) {
-    const uint4* s = reinterpret_cast<const uint4*>(xs + int64_t(src) * K + k0);
-    lo = s[0];
-    if (k0 + 8 < K) hi = s[1];
-  }
-  x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
-}
-
 // Asks L2 for rows [n0, n0 + 16) of a dense weight (and its SwiGLU twin): one 128-byte line a
 // thread at a time.
 template <bool FP8, int MATS>
@@ -259,19 +248,14 @@ struct RouteTask {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (int64_t(n) * p.w.ld + int64_t(c) * kChunk) * (FP8 ? 1 : 2)));
     }
   }
-  // x_shared: the input rows [T][K] in this block's shared memory (the cluster's norm made them),
-  // else they are read from p.in.
-  __device__ void finish(float* part, const bf16* x_shared = nullptr) {
+  __device__ void finish(float* part) {
     const int src = g < p.rows.rows ? (p.in.x_rows ? p.in.x_rows[g] : g) : -1;
     float acc[4] = {};
     for (int c0 = first; c0 < p.chunks; c0 += S * U) {
       if (c0 != first) load_round(c0);
       uint32_t xs[U][8];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (x_shared) load_shared_inputs(x_shared, p.K, src, k0_of(c0 + u * S), xs[u]);
-        else load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
-      }
+      for (int u = 0; u < U; ++u) load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
       // gemv_kernel's mmas, in its order.
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -314,90 +298,22 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
   route_in_last_block<NV>(route, part, S, p.bias, static_cast<float*>(p.out), &g_route_blocks_done, smem);
 }
 
-// The norm's warps in the router's cluster: rms_norm_rows_kernel gives a row of K columns a group
-// of `group` threads (the smallest power of two with 8 x group >= K, at most 1024), a 16-byte
-// piece a thread; here the group's warps are spread over the cluster's 8 blocks, `warps` of a row
-// in each (0: the norm does not fit these rows and block shape).
-int cluster_norm_warps(int64_t K, int rows, int block_warps) {
-  int group = 1;
-  while (group < 1024 && group < K / 8) group *= 2;
-  const int per_block = group / 32 / 8;
-  const bool fits = K % 8 == 0 && 8 * int64_t(group) >= K && per_block >= 1 && rows * per_block <= block_warps;
-  return fits ? per_block : 0;
-}
-
-// GemvNorm over the cluster: warp w of block b takes row w / per_block's warp j = b x per_block +
-// w % per_block of the norm's group (pieces 32j .. 32j + 31), as warp j of rms_norm_rows_kernel
-// does, and a row's sum of squares adds the group's warp sums in the same order through each
-// block's `warp_ss` [T][8 x per_block]: out's bits are add_rms_norm's. Every block ends with out's
-// rows in its own `xs` [T][K]. The caller has waited at the cluster barrier its blocks arrived
-// at when they started (so every block's shared memory exists before it is written).
-__device__ void cluster_add_norm(const GemvNorm& nm, int T, int K, int per_block, cg::cluster_group& cluster,
-                                 float* warp_ss, bf16* xs) {
-  const int W = 8 * per_block, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int t = warp / per_block, j = int(cluster.block_rank()) * per_block + warp % per_block, c = 32 * j + lane;
-  const bool row = t < T, live = row && c < K / 8;
-  float v[8], wt[8], ss = 0.f;
-  if (live) {
-    uint4* xp = reinterpret_cast<uint4*>(nm.residual + t * nm.rs) + c;
-    unpack8(*xp, v);
-    float add[8];
-    unpack8(reinterpret_cast<const uint4*>(nm.y + t * nm.ys)[c], add);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) add[i] += v[i];
-    const uint4 sum = pack8(add);
-    *xp = sum;
-    unpack8(sum, v);
-    load8(nm.w + c * 8, wt);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-  }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (row && lane == 0)
-    for (int r = 0; r < 8; ++r) cluster.map_shared_rank(warp_ss, r)[t * W + j] = ss;
-  cluster.sync();
-  if (live) {
-    float total = 0.f;
-    for (int k = 0; k < W; ++k) total += warp_ss[t * W + k];
-    const float inv = 1.0f / sqrtf(total / float(K) + nm.eps);
-    float o[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = v[i] * inv * wt[i];
-    const uint4 packed = pack8(o);
-    reinterpret_cast<uint4*>(nm.out + t * nm.os)[c] = packed;
-    for (int r = 0; r < 8; ++r) reinterpret_cast<uint4*>(cluster.map_shared_rank(xs, r) + int64_t(t) * K)[c] = packed;
-  }
-  cluster.sync();  // every block holds all of out's rows
-}
-
 // The same as one thread-block cluster (at most 8 blocks, a task a warp): the parts go straight
 // into the first block's shared memory (distributed shared memory), the cluster meets at its
 // hardware barrier, and that block runs the top-k. Where route_kernel's blocks wrote their parts
 // to L2, fenced them, counted themselves at a device counter and the last read them back (round
 // trips in series), this is one barrier. smem: [S][T][E] parts, then route_tail's scratch.
-// NORM: the cluster (8 blocks) first runs the residual add and norm (cluster_add_norm), whose
-// warp sums and rows follow route_tail's scratch from `norm_at` floats on; the product reads
-// the rows from there, and the norm's kernel and the trip of its rows through L2 are saved.
-template <bool FP8, int NV, bool NORM>
-__global__ void __launch_bounds__(256)
-    route_cluster_kernel(GemvParams p, RouteTail route, int S, GemvNorm norm, int norm_warps, int norm_at) {
+template <bool FP8, int NV>
+__global__ void __launch_bounds__(256) route_cluster_kernel(GemvParams p, RouteTail route, int S) {
   extern __shared__ float smem[];
   cg::cluster_group cluster = cg::this_cluster();
-  if constexpr (NORM) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   const int task = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const bool streams = task < p.slabs * S;
   RouteTask<FP8> w(p, task, S);
   if (streams) w.start();
   pdl_wait();
   pdl_trigger();
-  bf16* xs = nullptr;
-  if constexpr (NORM) {
-    float* warp_ss = smem + norm_at;
-    xs = reinterpret_cast<bf16*>(warp_ss + p.rows.rows * 8 * norm_warps);
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    cluster_add_norm(norm, p.rows.rows, p.K, norm_warps, cluster, warp_ss, xs);
-  }
-  if (streams) w.finish(cluster.map_shared_rank(smem, 0), xs);
+  if (streams) w.finish(cluster.map_shared_rank(smem, 0));
   cluster.sync();  // every part in the first block's shared memory (release / acquire)
   if (cluster.block_rank() != 0) return;
   route_tail<NV, true>(route, smem, S, p.bias, static_cast<float*>(p.out), smem + S * route.tp.T * route.tp.E);
@@ -441,71 +357,34 @@ bool route_as_cluster(int tasks, size_t smem) {
   return !(env && std::string_view(env) == "0") && tasks <= 64 && smem <= 48 * 1024;
 }
 
-// Shared memory the router's top-k needs after the parts (warps a block): its group scores or
-// the sort of the pairs, whichever is larger.
-size_t route_tail_smem(const RouteTail& r, int warps) {
-  return std::max(size_t(warps) * topk_warp_smem(r.tp), r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
-}
-
-// The router as one cluster (route_cluster_kernel), for slabs x S tasks: its blocks, their warps
-// and shared memory, with `norm`, the norm's warps a row a block and where its scratch starts
-// (floats); fits is false where the many-block kernel must run (or, with `norm`, the norm does
-// not fit).
-struct RouteCluster {
-  bool fits;
-  int blocks, warps, norm_warps, norm_at;
-  size_t smem;
-};
-RouteCluster route_cluster(int slabs, int S, int64_t K, const RouteTail& r, bool norm) {
-  const int tasks = slabs * S, T = int(r.tp.T);
-  RouteCluster c{false, std::min(8, tasks), std::max((tasks + 7) / 8, T), 0, 0, 0};
-  const size_t tail_end = size_t(S) * T * r.tp.E * sizeof(float) + route_tail_smem(r, c.warps);
-  c.smem = tail_end;
-  if (norm) {
-    c.norm_warps = c.blocks == 8 ? cluster_norm_warps(K, T, c.warps) : 0;
-    c.norm_at = int((tail_end + 15) / 16 * 4);  // 16-byte aligned
-    c.smem = size_t(c.norm_at) * 4 + size_t(T) * 8 * c.norm_warps * sizeof(float) + size_t(T) * K * 2;
-  }
-  c.fits = !tuning().route_tasks && c.warps <= 8 && route_as_cluster(tasks, c.smem) && (!norm || c.norm_warps > 0);
-  return c;
-}
-
-// Warps a block of the streaming product: four split K, eight when few slabs would leave
-// multiprocessors idle.
-int product_warps(int64_t groups, int slabs, int chunks) { return groups * slabs < 2 * sm_count() && chunks >= 16 ? 8 : 4; }
-
 // The router's launch: one cluster where it fits, else a warp for each of the slabs x S tasks,
 // per_block of them a block (as few as fill the multiprocessors, or tuning().route_tasks), with
 // at least a warp a row for the top-k. Shared memory for the top-k's group scores or the sort of
-// the pairs, whichever needs more (after the parts, in a cluster). `norm` runs in the cluster.
+// the pairs, whichever needs more (after the parts, in a cluster).
 template <bool FP8>
-void launch_routed(const GemvParams& p, const RouteTail& r, int S, const GemvNorm* norm) {
+void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
   MS_CHECK(S <= kRouteMaxParts, "gemv: a routed product in ", S, " parts");
   const int tasks = p.slabs * S, tuned = tuning().route_tasks;
-  const RouteCluster c = route_cluster(p.slabs, S, p.K, r, norm != nullptr);
-  MS_CHECK(!norm || c.fits, "gemv: the router's norm does not fit its cluster (check gemv_route_norm_fits)");
-  if (c.fits) {
-    const dim3 grid{unsigned(c.blocks)}, block{unsigned(c.warps * 32)};
-    const GemvNorm nm = norm ? *norm : GemvNorm{};
-    auto launch = [&](auto kernel) {
-      launch_pdl_cluster(kernel, grid, grid, block, c.smem, p, r, S, nm, c.norm_warps, c.norm_at);
-    };
-    auto pick = [&]<int NV>() {
-      if (norm) launch(route_cluster_kernel<FP8, NV, true>);
-      else launch(route_cluster_kernel<FP8, NV, false>);
-    };
+  auto tail_smem = [&](int warps) {
+    return std::max(size_t(warps) * topk_warp_smem(r.tp), r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
+  };
+  const int cluster = std::min(8, tasks), cluster_warps = std::max((tasks + cluster - 1) / cluster, int(r.tp.T));
+  const size_t cluster_smem = size_t(S) * r.tp.T * r.tp.E * sizeof(float) + tail_smem(cluster_warps);
+  if (!tuned && cluster_warps <= 8 && route_as_cluster(tasks, cluster_smem)) {
+    const dim3 grid{unsigned(cluster)}, block{unsigned(cluster_warps * 32)};
+    auto launch = [&](auto kernel) { launch_pdl_cluster(kernel, grid, grid, block, cluster_smem, p, r, S); };
     switch (r.nv) {
-      case 1: pick.template operator()<1>(); break;
-      case 2: pick.template operator()<2>(); break;
-      case 4: pick.template operator()<4>(); break;
-      case 8: pick.template operator()<8>(); break;
+      case 1: launch(route_cluster_kernel<FP8, 1>); break;
+      case 2: launch(route_cluster_kernel<FP8, 2>); break;
+      case 4: launch(route_cluster_kernel<FP8, 4>); break;
+      case 8: launch(route_cluster_kernel<FP8, 8>); break;
       default: fail("gemv: a routed product of ", r.nv, " experts a lane");
     }
     return;
   }
   const int per_block = std::min(8, tuned ? tuned : (tasks + sm_count() - 1) / sm_count());
   const int blocks = (tasks + per_block - 1) / per_block, warps = std::max(per_block, int(r.tp.T));
-  const size_t smem = route_tail_smem(r, warps);
+  const size_t smem = tail_smem(warps);
   Tensor part = scratch(DType::F32, {int64_t(S), r.tp.T, r.tp.E});
   float* pp = part.data<float>();
   const dim3 grid{unsigned(blocks)}, block{unsigned(warps * 32)};
@@ -555,14 +434,8 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
-bool gemv_route_norm_fits(int64_t N, int64_t K, int rows, const RouteTail& route) {
-  const int slabs = int((N + kSlab - 1) / kSlab), chunks = int((K + kChunk - 1) / kChunk);
-  const int S = product_warps(1, slabs, chunks);
-  return rows >= 1 && rows <= 8 && S <= kRouteMaxParts && route_cluster(slabs, S, K, route, true).fits;
-}
-
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-          const GemvOutput& out, bool swiglu, const RouteTail* route, const GemvNorm* norm) {
+          const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
@@ -573,8 +446,9 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
   int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                         : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
-  // Enough blocks over slabs for several waves, each block walking the rest in turn.
-  int warps = product_warps(rows.expected_groups, p.slabs, p.chunks);
+  // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
+  // over slabs for several waves, each block walking the rest in turn.
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {
@@ -583,13 +457,10 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
              "gemv: a routed product takes a dense F32 output of at most 8 rows");
     // The router's parts are those of gemv_kernel's warps at this automatic shape, so its logits
     // are the unrouted product's (cuda::linear's) bit for bit.
-    MS_CHECK(!norm || (!in.x_rows && in.x == norm->out && in.x_ld == norm->os),
-             "gemv: the router's product must read its norm's output");
-    if (w.fp8) launch_routed<true>(p, *route, warps, norm);
-    else launch_routed<false>(p, *route, warps, norm);
+    if (w.fp8) launch_routed<true>(p, *route, warps);
+    else launch_routed<false>(p, *route, warps);
     return;
   }
-  MS_CHECK(!norm, "gemv: a norm before a product that is not the router's");
   const GemvTuning& tune = tuning();
   if (tune.warps) warps = tune.warps;
   if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));

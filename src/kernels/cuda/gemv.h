@@ -72,31 +72,12 @@ struct GemvTuning {
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
 
-// The residual add and RMSNorm before the router (add_rms_norm_route): residual += y, rounded to
-// bf16, and out = norm(residual) * w, rows [rows, K] of bf16 (each 16-byte aligned), as
-// add_rms_norm computes them bit for bit; the router's product then reads out's rows. Only the
-// router's cluster takes it (gemv_route_norm_fits says when), each block norming a share of the
-// columns; out's rows are the product's input (GemvInput::x must be out).
-struct GemvNorm {
-  __nv_bfloat16* residual;
-  int64_t rs;
-  const __nv_bfloat16* y;
-  int64_t ys;
-  const __nv_bfloat16* w;
-  float eps;
-  __nv_bfloat16* out;
-  int64_t os;
-};
-// Whether gemv's router product of N outputs over K inputs for `rows` rows takes a GemvNorm.
-bool gemv_route_norm_fits(int64_t N, int64_t K, int rows, const RouteTail& route);
-
 // With `route` (a dense product into F32, at most 8 rows, route->nv <= kRouteMaxLanes), the
 // product runs as the router's kernel: its work spread a warp a (slab, part of K) over one
 // cluster of up to 8 blocks (at most 64 tasks) or over many blocks, the same sums as without
 // `route`, and the cluster's first block, or the block that finishes last, adds the parts up and
 // runs the router's top-k over the whole output (moe_topk.cuh).
-// With `norm` as well, that cluster first runs the norm (the caller checks gemv_route_norm_fits).
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-          const GemvOutput& out, bool swiglu, const RouteTail* route = nullptr, const GemvNorm* norm = nullptr);
+          const GemvOutput& out, bool swiglu, const RouteTail* route = nullptr);
 
 }  // namespace ms::cuda

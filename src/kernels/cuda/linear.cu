@@ -86,8 +86,7 @@ GemvWeights gemv_weights(const Weight& w) {
   return gw;
 }
 
-bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route,
-              const GemvNorm* norm) {
+bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
   if (!gemv_takes(xb, w)) return false;
   const GemvWeights gw = gemv_weights(w);
@@ -95,7 +94,7 @@ bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out
   rows.rows = int(T);
   GemvInput in{xb.data<bf16>(), xb.strides()[0]};
   GemvOutput o{out.raw(), out.dtype(), out.strides()[0], bias ? bias->data<float>() : nullptr};
-  gemv(N, K, gw, rows, in, o, false, route, norm);
+  gemv(N, K, gw, rows, in, o, false, route);
   return true;
 }
 
@@ -145,9 +144,8 @@ bool try_fp8_grouped(const Tensor& xb, const Weight& w, const Tensor* bias, Tens
 }
 
 // linear(), and with `route` only its streaming product (returning false, with nothing
-// launched, where linear takes another path), with `norm` run in the router's kernel first.
-bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route,
-                 const GemvNorm* norm) {
+// launched, where linear takes another path).
+bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
   const int64_t T = x.size(0), K = x.size(1), N = w.out_features();
   MS_CHECK(w.in_features() == K, "linear: input has ", K, " features, weight ", w.w.describe());
   MS_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == N, "linear: output ", out.describe(), " for ", T, "x",
@@ -162,7 +160,7 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
   }
   const Fp8Mode mode = fp8_mode();
   const bool fp8_gemm = mode != Fp8Mode::Dequant && fp8_gemm_supported(w);
-  if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out, route, norm)) return true;
+  if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out, route)) return true;
   if (route) return false;
   if (mode == Fp8Mode::Dequant && try_fp8_grouped(xb, w, bias, out)) return true;
   if (fp8_gemm) {
@@ -183,9 +181,7 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
 
 }  // namespace
 
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
-  linear_rows(x, w, bias, out, nullptr, nullptr);
-}
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { linear_rows(x, w, bias, out, nullptr); }
 
 void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act) {
   check_device_tensor(act, {DType::BF16, DType::F32}, "gated_linear", "output");
@@ -200,12 +196,11 @@ void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool ro
   silu_and_mul(gu, act);
 }
 
-bool linear_then_topk(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& logits, const RouteTail& tail,
-                      const GemvNorm* norm) {
+bool linear_then_topk(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& logits, const RouteTail& tail) {
   MS_CHECK(logits.dtype() == DType::F32 && logits.is_contiguous() && tail.tp.T == x.size(0) &&
                tail.tp.E == w.out_features() && tail.tp.ls == w.out_features(),
            "linear_then_topk: logits ", logits.describe(), " for a top-k of ", tail.tp.T, " x ", tail.tp.E);
-  return linear_rows(x, w, bias, logits, &tail, norm);
+  return linear_rows(x, w, bias, logits, &tail);
 }
 
 }  // namespace ms::cuda

@@ -4,13 +4,10 @@
 // expert for moe_experts (moe_grouped.h): one kernel where there were three. Experts:
 // moe_experts.cu.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/moe_grouped.h"
 #include "kernels/cuda/moe_topk.cuh"
 
@@ -88,71 +85,27 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
   MS_CUDA_LAUNCHED("topk_kernel");
 }
 
-namespace {
-
-// The routing of a decode batch in the router product's kernel (product, top-k and the sort of
-// the pairs), after `norm` when given: false, with nothing launched, where that does not apply.
-bool route_in_product(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias,
-                      const RouterParams& p, Tensor& ids, Tensor& weights, const GemvNorm* norm) {
-  const int64_t T = x.size(0), E = gate.out_features();
-  if (T == 0 || T > kFusedRouteMaxTokens || topk_lanes(E) > kRouteMaxLanes) return false;
-  // F32 logits, as the reference computes them (bf16 logits would flip near-tied expert choices).
-  Tensor logits = scratch(DType::F32, {T, E});
-  const TopkParams tp = topk_params(T, E, E, bias, p, ids, weights);
-  // The sort of the pairs by expert, over every expert id the router names (the shared
-  // expert's replicas too), in the same kernel: moe_experts takes it when it holds all of them
-  // (no expert parallelism) instead of launching its own (align_kernel).
-  const int experts = int(E) + p.fused_shared_experts();
-  Permuted perm = permuted_scratch(T * tp.C, experts);
-  const RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts)};
-  if (norm && !gemv_route_norm_fits(E, x.size(1), int(T), tail)) return false;
-  if (!linear_then_topk(x, gate, gate_bias, logits, tail, norm)) return false;
-  keep_routed_pairs(ids, experts, std::move(perm));
-  return true;
-}
-
-// Whether the router's kernel may run the norm before it (MOESERVE_NORM_ROUTE=0: never, for A/B).
-bool norm_in_router() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_NORM_ROUTE");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return on;
-}
-
-// Whether t is [T, H] bf16 with 16-byte aligned, contiguous rows.
-bool bf16_rows(const Tensor& t, int64_t T, int64_t H) {
-  return t.device() == Device::CUDA && t.dtype() == DType::BF16 && t.dim() == 2 && t.size(0) == T &&
-         t.size(1) == H && t.strides()[1] == 1 && t.strides()[0] % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0;
-}
-
-}  // namespace
-
 void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
                Tensor& ids, Tensor& weights) {
+  const int64_t T = x.size(0), E = gate.out_features();
+  // F32 logits, as the reference computes them (bf16 logits would flip near-tied expert choices).
+  Tensor logits = scratch(DType::F32, {T, E});
   drop_routed_pairs();
-  if (route_in_product(x, gate, gate_bias, bias, p, ids, weights, nullptr)) return;
-  Tensor logits = scratch(DType::F32, {x.size(0), gate.out_features()});
+  if (T > 0 && T <= kFusedRouteMaxTokens && topk_lanes(E) <= kRouteMaxLanes) {
+    const TopkParams tp = topk_params(T, E, E, bias, p, ids, weights);
+    // The sort of the pairs by expert, over every expert id the router names (the shared
+    // expert's replicas too), in the same kernel: moe_experts takes it when it holds all of them
+    // (no expert parallelism) instead of launching its own (align_kernel).
+    const int experts = int(E) + p.fused_shared_experts();
+    Permuted perm = permuted_scratch(T * tp.C, experts);
+    const RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts)};
+    if (linear_then_topk(x, gate, gate_bias, logits, tail)) {
+      keep_routed_pairs(ids, experts, std::move(perm));
+      return;
+    }
+  }
   cuda::linear(x, gate, gate_bias, logits);
   cuda::moe_topk(logits, bias, p, ids, weights);
-}
-
-void add_rms_norm_route(Tensor& residual, const Tensor& y, const Tensor& norm_weight, float eps, bool round_bf16,
-                        Tensor& out, const Weight& gate, const Tensor* gate_bias, const Tensor* bias,
-                        const RouterParams& p, Tensor& ids, Tensor& weights) {
-  const int64_t T = residual.dim() == 2 ? residual.size(0) : -1, H = residual.dim() == 2 ? residual.size(1) : -1;
-  if (norm_in_router() && bf16_rows(residual, T, H) && bf16_rows(y, T, H) && bf16_rows(out, T, H) &&
-      norm_weight.dtype() == DType::BF16 && norm_weight.is_contiguous() && norm_weight.numel() == H &&
-      reinterpret_cast<uintptr_t>(norm_weight.raw()) % 16 == 0) {
-    const GemvNorm norm{residual.data<bf16>(), residual.strides()[0], y.data<bf16>(), y.strides()[0],
-                        norm_weight.data<bf16>(), eps, out.data<bf16>(), out.strides()[0]};
-    drop_routed_pairs();
-    if (route_in_product(out, gate, gate_bias, bias, p, ids, weights, &norm)) return;
-  }
-  cuda::add_rms_norm(residual, y, norm_weight, eps, out);
-  if (round_bf16) cuda::round_to_bf16(out);
-  cuda::moe_route(out, gate, gate_bias, bias, p, ids, weights);
 }
 
 }  // namespace ms::cuda

@@ -56,14 +56,11 @@ inline size_t topk_warp_smem(const TopkParams& p) {
 // Shared memory the sort of pairs over E experts needs (counts and cursors), in bytes.
 inline size_t sort_pairs_smem(int E) { return size_t(2) * E * sizeof(int32_t); }
 
-struct GemvNorm;
-
 // linear() of x by the router's weight into F32 logits whose streaming product (the path linear
 // takes for this shape) also runs `tail` in the block that finishes last: true when it did so,
-// false (nothing launched) when linear would take another path. With `norm` (gemv.h), whose
-// output x is, that kernel makes x first. Defined in linear.cu.
+// false (nothing launched) when linear would take another path. Defined in linear.cu.
 bool linear_then_topk(const Tensor& x, const ops::Weight& w, const Tensor* bias, Tensor& logits,
-                      const RouteTail& tail, const GemvNorm* norm = nullptr);
+                      const RouteTail& tail);
 
 #ifdef __CUDACC__
 
