@@ -5,7 +5,9 @@
 // expert, offsets / active / n_active on the device, the SwiGLU pair reading tokens through
 // token_of_row. A few more cases cover dense passes of 20 rows over a ragged N and FP8 blocks.
 // CudaGemv.Bench (MOESERVE_BENCH_GEMV=1) prints microseconds a launch, replayed from graphs of 50,
-// over weights far larger than L2, with the bytes of weight read and the TB/s they make.
+// over weights far larger than L2, with the bytes of weight read and the TB/s they make; with
+// MOESERVE_BENCH_GEMV_HOT=1 as well, the dense products over one copy that stays in L2 (how fast
+// a product whose weight was prefetched could be).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -409,9 +411,9 @@ struct BenchCase {
   Tensor x, out;
   DType out_dtype;
 
-  explicit BenchCase(const GemvShape& shape) : s(shape), rows(rows_of(shape)) {
+  explicit BenchCase(const GemvShape& shape, bool hot) : s(shape), rows(rows_of(shape)) {
     const int64_t matrix = s.N * s.K * 2;
-    const int copies = s.experts ? (s.swiglu ? 2 : 1) : int((150'000'000 + matrix - 1) / matrix);
+    const int copies = s.experts ? (s.swiglu ? 2 : 1) : hot ? 1 : int((150'000'000 + matrix - 1) / matrix);
     for (int i = 0; i < copies; ++i) {
       weights.push_back(Tensor::empty(DType::BF16, {std::max(1, s.experts) * s.N, s.K}, Device::CUDA));
       MS_CUDA(cudaMemsetAsync(weights.back().raw(), 0x3c, weights.back().nbytes(), cuda::stream()));
@@ -478,12 +480,14 @@ TEST(CudaGemv, Bench) {
   const char* env = std::getenv("MOESERVE_BENCH_GEMV");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_GEMV=1 to time the products";
   TuningGuard guard;
+  const char* hot_env = std::getenv("MOESERVE_BENCH_GEMV_HOT");
+  const bool hot = hot_env && std::string(hot_env) == "1";
   std::printf("[bench] gemv: %d SMs; us a launch (graphs of 50), MB of weight a launch, TB/s; tuning "
-              "(warps,blocks_y,nt), 0 = automatic\n",
-              sm_count());
+              "(warps,blocks_y,nt), 0 = automatic%s\n",
+              sm_count(), hot ? "; dense weights hot in L2" : "");
   for (const auto& shape : kShapes) {
-    if (!shape.bench) continue;
-    const BenchCase c(shape);
+    if (!shape.bench || (hot && (shape.experts || shape.N * shape.K * 2 > 30'000'000))) continue;
+    const BenchCase c(shape, hot);
     const double bytes = c.bytes();
     for (const auto& [name, tuning] : variants(shape)) {
       cuda::set_gemv_tuning(tuning);
