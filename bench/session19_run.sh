@@ -49,7 +49,7 @@ gemv_benches() {
   MOESERVE_BENCH_GEMV_HOT=1 MOESERVE_BENCH_GEMV=1 gtest gemv-bench-hot 60 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
 }
 # PHASE=2: how the streaming product asks L2 for its first slab before it waits
-#   (MOESERVE_GEMV_PREFETCH=line, the default; bulk; none): the product's tests, its bench cold in
+#   (MOESERVE_GEMV_PREFETCH=line, the default; bulk, since removed; none): the product's tests, its bench cold in
 #   each mode and hot in L2, the decode-path tests with bulk, B = 1 alternating line / bulk / none
 #   (three rounds each model), timelines of bulk and none.
 if [ $PHASE = 2 ]; then
@@ -66,3 +66,21 @@ if [ $PHASE = 2 ]; then
 fi
 # PHASE=3: phase 2's benches again on its warm machine (their paths were wrong there).
 if [ $PHASE = 3 ]; then gemv_benches; log done; fi
+# PHASE=4: when the norm after a MoE block lets the next layer's q|k|v product launch and
+#   prefetch (MOESERVE_NORM_TRIGGER=early, the default; moe: after its reads; late: every norm),
+#   against no prefetch at all (MOESERVE_GEMV_PREFETCH=none): the norm's and decode-path tests
+#   with moe, B = 1 alternating (three rounds each model), timelines of moe and late.
+if [ $PHASE = 4 ]; then
+  JOBS=16 build_after ms_kernel_trace test_cuda_moe_combine_norm test_cuda_ops test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  export MOESERVE_NORM_TRIGGER=moe
+  run_gpu_tests /tmp/b test_cuda_moe_combine_norm test_cuda_ops test_cuda_fixtures test_cuda_engine_graphs
+  unset MOESERVE_NORM_TRIGGER
+  wait
+  S4="early moe:MOESERVE_NORM_TRIGGER=moe late:MOESERVE_NORM_TRIGGER=late none:MOESERVE_GEMV_PREFETCH=none"
+  for r in 1 2 3; do SIDES="$S4" bench_sides qwen3 "1 4096 16"; SIDES="$S4" bench_sides v2lite "1 4096 16"; done
+  trace qwen3 1 4096 moe MOESERVE_NORM_TRIGGER=moe; trace qwen3 1 4096 late MOESERVE_NORM_TRIGGER=late
+  trace v2lite 1 4096 moe MOESERVE_NORM_TRIGGER=moe; trace v2lite 1 4096 none MOESERVE_GEMV_PREFETCH=none
+  trace v2lite 1 4096 early
+  log done
+fi

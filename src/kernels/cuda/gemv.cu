@@ -40,12 +40,11 @@ struct GemvParams {
   int prefetch;  // how a dense weight's first slab is asked of L2 before pdl_wait (SlabPrefetch)
 };
 
-// How gemv_kernel asks L2 for its first slab of a dense weight before it waits for the kernel
-// before (MOESERVE_GEMV_PREFETCH=none | line | bulk; line by default): not at all, a
-// prefetch.global.L2 a 128-byte line (each a thread's instruction, a hint the memory system
-// may drop when its queues are full), or one cp.async.bulk.prefetch.L2 a row (the copy engine
-// walks the row itself).
-enum SlabPrefetch : int { kPrefetchNone = 0, kPrefetchLine = 1, kPrefetchBulk = 2 };
+// Whether gemv_kernel asks L2 for its first slab of a dense weight before it waits for the
+// kernel before (MOESERVE_GEMV_PREFETCH=none | line; line by default: a prefetch.global.L2 a
+// 128-byte line). One cp.async.bulk.prefetch.L2 a row was measured the same (BENCHMARKS,
+// session 19).
+enum SlabPrefetch : int { kPrefetchNone = 0, kPrefetchLine = 1 };
 
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
 template <bool FP8>
@@ -103,18 +102,6 @@ __device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
   }
 }
 
-// The same rows, a cp.async.bulk.prefetch.L2 a row (rows are 16-byte aligned: gemv_supported).
-template <bool FP8, int MATS>
-__device__ __forceinline__ void bulk_prefetch_slab(const GemvParams& p, int n0) {
-  const uint32_t row_bytes = uint32_t(p.K) * (FP8 ? 1 : 2);
-  const int rows = min(kSlab, p.N - n0);
-  for (int i = threadIdx.x; i < rows * MATS; i += blockDim.x) {
-    const char* w = static_cast<const char*>(i % MATS == 0 ? p.w.w_one : p.w.w2_one) +
-                    int64_t(n0 + i / MATS) * p.w.ld * (FP8 ? 1 : 2);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w), "r"(row_bytes) : "memory");
-  }
-}
-
 template <class TO>
 __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, float v) {
   store_f(static_cast<TO*>(p.out) + int64_t(row) * p.out_ld + n, v);
@@ -134,10 +121,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
   // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
   // the routing of grouped rows). The next kernel may start its own prefetch meanwhile.
-  if (!p.w.w && blockIdx.y < p.slabs) {
-    if (p.prefetch == kPrefetchLine) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
-    else if (p.prefetch == kPrefetchBulk) bulk_prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
-  }
+  if (!p.w.w && blockIdx.y < p.slabs && p.prefetch == kPrefetchLine) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
   pdl_wait();
   pdl_trigger();
   int group = 0;
@@ -377,8 +361,8 @@ int slab_prefetch() {
   static const int mode = [] {
     const char* env = std::getenv("MOESERVE_GEMV_PREFETCH");
     const std::string_view v = env ? env : "line";
-    MS_CHECK(v == "none" || v == "line" || v == "bulk", "MOESERVE_GEMV_PREFETCH=", v, ": expected none, line or bulk");
-    return v == "none" ? kPrefetchNone : v == "bulk" ? kPrefetchBulk : kPrefetchLine;
+    MS_CHECK(v == "none" || v == "line", "MOESERVE_GEMV_PREFETCH=", v, ": expected none or line");
+    return v == "none" ? kPrefetchNone : kPrefetchLine;
   }();
   return mode;
 }
