@@ -66,7 +66,7 @@ if [ $PHASE = 2 ]; then
 fi
 # PHASE=3: phase 2's benches again on its warm machine (their paths were wrong there).
 if [ $PHASE = 3 ]; then gemv_benches; log done; fi
-# PHASE=4: when the norm after a MoE block lets the next layer's q|k|v product launch and
+# PHASE=4 (on d07ae04; the trigger switch was removed after it): when the norm after a MoE block lets the next layer's q|k|v product launch and
 #   prefetch (MOESERVE_NORM_TRIGGER=early, the default; moe: after its reads; late: every norm),
 #   against no prefetch at all (MOESERVE_GEMV_PREFETCH=none): the norm's and decode-path tests
 #   with moe, B = 1 alternating (three rounds each model), timelines of moe and late.
@@ -82,5 +82,23 @@ if [ $PHASE = 4 ]; then
   trace qwen3 1 4096 moe MOESERVE_NORM_TRIGGER=moe; trace qwen3 1 4096 late MOESERVE_NORM_TRIGGER=late
   trace v2lite 1 4096 moe MOESERVE_NORM_TRIGGER=moe; trace v2lite 1 4096 none MOESERVE_GEMV_PREFETCH=none
   trace v2lite 1 4096 early
+  log done
+fi
+# PHASE=5: the final tree (no prefetch by default; MOESERVE_GEMV_PREFETCH=line the old way): the
+#   ceilings, the tests of what the session touched, B = 1 alternating line / default (three
+#   rounds each model), the targets' other shapes, the engine's overlapped decode, a timeline.
+if [ $PHASE = 5 ]; then
+  LINE=line:MOESERVE_GEMV_PREFETCH=line
+  JOBS=16 build_after ms_kernel_trace ms_cuda_ceilings test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_moe_route test_cuda_attention_moe
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route \
+    test_cuda_attention_moe
+  wait
+  for r in 1 2 3; do SIDES="$LINE on" bench_sides qwen3 "1 4096 16"; SIDES="on $LINE" bench_sides v2lite "1 4096 16"; done
+  SIDES="on" bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES="on" bench_sides v2lite "64 256 16" "1 8192 2"
+  for m in qwen3 v2lite; do offline $m 16 on; offline $m 528 on; done
+  trace qwen3 1 4096 on
   log done
 fi

@@ -76,8 +76,8 @@ void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Ten
   Tensor ids, weights;
   route_traced(x, ctx, ids, weights);
   // The shared expert does not need the routing: launched right after the router, its products
-  // fetch their weights while the router's top-k runs (HBM idles there), instead of beside the
-  // routed experts' down product, whose bandwidth they shared.
+  // are resident when the router ends and stream their weights before the routed experts,
+  // instead of beside the routed experts' down product, whose bandwidth they shared.
   Tensor shared, gate;
   if (w_.shared.defined()) shared = w_.shared.forward(x, ctx);
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);

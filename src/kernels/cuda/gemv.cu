@@ -37,14 +37,8 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
-  int prefetch;  // how a dense weight's first slab is asked of L2 before pdl_wait (SlabPrefetch)
+  bool prefetch;  // a dense weight's first slab asked of L2 before pdl_wait (slab_prefetch)
 };
-
-// Whether gemv_kernel asks L2 for its first slab of a dense weight before it waits for the
-// kernel before (MOESERVE_GEMV_PREFETCH=none | line; line by default: a prefetch.global.L2 a
-// 128-byte line). One cp.async.bulk.prefetch.L2 a row was measured the same (BENCHMARKS,
-// session 19).
-enum SlabPrefetch : int { kPrefetchNone = 0, kPrefetchLine = 1 };
 
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
 template <bool FP8>
@@ -118,10 +112,10 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // more occupancy than the round trips did.
   constexpr bool kPrefetchX = NT == 1;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
-  // Launched early (launch_pdl): a dense weight is known before the kernel before this one ends,
-  // so the block asks L2 for its first slab, then waits for that kernel's output (the inputs,
-  // the routing of grouped rows). The next kernel may start its own prefetch meanwhile.
-  if (!p.w.w && blockIdx.y < p.slabs && p.prefetch == kPrefetchLine) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
+  // Launched early (launch_pdl): resident, then waiting for the kernel before's output (the
+  // inputs, the routing of grouped rows); with p.prefetch, asking L2 for its first slab of a
+  // dense weight first. The next kernel may launch meanwhile.
+  if (p.prefetch && !p.w.w && blockIdx.y < p.slabs) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
   pdl_wait();
   pdl_trigger();
   int group = 0;
@@ -357,14 +351,21 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
 
 GemvTuning& tuning();
 
-int slab_prefetch() {
-  static const int mode = [] {
+// Whether a product asks L2 for its first slab of a dense weight before it waits
+// (MOESERVE_GEMV_PREFETCH=line: yes; none, the default: no). Measured at batch 1 (BENCHMARKS,
+// session 19): the prefetch makes the attention's products 0.5-0.8 us faster, but the next
+// layer's q|k|v prefetch (21 MB for Qwen3) queues ahead of the MoE combine + norm's dependent
+// reads before it, which then take 1.7 us more; without any, decode steps were 3 % faster for
+// Qwen3 and 0.5 % for V2-Lite. (Launching q|k|v only once the norm has read its inputs lost:
+// its blocks then start late. One cp.async.bulk.prefetch.L2 a row was no better than lines.)
+bool slab_prefetch() {
+  static const bool on = [] {
     const char* env = std::getenv("MOESERVE_GEMV_PREFETCH");
-    const std::string_view v = env ? env : "line";
+    const std::string_view v = env ? env : "none";
     MS_CHECK(v == "none" || v == "line", "MOESERVE_GEMV_PREFETCH=", v, ": expected none or line");
-    return v == "none" ? kPrefetchNone : kPrefetchLine;
+    return v == "line";
   }();
-  return mode;
+  return on;
 }
 
 // Whether the router runs as one cluster (route_cluster_kernel): its tasks fit 8 blocks of at

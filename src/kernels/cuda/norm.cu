@@ -7,8 +7,6 @@
 // sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
 // write and read of f.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -179,10 +177,10 @@ struct MoeAddend {
 template <class TW, class Addend, int PIECES>
 __global__ void __launch_bounds__(Addend::kMaxGroup)
     rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows, int group,
-                         bf16* out, int64_t os, bool late_trigger) {
+                         bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
-  if (!late_trigger) pdl_trigger();  // the product after a norm may start fetching its weights now
-  pdl_wait();                        // launched early (launch_pdl): x and the addend are the kernels' before
+  pdl_trigger();  // the product after a norm may start fetching its weights now
+  pdl_wait();     // launched early (launch_pdl): x and the addend are the kernels' before
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   const int g = int(threadIdx.x) % group, n = D / 8;
   const bool live = row < rows;  // threads past the last row still join the reductions
@@ -214,9 +212,6 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
     ss = 0.f;
     for (int k = 0; k < group / 32; ++k) ss += warp_ss[first + k];
   }
-  // Late: the product after the norm starts fetching its weights only once this norm's reads are
-  // done, so that its stream does not queue ahead of them.
-  if (late_trigger) pdl_trigger();
   const float inv = 1.0f / sqrtf(ss / float(D) + eps);
 #pragma unroll
   for (int i = 0; i < PIECES; ++i) {
@@ -242,24 +237,11 @@ bool rows_kernel_fits(const Tensor& x, const Rows& xr, const Tensor& out, const 
          wide(weight.raw(), 0);
 }
 
-// When a norm lets the product after it launch (MOESERVE_NORM_TRIGGER): at its start (early,
-// the default), once its reads are done (late), or late only after a MoE block (moe).
-bool late_trigger(bool moe) {
-  static const int mode = [] {
-    const char* env = std::getenv("MOESERVE_NORM_TRIGGER");
-    const std::string_view v = env ? env : "early";
-    MS_CHECK(v == "early" || v == "late" || v == "moe", "MOESERVE_NORM_TRIGGER=", v, ": expected early, late or moe");
-    return v == "early" ? 0 : v == "late" ? 1 : 2;
-  }();
-  return mode == 1 || (mode == 2 && moe);
-}
-
 // rms_norm_rows_kernel over x's rows: a thread a 16-byte piece (threads a row: a power of two),
 // two pieces each past 8192 wide.
 template <class Addend>
 void launch_rows(const Tensor& x, const Rows& xr, Addend y, const Tensor& weight, float eps, const Tensor& out,
                  const Rows& orow) {
-  constexpr bool kMoe = requires { Addend::kBatch; };
   int group = 1;
   while (group < Addend::kMaxGroup && group < xr.width / 8) group *= 2;
   const int block = std::max(group, kNormMinBlock), rows_per_block = block / group;
@@ -267,8 +249,7 @@ void launch_rows(const Tensor& x, const Rows& xr, Addend y, const Tensor& weight
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
     auto kernel = one_piece ? rms_norm_rows_kernel<TW, Addend, 1> : rms_norm_rows_kernel<TW, Addend, kNormPieces>;
     launch_pdl(kernel, dim3(unsigned(blocks_for(xr.n, rows_per_block))), dim3(unsigned(block)), 0, x.data<bf16>(),
-               xr.stride, y, weight.data<TW>(), eps, int(xr.width), xr.n, group, out.data<bf16>(), orow.stride,
-               late_trigger(kMoe));
+               xr.stride, y, weight.data<TW>(), eps, int(xr.width), xr.n, group, out.data<bf16>(), orow.stride);
   });
   MS_CUDA_LAUNCHED("rms_norm_rows_kernel");
 }
