@@ -139,6 +139,17 @@ bench_sides() {
     done
   done
 }
+# The engine's own decode of one 4096-token prompt (bench-offline: overlap scheduling, CUDA
+# graphs), $2 new tokens, label $3, flags after it; the total time in summary.log
+# (the exact durations: output tokens over output_throughput in the result file). Two lengths
+# give the steady step: (T(long) - T(short)) / (long - short).
+offline() {
+  local m=$1 o=$2 tag=$3; shift 3
+  timeout $(( $(left) - 10 )) $B bench-offline --model-path /tmp/$m --device cuda --num-prompts 1 \
+    --random-input-len 4096 --random-output-len $o --random-range-ratio 1 --disable-tqdm \
+    --result-filename $OUT/offline-$tag.jsonl "$@" > $L/offline-$tag-$m-$o.log 2>&1
+  log "offline $tag $m out=$o rc=$? $(grep -E 'duration' $L/offline-$tag-$m-$o.log | tr -s ' ')"
+}
 # Kernel timeline (bench/kernel_trace.cpp: build ms_kernel_trace into /tmp/b) of /tmp/$1's graphed
 # decode at B = $2, $3 keys, label $4, env after it; the median replay laid out in
 # $L/kts-<label>-<model>-<B>.txt (bench/kernel_layer_increments.py reads it), its summary in summary.log.

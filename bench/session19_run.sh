@@ -7,17 +7,6 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# The engine's own decode of one 4096-token prompt (bench-offline: overlap scheduling, CUDA
-# graphs), $2 new tokens, label $3, flags after it; the total time in summary.log. Two lengths
-# give the steady step: (T(long) - T(short)) / (long - short).
-offline() {
-  local m=$1 o=$2 tag=$3; shift 3
-  timeout $(( $(left) - 10 )) $B bench-offline --model-path /tmp/$m --device cuda --num-prompts 1 \
-    --random-input-len 4096 --random-output-len $o --random-range-ratio 1 --disable-tqdm \
-    --result-filename $OUT/offline-$tag.jsonl "$@" > $L/offline-$tag-$m-$o.log 2>&1
-  log "offline $tag $m out=$o rc=$? $(grep -E 'duration' $L/offline-$tag-$m-$o.log | tr -s ' ')"
-}
-
 # PHASE=1: the post-attention residual add and norm inside the router's cluster
 #   (MOESERVE_NORM_ROUTE=0 keeps the norm's kernel): the routing and decode-path tests, B = 1
 #   alternating (three rounds each model), timelines both ways, then the engine's overlapped
