@@ -356,8 +356,9 @@ GemvTuning& tuning();
 // session 19): the prefetch makes the attention's products 0.5-0.8 us faster, but the next
 // layer's q|k|v prefetch (21 MB for Qwen3) queues ahead of the MoE combine + norm's dependent
 // reads before it, which then take 1.7 us more; without any, Qwen3's decode steps were 1.4-3.3 %
-// faster (three calls), V2-Lite's the same within noise. (Launching q|k|v only once the norm has read its inputs lost:
-// its blocks then start late. One cp.async.bulk.prefetch.L2 a row was no better than lines.)
+// faster (three calls), V2-Lite's the same within noise. (Launching q|k|v only once the norm had
+// read its inputs lost: its blocks then start late. One cp.async.bulk.prefetch.L2 a row was no
+// better than lines.)
 bool slab_prefetch() {
   static const bool on = [] {
     const char* env = std::getenv("MOESERVE_GEMV_PREFETCH");
