@@ -93,21 +93,24 @@ if [ $PHASE = 5 ]; then
 fi
 # PHASE=6 (for the next session; $SRC = main with bench/gpu_pending.patch applied): the batch-1
 #   dense products with their weights fetched by the copy engine into shared memory
-#   (gemv_bulk_kernel, MOESERVE_GEMV_BULK=1; off by default): the product's tests (the bulk
-#   variant of every dense BF16 shape) and the decode-path tests with it on, its bench cold and
-#   hot in L2, B = 1 alternating off / on (three rounds each model), timelines both ways.
+#   (gemv_bulk_kernel, MOESERVE_GEMV_BULK=1: copies before pdl_wait; late: after it; off by
+#   default): the product's tests (the bulk variant of every dense BF16 shape) and the decode-path
+#   tests with it on, its bench cold and hot in L2, B = 1 alternating off / 1 / late (three rounds
+#   each model), timelines.
 if [ $PHASE = 6 ]; then
-  ON=bulk:MOESERVE_GEMV_BULK=1
+  ON="bulk:MOESERVE_GEMV_BULK=1 late:MOESERVE_GEMV_BULK=late"
   JOBS=16 build_after ms_kernel_trace test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   run_gpu_tests /tmp/b test_cuda_gemv
   export MOESERVE_GEMV_BULK=1
   run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
   unset MOESERVE_GEMV_BULK
+  MOESERVE_GEMV_BULK=late gtest fixtures-late 120 /tmp/b/tests/test_cuda_fixtures
   MOESERVE_BENCH_GEMV=1 gtest gemv-bench 90 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
   MOESERVE_BENCH_GEMV_HOT=1 MOESERVE_BENCH_GEMV=1 gtest gemv-bench-hot 60 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
   wait
   for r in 1 2 3; do SIDES="off $ON" bench_sides qwen3 "1 4096 16"; SIDES="$ON off" bench_sides v2lite "1 4096 16"; done
-  trace qwen3 1 4096 bulk MOESERVE_GEMV_BULK=1; trace qwen3 1 4096 off; trace v2lite 1 4096 bulk MOESERVE_GEMV_BULK=1
+  trace qwen3 1 4096 bulk MOESERVE_GEMV_BULK=1; trace qwen3 1 4096 late MOESERVE_GEMV_BULK=late
+  trace qwen3 1 4096 off; trace v2lite 1 4096 bulk MOESERVE_GEMV_BULK=1
   log done
 fi
