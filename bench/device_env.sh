@@ -139,6 +139,12 @@ bench_sides() {
     done
   done
 }
+# B = 1 at 4096 keys, three rounds: sides $1 then $2 for /tmp/qwen3, $2 then $1 for /tmp/v2lite
+# (bench_sides' side syntax), so that neither side always runs first.
+alternate_b1() {
+  local r
+  for r in 1 2 3; do SIDES="$1 $2" bench_sides qwen3 "1 4096 16"; SIDES="$2 $1" bench_sides v2lite "1 4096 16"; done
+}
 # The engine's own decode of one 4096-token prompt (bench-offline: overlap scheduling, CUDA
 # graphs), $2 new tokens, label $3, flags after it; the total time in summary.log
 # (the exact durations: output tokens over output_throughput in the result file). Two lengths

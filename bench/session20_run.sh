@@ -51,9 +51,7 @@ if [ $PHASE = 2 ]; then
   run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
     test_cuda_moe_one_token test_cuda_moe_combine_norm
   wait
-  for r in 1 2 3; do
-    SIDES="$OFF on" bench_sides qwen3 "1 4096 16"; SIDES="on $OFF" bench_sides v2lite "1 4096 16"
-  done
+  alternate_b1 "$OFF" on
   trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_NORM_ROUTE=0; trace v2lite 1 4096 on
   trace v2lite 1 4096 off MOESERVE_NORM_ROUTE=0
   for m in qwen3 v2lite; do offline $m 16 on; offline $m 528 on; done
@@ -77,9 +75,7 @@ if [ $PHASE = 3 ]; then
   MOESERVE_BENCH_GEMV_HOT=1 MOESERVE_BENCH_GEMV=1 gtest gemv-bench-hot 60 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
   wait
   [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
-  for r in 1 2 3; do
-    SIDES="before after" bench_sides qwen3 "1 4096 16"; SIDES="after before" bench_sides v2lite "1 4096 16"
-  done
+  alternate_b1 before after
   trace qwen3 1 4096 after; trace v2lite 1 4096 after
   SIDES="before after" bench_sides qwen3 "8 4096 16"; SIDES="after before" bench_sides v2lite "8 4096 16"
   SIDES="after" bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES="after" bench_sides v2lite "64 256 16" "1 8192 2"
