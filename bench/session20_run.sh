@@ -81,24 +81,28 @@ if [ $PHASE = 3 ]; then
   SIDES="after" bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES="after" bench_sides v2lite "64 256 16" "1 8192 2"
   log done
 fi
-# PHASE=4 (for the next session; $SRC = main with bench/gpu_pending.patch applied): the one-token
-#   experts at 48 features a block (Qwen3: 128 blocks, not 96; the default where it fits,
-#   MOESERVE_MOE_ONE_TOKEN=ring the 64-feature ring): the kernel's tests and the decode-path
-#   tests, its bench both ways, B = 1 alternating (three rounds Qwen3, one V2-Lite: its shape
-#   keeps the 64-feature ring), timelines, B = 8.
+# PHASE=4 (for the next session; $SRC = main with bench/gpu_pending.patch applied, $BEFORE_SRC =
+#   main): the one-token experts at 48 features a block (Qwen3: 128 blocks, not 96; the default
+#   where it fits, MOESERVE_MOE_ONE_TOKEN=ring the 64-feature ring) and, for V2-Lite, q_proj and
+#   kv_a_proj as one product (no switch: the tree before is the control). The kernel's tests and
+#   the decode-path tests, the experts bench both ways, B = 1 alternating before / after (three
+#   rounds each model; Qwen3's experts, V2-Lite's projection), Qwen3 with the old ring on the new
+#   tree, timelines, B = 8 and 64, V2-Lite's 8k prefill.
 if [ $PHASE = 4 ]; then
-  RING=ring:MOESERVE_MOE_ONE_TOKEN=ring
-  JOBS=16 build_after ms_kernel_trace test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs \
-    test_cuda_attention_moe
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe test_cuda_mla_absorb
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+  run_gpu_tests /tmp/b test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
+    test_cuda_mla_absorb
   MOESERVE_BENCH_MOE_ONE_TOKEN=1 gtest one-token-bench 60 /tmp/b/tests/test_cuda_moe_one_token --gtest_filter='*Bench*'
   MOESERVE_MOE_ONE_TOKEN=ring MOESERVE_BENCH_MOE_ONE_TOKEN=1 gtest one-token-bench-ring 60 \
     /tmp/b/tests/test_cuda_moe_one_token --gtest_filter='*Bench*'
   wait
-  for r in 1 2 3; do SIDES="$RING on" bench_sides qwen3 "1 4096 16"; done
-  SIDES="on $RING" bench_sides v2lite "1 4096 16"
-  trace qwen3 1 4096 on; trace qwen3 1 4096 ring MOESERVE_MOE_ONE_TOKEN=ring
-  SIDES="$RING on" bench_sides qwen3 "8 4096 16"
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  alternate_b1 before after
+  SIDES="ring:MOESERVE_MOE_ONE_TOKEN=ring after" bench_sides qwen3 "1 4096 16"
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  SIDES="before after" bench_sides qwen3 "8 4096 16"; SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16" "1 8192 2"
   log done
 fi
