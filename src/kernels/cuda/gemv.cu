@@ -370,10 +370,14 @@ bool slab_prefetch() {
 }
 
 // Whether the router runs as one cluster (route_cluster_kernel): its tasks fit 8 blocks of at
-// most 8 warps and its parts and scratch 48 KB of shared memory. MOESERVE_ROUTE_CLUSTER=0: never.
+// most 8 warps and its parts and scratch 48 KB of shared memory. MOESERVE_ROUTE_CLUSTER=0 (read
+// once): never.
 bool route_as_cluster(int tasks, size_t smem) {
-  const char* env = std::getenv("MOESERVE_ROUTE_CLUSTER");
-  return !(env && std::string_view(env) == "0") && tasks <= 64 && smem <= 48 * 1024;
+  static const bool allowed = [] {
+    const char* env = std::getenv("MOESERVE_ROUTE_CLUSTER");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return allowed && tasks <= 64 && smem <= 48 * 1024;
 }
 
 // The router's launch: one cluster where it fits, else a warp for each of the slabs x S tasks,
