@@ -139,6 +139,24 @@ Tensor Tensor::view(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::unflatten(int d, const Shape& sizes) const {
+  if (d < 0) d += dim();
+  int64_t n = 1;
+  for (int64_t v : sizes) n *= v;
+  MS_CHECK(d >= 0 && d < dim() && !sizes.empty() && n == shape_[d], "cannot unflatten dim ", d, " of ", describe(),
+           " into ", shape_str(sizes));
+  Tensor t = *this;
+  t.shape_.erase(t.shape_.begin() + d);
+  t.strides_.erase(t.strides_.begin() + d);
+  int64_t stride = strides_[d];
+  for (size_t i = sizes.size(); i-- > 0;) {
+    t.shape_.insert(t.shape_.begin() + d, sizes[i]);
+    t.strides_.insert(t.strides_.begin() + d, stride);
+    stride *= sizes[i];
+  }
+  return t;
+}
+
 Tensor Tensor::slice(int d, int64_t begin, int64_t end) const {
   if (d < 0) d += dim();
   MS_CHECK(d >= 0 && d < dim() && 0 <= begin && begin <= end && end <= shape_[d],

@@ -58,6 +58,9 @@ class Tensor {
 
   // Views (no copy). `view` needs a contiguous tensor; -1 infers one dimension.
   Tensor view(Shape shape) const;
+  // Dimension d as `sizes` (their product its size), any strides: a column slice of rows can
+  // be viewed as heads, which `view` refuses.
+  Tensor unflatten(int d, const Shape& sizes) const;
   Tensor slice(int d, int64_t begin, int64_t end) const;  // [begin, end) along d
   Tensor select(int64_t index) const;                     // drops dimension 0
   Tensor narrow_rows(int64_t begin, int64_t count) const { return slice(0, begin, begin + count); }

@@ -58,18 +58,20 @@ MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(
   MS_CHECK(w_.kv_b_proj.out_features() == int64_t(d.heads) * (d.qk_nope_head_dim + d.v_head_dim) &&
                w_.kv_b_proj.in_features() == d.kv_lora_rank,
            "MLA: kv_b_proj ", w_.kv_b_proj.weight().w.describe(), " does not match the heads and kv_lora_rank");
-  // q_a_proj and kv_a_proj read the same x: one GEMM where their weights can be one. (Without
-  // q_lora, q_proj's output must be viewed as heads, which a column slice cannot be.)
-  if (w_.q_a_proj.defined()) w_.q_a_kv_a_proj = Linear::concat_rows({&w_.q_a_proj, &w_.kv_a_proj});
-  if (w_.q_a_kv_a_proj.defined()) w_.q_a_proj = w_.kv_a_proj = Linear();
+  // q_a_proj (or q_proj, without q_lora) and kv_a_proj read the same x: one product where their
+  // weights can be one (at batch 1 V2-Lite's kv_a alone was 36 blocks of 16 rows, a launch that
+  // could not keep HBM busy).
+  Linear& q_first = w_.q_a_proj.defined() ? w_.q_a_proj : w_.q_proj;
+  w_.q_kv_a_proj = Linear::concat_rows({&q_first, &w_.kv_a_proj});
+  if (w_.q_kv_a_proj.defined()) q_first = w_.kv_a_proj = Linear();
 }
 
 std::pair<Tensor, Tensor> MlaAttention::project_x(const Tensor& x, const ForwardContext& ctx) const {
-  if (w_.q_a_kv_a_proj.defined()) {
-    Tensor both = w_.q_a_kv_a_proj(x);
+  if (w_.q_kv_a_proj.defined()) {
+    Tensor both = w_.q_kv_a_proj(x);
     ctx.round(both);
-    const int64_t qa = w_.q_b_proj.in_features();
-    return {both.slice(1, 0, qa), both.slice(1, qa, both.size(1))};
+    const int64_t first = both.size(1) - (d_.kv_lora_rank + d_.qk_rope_head_dim);
+    return {both.slice(1, 0, first), both.slice(1, first, both.size(1))};
   }
   Tensor first = w_.q_a_proj.defined() ? w_.q_a_proj(x) : w_.q_proj(x), kv = w_.kv_a_proj(x);
   ctx.round(first), ctx.round(kv);
@@ -105,7 +107,7 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   const int64_t T = x.size(0), H = d_.heads, L = d_.kv_lora_rank, R = d_.qk_rope_head_dim;
   const int nope = d_.qk_nope_head_dim, vdim = d_.v_head_dim;
   auto [first, kv] = project_x(x, ctx);
-  Tensor q = project_q(first, ctx).view({T, H, nope + R});
+  Tensor q = project_q(first, ctx).unflatten(1, {H, nope + R});  // a column slice of the fused product
   // The cached row is the kv_a output with its first L columns normalised and its last R roped.
   ops::mla_rope_store(q, kv, w_.kv_a_norm.weight(), w_.kv_a_norm.eps(), rope_->at(b.positions), b.out_cache_loc,
                       ctx.bf16_activations, ctx.kv.buffer(layer, 0));

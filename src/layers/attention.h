@@ -36,7 +36,7 @@ struct MlaWeights {
   RmsNorm q_a_norm;
   Linear q_proj;              // q_lora_rank == 0 (V2-Lite)
   Linear kv_a_proj;           // [kv_lora + rope, hidden]
-  Linear q_a_kv_a_proj;       // q_a_proj and kv_a_proj in one, made by MlaAttention (both then empty)
+  Linear q_kv_a_proj;         // q_a_proj (or q_proj) and kv_a_proj in one, made by MlaAttention (both then empty)
   RmsNorm kv_a_norm;
   Linear kv_b_proj;           // [heads * (nope + v), kv_lora]
   Linear o_proj;
@@ -53,7 +53,7 @@ class MlaAttention {
   // x [T, hidden] -> [T, hidden]; caches the normalised latent and the roped key (buffer 0).
   Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
   static std::vector<Shape> kv_shapes(const MlaDims& d) { return {{d.kv_lora_rank + d.qk_rope_head_dim}}; }
-  bool fused_projection() const { return w_.q_a_kv_a_proj.defined(); }
+  bool fused_projection() const { return w_.q_kv_a_proj.defined(); }
   // Whether a step runs MLA in the expanded form (ops::mla_prefill_expanded): when it brings at
   // least kExpandedMinTokens queries and expanding its keys (its cached prefix included) costs
   // fewer flops than the absorbed form's wider (query, key) pairs save. Decode and verify steps,

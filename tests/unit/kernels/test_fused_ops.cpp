@@ -174,20 +174,30 @@ TEST(FusedOps, ConcatenatedLinearGivesEachPartsOutput) {
     EXPECT_TRUE(same_bits(y.slice(1, 256, 384), b(x))) << "fp8 " << fp8;
     EXPECT_TRUE(same_bits(y.slice(1, 384, 456), c(x))) << "fp8 " << fp8;
   }
+  // A part viewed as heads in place (as MLA's q without q_lora): strides, not a copy.
+  {
+    Linear a = make_linear(256, K, false, false, 27), b = make_linear(72, K, false, false, 28);
+    Tensor y = Linear::concat_rows({&a, &b})(x);
+    const Tensor heads = y.slice(1, 0, 256).unflatten(1, {2, 128});
+    EXPECT_EQ(heads.shape(), (Shape{T, 2, 128}));
+    EXPECT_EQ(heads.strides(), (Shape{328, 128, 1}));
+    EXPECT_EQ(heads.raw(), y.raw());
+    EXPECT_TRUE(same_bits(heads, a(x).view({T, 2, 128})));
+    EXPECT_THROW(y.slice(1, 0, 256).unflatten(1, {3, 128}), Error);
+  }
   Linear f = make_linear(72, K, true, false, 24), g = make_linear(128, K, true, false, 25);
   EXPECT_FALSE(Linear::concat_rows({&f, &g}).defined()) << "an FP8 boundary inside a scale block";
   Linear h = make_linear(128, K, false, true, 26);
   EXPECT_FALSE(Linear::concat_rows({&g, &h}).defined()) << "FP8 with bf16";
 }
 
-// Every fixture's attention runs one projection GEMM for q (or q_a) and k/v (or kv_a), except
-// MLA without q_lora (DeepSeek-V2-Lite), whose q_proj output is viewed as heads.
+// Every fixture's attention runs one projection GEMM for q (q_a, or q_proj without q_lora) and
+// k/v (or kv_a); V2-Lite's q heads are then a column slice of it (Tensor::unflatten).
 TEST(FusedOps, FixtureAttentionProjectionsAreFused) {
   for (const std::string& name : test::all_fixtures()) {
     auto model = load_model(test::fixture_dir(name));
-    const bool expect = model->config.q_lora_rank > 0 || !model->config.is_deepseek();
     for (const DecoderLayer& layer : model->layers)
-      EXPECT_EQ(std::visit([](const auto& a) { return a.fused_projection(); }, layer.attention), expect) << name;
+      EXPECT_TRUE(std::visit([](const auto& a) { return a.fused_projection(); }, layer.attention)) << name;
   }
 }
 
