@@ -1,0 +1,33 @@
+#!/bin/bash
+# Session 21's device calls (bench/BENCHMARKS.md, "Session 21"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC and
+# $BEFORE_SRC. (The first call ran session20_run.sh's PHASE=4.)
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+snapshots_ready $SRC
+
+# PHASE=1 ($SRC = main, $BEFORE_SRC = main + bench/one_token_clocks.patch): main's every single-GPU
+#   test program and the ceilings; B = 1 alternating main / MOESERVE_GEMV_TUNE=8,0,0 (the batch-1
+#   products at 8 warps a block); the experts kernel's phases in the step (the clocks build, both
+#   models); timelines; B = 8 and 64, the 8k prefills and the engine's overlapped decode.
+if [ $PHASE = 1 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "clocks build failed"; }
+  for m in qwen3 v2lite; do
+    MOESERVE_ONE_TOKEN_CLOCKS=1 timeout 60 /tmp/before/moeserve bench-one-batch --model-path /tmp/$m --device cuda \
+      --batch-size 1 --input-len 4096 --output-len 16 > $L/clocks-$m.log 2>&1
+    log "clocks $m rc=$? $(grep -E 'Decode\.  median' $L/clocks-$m.log)"; grep '\[clocks\]' $L/clocks-$m.log | tail -12 >> $OUT/summary.log
+  done
+  alternate_b1 main w8:MOESERVE_GEMV_TUNE=8,0,0
+  trace qwen3 1 4096 main; trace v2lite 1 4096 main
+  SIDES="main" bench_sides qwen3 "8 4096 16" "64 256 16" "1 8192 2"
+  SIDES="main" bench_sides v2lite "8 4096 16" "64 256 16" "1 8192 2"
+  for m in qwen3 v2lite; do offline $m 16 main; offline $m 528 main; done
+  log done
+fi
