@@ -7,7 +7,9 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# PHASE=1 ($SRC = main, $BEFORE_SRC = main + bench/one_token_clocks.patch): main's every single-GPU
+# PHASE=1 ($SRC = main, $BEFORE_SRC = main + bench/one_token_clocks.patch as of e4a2ea1: the
+#   experts kernel's stamps only, by a device epoch; decode_clocks.patch replaced it. The
+#   MOESERVE_GEMV_TUNE side did not start: bench_sides splits a side's value at its commas): main's every single-GPU
 #   test program and the ceilings; B = 1 alternating main / MOESERVE_GEMV_TUNE=8,0,0 (the batch-1
 #   products at 8 warps a block); the experts kernel's phases in the step (the clocks build, both
 #   models); timelines; B = 8 and 64, the 8k prefills and the engine's overlapped decode.
@@ -29,5 +31,19 @@ if [ $PHASE = 1 ]; then
   SIDES="main" bench_sides qwen3 "8 4096 16" "64 256 16" "1 8192 2"
   SIDES="main" bench_sides v2lite "8 4096 16" "64 256 16" "1 8192 2"
   for m in qwen3 v2lite; do offline $m 16 main; offline $m 528 main; done
+  log done
+fi
+# PHASE=2 ($SRC = main + bench/decode_clocks.patch): the stamps of the batch-1 step's instrumented
+#   kernels (products, router, experts, norms, split merge) in the graphed step of both models, the
+#   per-block rows into $OUT/clocks-<model>.<file>.
+if [ $PHASE = 2 ]; then
+  JOBS=16 build_after
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  wait
+  for m in qwen3 v2lite; do
+    MOESERVE_CLOCKS_FILE=$OUT/clocks-$m timeout 60 $B bench-one-batch --model-path /tmp/$m --device cuda \
+      --batch-size 1 --input-len 4096 --output-len 16 > $L/clocks-$m.log 2>&1
+    log "clocks $m rc=$? $(grep -E 'Decode\.  median' $L/clocks-$m.log)"; grep -c '\[clocks\]' $L/clocks-$m.log >> $OUT/summary.log
+  done
   log done
 fi
