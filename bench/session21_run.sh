@@ -7,12 +7,12 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# PHASE=1 ($SRC = main, $BEFORE_SRC = main + bench/one_token_clocks.patch as of e4a2ea1: the
-#   experts kernel's stamps only, by a device epoch; decode_clocks.patch replaced it. The
-#   MOESERVE_GEMV_TUNE side did not start: bench_sides splits a side's value at its commas): main's every single-GPU
-#   test program and the ceilings; B = 1 alternating main / MOESERVE_GEMV_TUNE=8,0,0 (the batch-1
-#   products at 8 warps a block); the experts kernel's phases in the step (the clocks build, both
-#   models); timelines; B = 8 and 64, the 8k prefills and the engine's overlapped decode.
+# PHASE=1 ($SRC = main; $BEFORE_SRC = main + bench/one_token_clocks.patch as of e4a2ea1, the
+#   experts kernel's stamps only, counted by a device epoch, which decode_clocks.patch replaced):
+#   main's every single-GPU test program and the ceilings; B = 1 alternating main / w8 (meant as
+#   MOESERVE_GEMV_TUNE=8,0,0; it never started: bench_sides splits a side's value at its commas);
+#   the experts kernel's phases in the step (the clocks build, both models); timelines; B = 8 and
+#   64, the 8k prefills and the engine's overlapped decode.
 if [ $PHASE = 1 ]; then
   build_before 5
   JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
@@ -45,5 +45,30 @@ if [ $PHASE = 2 ]; then
       --batch-size 1 --input-len 4096 --output-len 16 > $L/clocks-$m.log 2>&1
     log "clocks $m rc=$? $(grep -E 'Decode\.  median' $L/clocks-$m.log)"; grep -c '\[clocks\]' $L/clocks-$m.log >> $OUT/summary.log
   done
+  log done
+fi
+# PHASE=3 ($SRC = 8a153cd, branch b1-tails, deleted: neither change was kept; $BEFORE_SRC = main):
+#   the router's chosen ids sorted from shared memory (not read back from global memory), and a
+#   dense product's slab split over a cluster of 2 or 4 blocks where that spreads its warps more
+#   evenly (MOESERVE_GEMV_CLUSTER=1 never splits). Their tests, the product's bench (cluster1/2/4
+#   among its variants), B = 1 alternating before / after / after unsplit (three rounds each
+#   model), timelines, B = 8.
+if [ $PHASE = 3 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace test_cuda_gemv test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe test_cuda_moe_one_token test_cuda_fused test_cuda_graphs test_cuda_fp8_gemm
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe test_cuda_moe_one_token test_cuda_fused test_cuda_graphs test_cuda_fp8_gemm
+  MOESERVE_BENCH_GEMV=1 gtest gemv-bench 90 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  for r in 1 2 3; do
+    SIDES="before after unsplit:MOESERVE_GEMV_CLUSTER=1" bench_sides qwen3 "1 4096 16"
+    SIDES="unsplit:MOESERVE_GEMV_CLUSTER=1 after before" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  trace qwen3 1 4096 unsplit MOESERVE_GEMV_CLUSTER=1; trace v2lite 1 4096 unsplit MOESERVE_GEMV_CLUSTER=1
+  SIDES="before after" bench_sides qwen3 "8 4096 16"; SIDES="after before" bench_sides v2lite "8 4096 16"
   log done
 fi
