@@ -35,7 +35,9 @@ if [ $PHASE = 1 ]; then
 fi
 # PHASE=2 ($SRC = main + bench/decode_clocks.patch): the stamps of the batch-1 step's instrumented
 #   kernels (products, router, experts, norms, split merge) in the graphed step of both models, the
-#   per-block rows into $OUT/clocks-<model>.<file>.
+#   per-block rows into $OUT/clocks-<model>.<file>. Ran twice: with the patch of cc8523e, then with
+#   that of the next commit, which adds stamps inside the router's top-k and sort (2: top-k done,
+#   5: the expert counts scanned) and the split merge's (2: loaded and merged, 3: warps met).
 if [ $PHASE = 2 ]; then
   JOBS=16 build_after
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
