@@ -118,7 +118,8 @@ model() {
   ln -sfn $ROOT/.b4/models/$name /tmp/$name
 }
 # bench-one-batch of /tmp/$1 at each "B input output" after it, for each side in $SIDES
-# ("name" or "name:VAR=v,--flag,...": the binary with those variables set and flags added),
+# ("name" or "name:VAR=v,--flag,...": the binary with those variables set and flags added; a
+# value cannot hold a comma, which splits it: export such a variable around the call instead),
 # /tmp/<name>/moeserve where there is one (before: build_before), else $B; results into ${RESULTS:-$OUT}/bench-<name>.jsonl.
 # The caller defines $B, $L and left(), as for model().
 bench_sides() {
