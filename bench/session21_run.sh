@@ -74,3 +74,27 @@ if [ $PHASE = 3 ]; then
   SIDES="before after" bench_sides qwen3 "8 4096 16"; SIDES="after before" bench_sides v2lite "8 4096 16"
   log done
 fi
+# PHASE=4 (for the next session; $SRC = main + bench/gpu_pending.patch, branch l2-stream): the
+#   weights a step streams once read under an evict-first L2 policy, so that they stop flushing
+#   the small kernels' code, parameters and activations from L2 (MOESERVE_L2_STREAM=0: normal).
+#   The kernels' tests (and the fixtures with the normal policy), the gemv bench both ways, B = 1
+#   alternating normal / on (three rounds each model), timelines both ways, B = 8 and 64 both
+#   ways, the 8k prefills.
+if [ $PHASE = 4 ]; then
+  N=normal:MOESERVE_L2_STREAM=0
+  JOBS=16 build_after ms_kernel_trace test_cuda_gemv test_cuda_moe_one_token test_cuda_moe_route test_cuda_fixtures \
+    test_cuda_engine_graphs test_cuda_attention_moe test_cuda_fp8_gemm
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_moe_one_token test_cuda_moe_route test_cuda_fixtures \
+    test_cuda_engine_graphs test_cuda_attention_moe test_cuda_fp8_gemm
+  MOESERVE_L2_STREAM=0 gtest fixtures-normal 120 /tmp/b/tests/test_cuda_fixtures
+  MOESERVE_BENCH_GEMV=1 gtest gemv-bench 90 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
+  MOESERVE_L2_STREAM=0 MOESERVE_BENCH_GEMV=1 gtest gemv-bench-normal 90 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
+  wait
+  alternate_b1 $N on
+  trace qwen3 1 4096 on; trace qwen3 1 4096 normal MOESERVE_L2_STREAM=0
+  trace v2lite 1 4096 on; trace v2lite 1 4096 normal MOESERVE_L2_STREAM=0
+  SIDES="$N on" bench_sides qwen3 "8 4096 16" "64 256 16"; SIDES="on $N" bench_sides v2lite "8 4096 16" "64 256 16"
+  SIDES="on" bench_sides qwen3 "1 8192 2"; SIDES="on" bench_sides v2lite "1 8192 2"
+  log done
+fi
