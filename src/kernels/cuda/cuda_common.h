@@ -41,6 +41,13 @@ bool hopper();
 // kernel before it in the stream finishes, so it can fetch its weights meanwhile; it calls
 // pdl_wait() before it reads anything an earlier kernel wrote. MOESERVE_PDL=0 turns it off.
 bool pdl_enabled();
+// Whether the weights a decode step streams once (the batch-1 products, the router and the
+// experts) are read under an L2 policy that evicts them first. A layer streams more weight than
+// L2 holds (Qwen3-30B-A3B: ~120 MB against 50 MB), which otherwise flushes what the small kernels
+// between the products come back for: their code, their parameters, the activations. Timed
+// inside the step (BENCHMARKS.md, session 21), one warp's top-k of one token took 1.8-2.6 us for
+// a few hundred instructions. MOESERVE_L2_STREAM=0: the normal policy.
+bool weights_evict_first();
 
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
 // dynamic shared-memory limit (cudaFuncSetAttribute) belongs to one device.
@@ -139,6 +146,28 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
                : "memory");
+}
+// An L2 policy for the loads of data read once (weights_evict_first) or of any other.
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t policy;
+  if (evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  else asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+// cp_async16 under an L2 policy (l2_policy).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid, uint64_t policy) {
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
+// A 16-byte read-only load (as __ldg) under an L2 policy.
+__device__ __forceinline__ uint4 ldg16(const void* p, uint64_t policy) {
+  uint4 v;
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
 }
 // Closes the group of copies issued since the last commit (an empty group when none were).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -37,21 +37,22 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
-  bool prefetch;  // a dense weight's first slab asked of L2 before pdl_wait (slab_prefetch)
+  bool prefetch;     // a dense weight's first slab asked of L2 before pdl_wait (slab_prefetch)
+  bool evict_first;  // the weights' L2 policy (weights_evict_first)
 };
 
-// 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K).
+// 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K), read under L2 `policy`.
 template <bool FP8>
 __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W, const float* S, int n, int k0,
-                                             uint32_t (&w)[8]) {
+                                             uint64_t policy, uint32_t (&w)[8]) {
   uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
   if (n < p.N && k0 < p.K) {
     if constexpr (FP8) {
-      lo = __ldg(reinterpret_cast<const uint4*>(W + int64_t(n) * p.w.ld + k0));
+      lo = ldg16(W + int64_t(n) * p.w.ld + k0, policy);
     } else {
       const uint4* src = reinterpret_cast<const uint4*>(W + (int64_t(n) * p.w.ld + k0) * 2);
-      lo = __ldg(src);
-      if (k0 + 8 < p.K) hi = __ldg(src + 1);
+      lo = ldg16(src, policy);
+      if (k0 + 8 < p.K) hi = ldg16(src + 1, policy);
     }
   }
   if constexpr (FP8) {
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   const float* SC[2] = {FP8 ? (p.w.s ? p.w.s[group] : p.w.s_one) : nullptr,
                         FP8 ? (p.w.s2 ? p.w.s2[group] : p.w.s2_one) : nullptr};
   const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const uint64_t policy = l2_policy(p.evict_first);
   for (int pass = r_begin; pass < r_end; pass += NT * 8) {
     // This lane's input row of each tile (B operand column g), -1 past the group's rows.
     int src[NT];
@@ -149,8 +151,8 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
           const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
 #pragma unroll
           for (int m = 0; m < MATS; ++m) {
-            load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, a[u][m][0]);
-            load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, a[u][m][1]);
+            load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, policy, a[u][m][0]);
+            load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
           }
           if constexpr (kPrefetchX)
 #pragma unroll
@@ -228,6 +230,7 @@ struct RouteTask {
   const int S, n0, first, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const char* W = static_cast<const char*>(p.w.w_one);
   uint32_t a[U][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
+  const uint64_t policy = l2_policy(p.evict_first);
 
   __device__ RouteTask(const GemvParams& params, int task, int parts)
       : p(params), S(parts), n0(task / parts * kSlab), first(task % parts) {}
@@ -236,8 +239,8 @@ struct RouteTask {
   __device__ void load_round(int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      load_weights<FP8>(p, W, p.w.s_one, n0 + g, k0_of(c0 + u * S), a[u][0]);
-      load_weights<FP8>(p, W, p.w.s_one, n0 + g + 8, k0_of(c0 + u * S), a[u][1]);
+      load_weights<FP8>(p, W, p.w.s_one, n0 + g, k0_of(c0 + u * S), policy, a[u][0]);
+      load_weights<FP8>(p, W, p.w.s_one, n0 + g + 8, k0_of(c0 + u * S), policy, a[u][1]);
     }
   }
   __device__ void start() {
@@ -463,7 +466,7 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab), slab_prefetch()};
+               int((N + kSlab - 1) / kSlab), slab_prefetch(), weights_evict_first()};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;

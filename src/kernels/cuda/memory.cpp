@@ -307,6 +307,14 @@ bool pdl_enabled() {
   return on;
 }
 
+bool weights_evict_first() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_L2_STREAM");
+    return !env || std::string(env) != "0";
+  }();
+  return on;
+}
+
 void* lt_workspace(size_t bytes) {
   Runtime& r = runtime();
   if (r.workspace_bytes < bytes) {

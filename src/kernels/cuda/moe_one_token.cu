@@ -46,6 +46,7 @@ struct Params {
   int first, E, H, slabs, chunk;
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]
+  bool evict_first;  // the weights' L2 policy (weights_evict_first)
 };
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -157,6 +158,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   if (row < 0 || e < 0 || e >= p.E) return;  // another rank's expert: the slot's every block leaves
   for (int i = threadIdx.x; i < p.H / 8; i += W * 32) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
   const L l(p, e, j);
+  const uint64_t policy = l2_policy(p.evict_first);
   float acc[L::kRows] = {};
   const int chunks = p.H / 256;
   __syncthreads();  // xs
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
     for (int u = 0; u < 2; ++u)
 #pragma unroll
       for (int r = 0; r < L::kRows; ++r)
-        w[u][r] = c0 + u < chunks ? __ldg(reinterpret_cast<const uint4*>(l.w_row[r] + (c0 + u) * 256)) : make_uint4(0, 0, 0, 0);
+        w[u][r] = c0 + u < chunks ? ldg16(l.w_row[r] + (c0 + u) * 256, policy) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < 2; ++u)
       if (c0 + u < chunks) gate_up_piece(w[u], xs[(c0 + u) * 32 + l.lane], acc);
@@ -183,7 +185,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int g = g0 + u * W;
-      w[u] = g < groups ? __ldg(reinterpret_cast<const uint4*>(l.down_row(p, g))) : make_uint4(0, 0, 0, 0);
+      w[u] = g < groups ? ldg16(l.down_row(p, g), policy) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
@@ -213,6 +215,7 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
   uint4* xs = smem;
   uint4* ring = smem + p.H / 8 + threadIdx.x;  // this thread's slots: ring[(stage * kPieces + r) * kThreads]
   const L l(p, e, j);
+  const uint64_t policy = l2_policy(p.evict_first);
   const int chunks = p.H / 256, steps = chunks + p.H / L::kRowsAtOnce / (W * 8);
   auto issue = [&](int t) {
     if (t < steps) {
@@ -220,7 +223,8 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
 #pragma unroll
       for (int r = 0; r < kPieces; ++r)
         cp_async16(stage + r * kThreads,
-                   t < chunks ? l.w_row[r] + t * 256 : l.down_row(p, l.warp + ((t - chunks) * 8 + r) * W), true);
+                   t < chunks ? l.w_row[r] + t * 256 : l.down_row(p, l.warp + ((t - chunks) * 8 + r) * W), true,
+                   policy);
     }
     cp_async_commit();  // empty past the last step, so that every wait counts the same groups
   };
@@ -320,7 +324,7 @@ bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of,
     Tensor part = scratch(DType::F32, {K, slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
              t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-             part.data<float>(), ye.data<float>()};
+             part.data<float>(), ye.data<float>(), weights_evict_first()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return true;
   }
