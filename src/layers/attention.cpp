@@ -19,6 +19,7 @@ GqaAttention::GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int he
   // head slices of one [T, heads + 2 kv heads, D] row.
   w_.qkv_proj = Linear::concat_rows({&w_.q_proj, &w_.k_proj, &w_.v_proj});
   if (w_.qkv_proj.defined()) w_.q_proj = w_.k_proj = w_.v_proj = Linear();
+  w_.o_proj.mark_fetch_early();  // after the split merge, whose reads are L2 hits
 }
 
 Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
@@ -64,6 +65,7 @@ MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(
   Linear& q_first = w_.q_a_proj.defined() ? w_.q_a_proj : w_.q_proj;
   w_.q_kv_a_proj = Linear::concat_rows({&q_first, &w_.kv_a_proj});
   if (w_.q_kv_a_proj.defined()) q_first = w_.kv_a_proj = Linear();
+  w_.o_proj.mark_fetch_early();  // after the split merge or v's expansion, small reads
 }
 
 std::pair<Tensor, Tensor> MlaAttention::project_x(const Tensor& x, const ForwardContext& ctx) const {

@@ -16,6 +16,8 @@ class Linear {
   int64_t out_features() const { return weight_.out_features(); }
   int64_t in_features() const { return weight_.in_features(); }
   bool defined() const { return weight_.w.defined(); }
+  // Marks the weight fetch_early (ops::Weight): the kernel before its product reads little.
+  void mark_fetch_early() { weight_.fetch_early = true; }
 
   // One linear whose output rows are the parts' rows in order (their outputs side by side), for
   // projections of the same input that one GEMM can compute. Undefined when the parts cannot

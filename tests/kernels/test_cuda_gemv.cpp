@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 
@@ -349,6 +350,36 @@ TEST(CudaGemv, EveryLaunchShapeMatchesHostReference) {
       expect_close(c.out, ref, tol, std::string(shape.name) + " " + name + " " + describe(tuning));
     }
   }
+}
+
+// A dense weight marked fetch_early loads its first round before the kernel waits for the one
+// before it (with MOESERVE_GEMV_PREFETCH unset or `marked`): the same loads and sums, so the same
+// bits, in every launch shape.
+TEST(CudaGemv, EarlyFetchGivesTheSameBits) {
+  MS_REQUIRE_CUDA();
+  const char* env = std::getenv("MOESERVE_GEMV_PREFETCH");
+  if (env && std::string(env) != "marked") GTEST_SKIP() << "MOESERVE_GEMV_PREFETCH=" << env << " overrides the mark";
+  TuningGuard guard;
+  int checked = 0;
+  for (const auto& shape : kShapes) {
+    if (timed_only(shape) || shape.experts) continue;
+    Case c(shape);
+    for (const auto& [name, tuning] : variants(shape)) {
+      cuda::set_gemv_tuning(tuning);
+      c.w.fetch_early = false;
+      c.launch();
+      const std::vector<float> plain = c.out.to_vector();
+      c.w.fetch_early = true;
+      MS_CUDA(cudaMemsetAsync(c.out.raw(), 0xff, c.out.nbytes(), cuda::stream()));
+      c.launch();
+      const std::vector<float> early = c.out.to_vector();
+      ASSERT_EQ(plain.size(), early.size());
+      EXPECT_EQ(0, std::memcmp(plain.data(), early.data(), plain.size() * sizeof(float)))
+          << shape.name << " " << name << " " << describe(tuning);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 TEST(CudaGemv, TuningRejectsOutOfRangeValues) {

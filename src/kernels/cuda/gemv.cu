@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <string_view>
+#include <string>
 
 namespace ms::cuda {
 namespace {
@@ -29,6 +29,11 @@ constexpr int kSlab = 16;    // output features per mma tile
 // Chunks a warp loads before its first mma (U of gemv_kernel): a SwiGLU pair loads two weights.
 constexpr int unroll(bool swiglu) { return swiglu ? 2 : 4; }
 
+// What a dense product asks for before it waits for the kernel before it (its weights do not
+// depend on that kernel): nothing, its block's first slab as L2 lines, or its warps' first round
+// of loads straight into registers.
+enum class EarlyFetch : uint8_t { None, Lines, Registers };
+
 struct GemvParams {
   GemvWeights w;
   GemvRows rows;
@@ -37,7 +42,7 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
-  bool prefetch;     // a dense weight's first slab asked of L2 before pdl_wait (slab_prefetch)
+  EarlyFetch early;  // what of a dense weight is asked for before pdl_wait (early_fetch)
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
 };
 
@@ -113,10 +118,31 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // more occupancy than the round trips did.
   constexpr bool kPrefetchX = NT == 1;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
+  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const uint64_t policy = l2_policy(p.evict_first);
+  uint32_t a[U][MATS][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
+  auto load_round = [&](const char* const (&W)[2], const float* const (&SC)[2], int n0, int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
+#pragma unroll
+      for (int m = 0; m < MATS; ++m) {
+        load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, policy, a[u][m][0]);
+        load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
+      }
+    }
+  };
   // Launched early (launch_pdl): resident, then waiting for the kernel before's output (the
-  // inputs, the routing of grouped rows); with p.prefetch, asking L2 for its first slab of a
-  // dense weight first. The next kernel may launch meanwhile.
-  if (p.prefetch && !p.w.w && blockIdx.y < p.slabs) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
+  // inputs, the routing of grouped rows). A dense weight's first slab may be asked for meanwhile
+  // (p.early); the next kernel may launch too.
+  const bool dense_first = !p.w.w && blockIdx.y < p.slabs;
+  bool have_round = dense_first && p.early == EarlyFetch::Registers;
+  if (have_round) {
+    const char* W1[2] = {static_cast<const char*>(p.w.w_one), static_cast<const char*>(p.w.w2_one)};
+    const float* SC1[2] = {p.w.s_one, p.w.s2_one};
+    load_round(W1, SC1, blockIdx.y * kSlab, warp);
+  }
+  if (dense_first && p.early == EarlyFetch::Lines) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
   pdl_wait();
   pdl_trigger();
   int group = 0;
@@ -130,8 +156,6 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
                       static_cast<const char*>(p.w.w2 ? p.w.w2[group] : p.w.w2_one)};
   const float* SC[2] = {FP8 ? (p.w.s ? p.w.s[group] : p.w.s_one) : nullptr,
                         FP8 ? (p.w.s2 ? p.w.s2[group] : p.w.s2_one) : nullptr};
-  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const uint64_t policy = l2_policy(p.evict_first);
   for (int pass = r_begin; pass < r_end; pass += NT * 8) {
     // This lane's input row of each tile (B operand column g), -1 past the group's rows.
     int src[NT];
@@ -144,19 +168,16 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       const int n0 = slab * kSlab;
       float acc[MATS][NT][4] = {};
       for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
-        uint32_t a[U][MATS][2][8];
+        if (!have_round) load_round(W, SC, n0, c0);
+        have_round = false;
         uint32_t xs[kPrefetchX ? U : 1][NT][8];
+        if constexpr (kPrefetchX) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
-#pragma unroll
-          for (int m = 0; m < MATS; ++m) {
-            load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, policy, a[u][m][0]);
-            load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
-          }
-          if constexpr (kPrefetchX)
+          for (int u = 0; u < U; ++u) {
+            const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
 #pragma unroll
             for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
+          }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -354,22 +375,27 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
 
 GemvTuning& tuning();
 
-// Whether a product asks L2 for its first slab of a dense weight before it waits
-// (MOESERVE_GEMV_PREFETCH=line: yes; none, the default: no). Measured at batch 1 (BENCHMARKS,
-// session 19): the prefetch makes the attention's products 0.5-0.8 us faster, but the next
-// layer's q|k|v prefetch (21 MB for Qwen3) queues ahead of the MoE combine + norm's dependent
-// reads before it, which then take 1.7 us more; without any, Qwen3's decode steps were 1.4-3.3 %
-// faster (three calls), V2-Lite's the same within noise. (Launching q|k|v only once the norm had
-// read its inputs lost: its blocks then start late. One cp.async.bulk.prefetch.L2 a row was no
-// better than lines.)
-bool slab_prefetch() {
-  static const bool on = [] {
+// What a dense product asks for before it waits (EarlyFetch), from MOESERVE_GEMV_PREFETCH:
+// `marked` (the default) its first round into registers where the weight is marked fetch_early
+// (GemvWeights), nothing elsewhere; `none`; `line` / `regs`: lines / registers for every dense
+// product. Measured at batch 1 (BENCHMARKS, session 19): an early fetch makes the attention's
+// products 0.5-0.8 us faster, but the next layer's q|k|v fetch (21 MB for Qwen3) queues ahead of
+// the MoE combine + norm's dependent reads before it, which then take 1.7 us more; without any,
+// Qwen3's decode steps were 1.4-3.3 % faster (three calls). So only the products that follow a
+// kernel with little traffic of its own (the attention's output projection) are marked.
+// (Launching q|k|v only once the norm had read its inputs lost: its blocks then start late. One
+// cp.async.bulk.prefetch.L2 a row was no better than lines.)
+EarlyFetch early_fetch(bool marked) {
+  static const std::string mode = [] {
     const char* env = std::getenv("MOESERVE_GEMV_PREFETCH");
-    const std::string_view v = env ? env : "none";
-    MS_CHECK(v == "none" || v == "line", "MOESERVE_GEMV_PREFETCH=", v, ": expected none or line");
-    return v == "line";
+    const std::string v = env ? env : "marked";
+    MS_CHECK(v == "marked" || v == "none" || v == "line" || v == "regs", "MOESERVE_GEMV_PREFETCH=", v,
+             ": expected marked, none, line or regs");
+    return v;
   }();
-  return on;
+  if (mode == "line") return EarlyFetch::Lines;
+  if (mode == "regs" || (mode == "marked" && marked)) return EarlyFetch::Registers;
+  return EarlyFetch::None;
 }
 
 // Whether the router runs as one cluster (route_cluster_kernel): its tasks fit 8 blocks of at
@@ -466,15 +492,18 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab), slab_prefetch(), weights_evict_first()};
+               int((N + kSlab - 1) / kSlab), early_fetch(w.fetch_early), weights_evict_first()};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
   int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                         : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
-  // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
-  // over slabs for several waves, each block walking the rest in turn.
-  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
+  // Four warps split K, eight when few slabs would leave multiprocessors idle, or when eight
+  // take a dense weight's every chunk in one round of loads each (Qwen3's q|k|v, 320 slabs of 32
+  // chunks: 8.6 us against 9.0 with two rounds of four warps); enough blocks over slabs for
+  // several waves, each block walking the rest in turn.
+  const bool one_round_of_8 = !rows.offsets && p.chunks <= 8 * unroll(swiglu) && p.slabs <= 4 * sm_count();
+  int warps = (int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() || one_round_of_8) && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {

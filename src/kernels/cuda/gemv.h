@@ -23,6 +23,7 @@ struct GemvWeights {
   int64_t ld = 0, scale_ld = 0;
   int block_n = 128, block_k = 128;
   bool fp8 = false;
+  bool fetch_early = false;  // a dense weight the product may start loading before it waits (ops::Weight)
 };
 
 // Which rows each group owns. Dense: one group, rows [0, rows). Grouped: group g owns rows

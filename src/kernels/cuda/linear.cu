@@ -77,7 +77,7 @@ bool gemv_takes(const Tensor& xb, const Weight& w) {
 // A dense weight as the streaming product's single group.
 GemvWeights gemv_weights(const Weight& w) {
   GemvWeights gw;
-  gw.w_one = w.w.raw(), gw.ld = w.w.strides()[0], gw.fp8 = w.is_fp8();
+  gw.w_one = w.w.raw(), gw.ld = w.w.strides()[0], gw.fp8 = w.is_fp8(), gw.fetch_early = w.fetch_early;
   if (gw.fp8) {
     check_device_tensor(w.scale_inv, {DType::F32}, "linear", "weight_scale_inv");
     gw.s_one = w.scale_inv.data<float>(), gw.scale_ld = w.scale_inv.strides()[0];

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 22's device calls (bench/BENCHMARKS.md, "Session 22"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC and
+# $BEFORE_SRC. (The first call ran session21_run.sh's PHASE=4.)
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+snapshots_ready $SRC
+
+# PHASE=1 ($SRC = branch early-o; $BEFORE_SRC = main): the attention's output projection loading
+#   its first round of weights into registers before it waits (MOESERVE_GEMV_PREFETCH=marked, the
+#   default; none: nothing early; regs: every dense product) and eight warps for dense products
+#   that eight take in one round (Qwen3's q|k|v). Tests, the gemv bench, B = 1 alternating
+#   before / after / noearly / regs (three rounds each model), timelines, B = 8 and 64.
+if [ $PHASE = 1 ]; then
+  T="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_mla_absorb test_cuda_fused"
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $T
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $T
+  MOESERVE_BENCH_GEMV=1 gtest gemv-bench 90 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Bench*'
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  N=noearly:MOESERVE_GEMV_PREFETCH=none R=regs:MOESERVE_GEMV_PREFETCH=regs
+  for r in 1 2 3; do
+    SIDES="before after $N $R" bench_sides qwen3 "1 4096 16"
+    SIDES="$R $N after before" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  trace qwen3 1 4096 noearly MOESERVE_GEMV_PREFETCH=none; trace v2lite 1 4096 noearly MOESERVE_GEMV_PREFETCH=none
+  SIDES="before after" bench_sides qwen3 "8 4096 16" "64 256 16"; SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
+  log done
+fi
