@@ -32,3 +32,29 @@ if [ $PHASE = 1 ]; then
   SIDES="before after" bench_sides qwen3 "8 4096 16" "64 256 16"; SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
   log done
 fi
+# PHASE=2 ($SRC = branch early-o's second commit; $BEFORE_SRC = main): PHASE=1 showed eight warps
+#   for Qwen3's q|k|v slower in the step (14.4 us against 8.8: 320 blocks of 256 threads at 126
+#   registers are two waves) and the reworked loop slower where nothing is fetched early (V2-Lite's
+#   shared gate|up 10.1 us against 8.0), but the early output projection faster (Qwen3 5.0 us
+#   against 7.7, V2-Lite 2.6 against 6.7). Now: the old warps rule, the old loop where nothing is
+#   fetched early (the early loop a template flag). Tests, B = 1 alternating before / after /
+#   noearly / regs, timelines, B = 8 and 64.
+if [ $PHASE = 2 ]; then
+  T="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_mla_absorb test_cuda_fp8_gemm"
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace $T
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T
+  MOESERVE_GEMV_PREFETCH=regs gtest fixtures-regs 120 /tmp/b/tests/test_cuda_fixtures
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  N=noearly:MOESERVE_GEMV_PREFETCH=none R=regs:MOESERVE_GEMV_PREFETCH=regs
+  for r in 1 2 3; do
+    SIDES="before after $N $R" bench_sides qwen3 "1 4096 16"
+    SIDES="$R $N after before" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  trace qwen3 1 4096 regs MOESERVE_GEMV_PREFETCH=regs; trace v2lite 1 4096 regs MOESERVE_GEMV_PREFETCH=regs
+  SIDES="before after" bench_sides qwen3 "8 4096 16" "64 256 16"; SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
+  log done
+fi

@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
+#include <string_view>
 
 namespace ms::cuda {
 namespace {
@@ -29,11 +29,6 @@ constexpr int kSlab = 16;    // output features per mma tile
 // Chunks a warp loads before its first mma (U of gemv_kernel): a SwiGLU pair loads two weights.
 constexpr int unroll(bool swiglu) { return swiglu ? 2 : 4; }
 
-// What a dense product asks for before it waits for the kernel before it (its weights do not
-// depend on that kernel): nothing, its block's first slab as L2 lines, or its warps' first round
-// of loads straight into registers.
-enum class EarlyFetch : uint8_t { None, Lines, Registers };
-
 struct GemvParams {
   GemvWeights w;
   GemvRows rows;
@@ -42,7 +37,7 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
-  EarlyFetch early;  // what of a dense weight is asked for before pdl_wait (early_fetch)
+  bool early;        // a dense weight's first round loaded before pdl_wait (early_fetch)
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
 };
 
@@ -86,30 +81,32 @@ __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
-// Asks L2 for rows [n0, n0 + 16) of a dense weight (and its SwiGLU twin): one 128-byte line a
-// thread at a time.
-template <bool FP8, int MATS>
-__device__ __forceinline__ void prefetch_slab(const GemvParams& p, int n0) {
-  const int64_t row_bytes = int64_t(p.K) * (FP8 ? 1 : 2), lines = (row_bytes + 127) / 128;
-  const int rows = min(kSlab, p.N - n0);
-  for (int64_t i = threadIdx.x; i < rows * lines; i += blockDim.x) {
-    const int64_t off = int64_t(n0 + i / lines) * p.w.ld * (FP8 ? 1 : 2) + (i % lines) * 128;
-#pragma unroll
-    for (int m = 0; m < MATS; ++m) {
-      const char* w = static_cast<const char*>(m == 0 ? p.w.w_one : p.w.w2_one) + off;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
-    }
-  }
-}
-
 template <class TO>
 __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, float v) {
   store_f(static_cast<TO*>(p.out) + int64_t(row) * p.out_ld + n, v);
 }
 
+// Lane (g, q)'s weights of chunks c0, c0 + S, ... (U of them; zeros past K) of rows n0 + g and
+// n0 + g + 8 of each matrix, into a[u][m][0 / 1].
+template <bool FP8, int U, int MATS>
+__device__ __forceinline__ void load_round(const GemvParams& p, const char* const (&W)[2], const float* const (&SC)[2],
+                                           int n0, int c0, int S, uint64_t policy, uint32_t (&a)[U][MATS][2][8]) {
+  const int g = threadIdx.x % 32 / 4, q = threadIdx.x % 4;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+      load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, policy, a[u][m][0]);
+      load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
+    }
+  }
+}
+
 // NT tiles of 8 rows per pass; U chunks loaded before the first mma (loads in flight per lane:
-// U x MATS x 2 rows x 32 bytes).
-template <bool FP8, class TO, bool SWIGLU, int NT, int U>
+// U x MATS x 2 rows x 32 bytes). EARLY (a dense weight, early_fetch): each warp's first round of
+// its block's first slab is loaded before pdl_wait, as no kernel of the step writes weights.
+template <bool FP8, class TO, bool SWIGLU, int NT, int U, bool EARLY>
 __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
@@ -120,29 +117,18 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
   const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const uint64_t policy = l2_policy(p.evict_first);
-  uint32_t a[U][MATS][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
-  auto load_round = [&](const char* const (&W)[2], const float* const (&SC)[2], int n0, int c0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
-#pragma unroll
-      for (int m = 0; m < MATS; ++m) {
-        load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, policy, a[u][m][0]);
-        load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
-      }
-    }
-  };
   // Launched early (launch_pdl): resident, then waiting for the kernel before's output (the
-  // inputs, the routing of grouped rows). A dense weight's first slab may be asked for meanwhile
-  // (p.early); the next kernel may launch too.
-  const bool dense_first = !p.w.w && blockIdx.y < p.slabs;
-  bool have_round = dense_first && p.early == EarlyFetch::Registers;
-  if (have_round) {
-    const char* W1[2] = {static_cast<const char*>(p.w.w_one), static_cast<const char*>(p.w.w2_one)};
-    const float* SC1[2] = {p.w.s_one, p.w.s2_one};
-    load_round(W1, SC1, blockIdx.y * kSlab, warp);
-  }
-  if (dense_first && p.early == EarlyFetch::Lines) prefetch_slab<FP8, MATS>(p, blockIdx.y * kSlab);
+  // inputs, the routing of grouped rows). The next kernel may launch meanwhile.
+  // EARLY: the round's registers live across the loops below (as one array, not copied: a copy
+  // doubled the registers); loaded here for the first round, in the loop for the others.
+  uint32_t held[EARLY ? U : 1][MATS][2][8];
+  bool have_round = EARLY && blockIdx.y < p.slabs;
+  if constexpr (EARLY)
+    if (have_round) {
+      const char* W1[2] = {static_cast<const char*>(p.w.w_one), static_cast<const char*>(p.w.w2_one)};
+      const float* SC1[2] = {p.w.s_one, p.w.s2_one};
+      load_round<FP8, U, MATS>(p, W1, SC1, blockIdx.y * kSlab, warp, S, policy, held);
+    }
   pdl_wait();
   pdl_trigger();
   int group = 0;
@@ -168,15 +154,34 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       const int n0 = slab * kSlab;
       float acc[MATS][NT][4] = {};
       for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
-        if (!have_round) load_round(W, SC, n0, c0);
-        have_round = false;
+        uint32_t fresh[EARLY ? 1 : U][MATS][2][8];
+        uint32_t(&a)[U][MATS][2][8] = *[&] {
+          if constexpr (EARLY) return &held;
+          else return &fresh;
+        }();
         uint32_t xs[kPrefetchX ? U : 1][NT][8];
-        if constexpr (kPrefetchX) {
+        if constexpr (EARLY) {  // weights (unless loaded before the wait), then the inputs
+          if (!have_round) load_round<FP8, U, MATS>(p, W, SC, n0, c0, S, policy, a);
+          have_round = false;
+          if constexpr (kPrefetchX)
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
+#pragma unroll
+              for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
+            }
+        } else {  // each chunk's weights and inputs together
 #pragma unroll
           for (int u = 0; u < U; ++u) {
             const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
 #pragma unroll
-            for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
+            for (int m = 0; m < MATS; ++m) {
+              load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, policy, a[u][m][0]);
+              load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
+            }
+            if constexpr (kPrefetchX)
+#pragma unroll
+              for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
           }
         }
 #pragma unroll
@@ -360,10 +365,16 @@ void launch(const GemvParams& p, dim3 grid, int warps) {
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
   if constexpr (!FP8 && !SWIGLU && NT == 1)
     if (one_round(p, grid, warps)) {
-      launch_pdl(gemv_kernel<FP8, TO, false, 1, 8>, grid, dim3(warps * 32), smem, p);
+      if (p.early) launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, true>, grid, dim3(warps * 32), smem, p);
+      else launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, false>, grid, dim3(warps * 32), smem, p);
       return;
     }
-  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U>, grid, dim3(warps * 32), smem, p);
+  if constexpr (NT == 1)
+    if (p.early) {
+      launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, true>, grid, dim3(warps * 32), smem, p);
+      return;
+    }
+  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, false>, grid, dim3(warps * 32), smem, p);
 }
 
 template <bool FP8, class TO, bool SWIGLU>
@@ -375,27 +386,24 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
 
 GemvTuning& tuning();
 
-// What a dense product asks for before it waits (EarlyFetch), from MOESERVE_GEMV_PREFETCH:
-// `marked` (the default) its first round into registers where the weight is marked fetch_early
-// (GemvWeights), nothing elsewhere; `none`; `line` / `regs`: lines / registers for every dense
-// product. Measured at batch 1 (BENCHMARKS, session 19): an early fetch makes the attention's
-// products 0.5-0.8 us faster, but the next layer's q|k|v fetch (21 MB for Qwen3) queues ahead of
-// the MoE combine + norm's dependent reads before it, which then take 1.7 us more; without any,
-// Qwen3's decode steps were 1.4-3.3 % faster (three calls). So only the products that follow a
-// kernel with little traffic of its own (the attention's output projection) are marked.
-// (Launching q|k|v only once the norm had read its inputs lost: its blocks then start late. One
-// cp.async.bulk.prefetch.L2 a row was no better than lines.)
-EarlyFetch early_fetch(bool marked) {
-  static const std::string mode = [] {
+// Whether a dense product loads its first round of weights before it waits (gemv_kernel's
+// EARLY), from MOESERVE_GEMV_PREFETCH: `marked` (the default) where the weight is marked
+// fetch_early (GemvWeights), `none`, or `regs`: every dense product of at most 8 rows. At batch 1
+// an early fetch speeds up the attention's output projection (BENCHMARKS, session 22), but the
+// next layer's q|k|v fetching early (21 MB for Qwen3) queues ahead of the MoE combine + norm's
+// dependent reads before it (session 19, where the fetch was an L2 prefetch: that norm took 1.7
+// us more, and the steps were 1.4-3.3 % slower with it). So only the products that follow a
+// kernel with little traffic of its own are marked. (Launching q|k|v only once the norm had read
+// its inputs lost: its blocks then start late.)
+bool early_fetch(bool marked) {
+  static const int mode = [] {
     const char* env = std::getenv("MOESERVE_GEMV_PREFETCH");
-    const std::string v = env ? env : "marked";
-    MS_CHECK(v == "marked" || v == "none" || v == "line" || v == "regs", "MOESERVE_GEMV_PREFETCH=", v,
-             ": expected marked, none, line or regs");
-    return v;
+    const std::string_view v = env ? env : "marked";
+    MS_CHECK(v == "marked" || v == "none" || v == "regs", "MOESERVE_GEMV_PREFETCH=", v,
+             ": expected marked, none or regs");
+    return v == "none" ? 0 : v == "marked" ? 1 : 2;
   }();
-  if (mode == "line") return EarlyFetch::Lines;
-  if (mode == "regs" || (mode == "marked" && marked)) return EarlyFetch::Registers;
-  return EarlyFetch::None;
+  return mode == 2 || (mode == 1 && marked);
 }
 
 // Whether the router runs as one cluster (route_cluster_kernel): its tasks fit 8 blocks of at
@@ -492,18 +500,15 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab), early_fetch(w.fetch_early), weights_evict_first()};
+               int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
   int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                         : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
-  // Four warps split K, eight when few slabs would leave multiprocessors idle, or when eight
-  // take a dense weight's every chunk in one round of loads each (Qwen3's q|k|v, 320 slabs of 32
-  // chunks: 8.6 us against 9.0 with two rounds of four warps); enough blocks over slabs for
-  // several waves, each block walking the rest in turn.
-  const bool one_round_of_8 = !rows.offsets && p.chunks <= 8 * unroll(swiglu) && p.slabs <= 4 * sm_count();
-  int warps = (int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() || one_round_of_8) && p.chunks >= 16 ? 8 : 4;
+  // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
+  // over slabs for several waves, each block walking the rest in turn.
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {

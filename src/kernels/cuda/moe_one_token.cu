@@ -17,8 +17,9 @@
 // The kernel lets the next one start (PDL) only once its partials are stored. Earlier would be
 // safe too (that launch waits until every block here has triggered, so is resident), but the
 // norm after this kernel triggers at once and the next layer's q|k|v product then launches, and
-// with MOESERVE_GEMV_PREFETCH=line prefetches its weights while these stream (BENCHMARKS, session
-// 17: with that, this kernel's share of a Qwen3 layer was 27.7 us against 25.3).
+// when it fetches early (MOESERVE_GEMV_PREFETCH=regs; in session 17 an L2 prefetch) its weights
+// stream while these do (BENCHMARKS, session 17: this kernel's share of a Qwen3 layer was 27.7 us
+// against 25.3).
 #include "kernels/cuda/moe_grouped.h"
 
 #include <cstdlib>
