@@ -58,3 +58,23 @@ if [ $PHASE = 2 ]; then
   SIDES="before after" bench_sides qwen3 "8 4096 16" "64 256 16"; SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
   log done
 fi
+# PHASE=3 ($SRC = branch early-o's third commit; $BEFORE_SRC = main): PHASE=2 found the early output
+#   projection a small gain (Qwen3 −0.4 %, V2-Lite none) and every dense product early (regs)
+#   V2-Lite −1.9 % but Qwen3 +7 %; V2-Lite's q|kv_a was the one large gain. Now MLA's fused
+#   q|kv_a is marked too. B = 1 alternating before / after / noearly, timelines, B = 8 and 64.
+if [ $PHASE = 3 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace test_cuda_fixtures test_cuda_mla_absorb
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_fixtures test_cuda_mla_absorb
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  N=noearly:MOESERVE_GEMV_PREFETCH=none
+  for r in 1 2 3; do
+    SIDES="before after $N" bench_sides qwen3 "1 4096 16"
+    SIDES="$N after before" bench_sides v2lite "1 4096 16"
+  done
+  trace v2lite 1 4096 after; trace qwen3 1 4096 after
+  SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
+  log done
+fi

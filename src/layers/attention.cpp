@@ -19,7 +19,7 @@ GqaAttention::GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int he
   // head slices of one [T, heads + 2 kv heads, D] row.
   w_.qkv_proj = Linear::concat_rows({&w_.q_proj, &w_.k_proj, &w_.v_proj});
   if (w_.qkv_proj.defined()) w_.q_proj = w_.k_proj = w_.v_proj = Linear();
-  w_.o_proj.mark_fetch_early();  // after the split merge, whose reads are L2 hits
+  w_.o_proj.mark_fetch_early();  // after the split merge, whose reads are small (MlaAttention's note)
 }
 
 Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
@@ -65,7 +65,13 @@ MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(
   Linear& q_first = w_.q_a_proj.defined() ? w_.q_a_proj : w_.q_proj;
   w_.q_kv_a_proj = Linear::concat_rows({&q_first, &w_.kv_a_proj});
   if (w_.q_kv_a_proj.defined()) q_first = w_.kv_a_proj = Linear();
-  w_.o_proj.mark_fetch_early();  // after the split merge or v's expansion, small reads
+  // Their products may load weights before the kernel before them ends (ops::Weight::fetch_early):
+  // o after the split merge and v's expansion (small reads); q|kv_a after the MoE combine + norm,
+  // whose reads its whole weight in flight barely slows (V2-Lite at batch 1: 2.6 us against 6.8,
+  // the norm +0.3; BENCHMARKS, session 22). Qwen3's q|k|v, half its weight in its first round, is
+  // not marked: there the norm lost more than the product gained.
+  w_.o_proj.mark_fetch_early();
+  if (w_.q_kv_a_proj.defined()) w_.q_kv_a_proj.mark_fetch_early();
 }
 
 std::pair<Tensor, Tensor> MlaAttention::project_x(const Tensor& x, const ForwardContext& ctx) const {
