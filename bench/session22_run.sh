@@ -7,10 +7,10 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# PHASE=1 ($SRC = branch early-o; $BEFORE_SRC = main): the attention's output projection loading
-#   its first round of weights into registers before it waits (MOESERVE_GEMV_PREFETCH=marked, the
-#   default; none: nothing early; regs: every dense product) and eight warps for dense products
-#   that eight take in one round (Qwen3's q|k|v). Tests, the gemv bench, B = 1 alternating
+# PHASE=1 ($SRC = 9244b3a of branch early-o, merged after PHASE=3; $BEFORE_SRC = main, 1344e70):
+#   the attention's output projection loading its first round of weights into registers before it
+#   waits (MOESERVE_GEMV_PREFETCH=marked, the default; none: nothing early; regs: every dense
+#   product) and eight warps for dense products that eight take in one round (Qwen3's q|k|v). Tests, the gemv bench, B = 1 alternating
 #   before / after / noearly / regs (three rounds each model), timelines, B = 8 and 64.
 if [ $PHASE = 1 ]; then
   T="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_mla_absorb test_cuda_fused"
@@ -32,7 +32,7 @@ if [ $PHASE = 1 ]; then
   SIDES="before after" bench_sides qwen3 "8 4096 16" "64 256 16"; SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
   log done
 fi
-# PHASE=2 ($SRC = branch early-o's second commit; $BEFORE_SRC = main): PHASE=1 showed eight warps
+# PHASE=2 ($SRC = ceb591b; $BEFORE_SRC = 1344e70): PHASE=1 showed eight warps
 #   for Qwen3's q|k|v slower in the step (14.4 us against 8.8: 320 blocks of 256 threads at 126
 #   registers are two waves) and the reworked loop slower where nothing is fetched early (V2-Lite's
 #   shared gate|up 10.1 us against 8.0), but the early output projection faster (Qwen3 5.0 us
@@ -58,7 +58,7 @@ if [ $PHASE = 2 ]; then
   SIDES="before after" bench_sides qwen3 "8 4096 16" "64 256 16"; SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
   log done
 fi
-# PHASE=3 ($SRC = branch early-o's third commit; $BEFORE_SRC = main): PHASE=2 found the early output
+# PHASE=3 ($SRC = a7a0a7f, merged into main; $BEFORE_SRC = 1344e70): PHASE=2 found the early output
 #   projection a small gain (Qwen3 −0.4 %, V2-Lite none) and every dense product early (regs)
 #   V2-Lite −1.9 % but Qwen3 +7 %; V2-Lite's q|kv_a was the one large gain. Now MLA's fused
 #   q|kv_a is marked too. B = 1 alternating before / after / noearly, timelines, B = 8 and 64.
