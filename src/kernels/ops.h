@@ -31,8 +31,8 @@ struct Weight {
   Tensor scale_inv;
   int block_n = 128, block_k = 128;
   // A hint for the GPU's decode products: the kernel before this weight's product reads little
-  // from memory, so the product may start loading the weight before that kernel ends (set on the
-  // attention's output projection; gemv.cu's early_fetch).
+  // from memory, so the product may start loading the weight before that kernel ends (set by the
+  // attention layers on o_proj and MLA's fused q|kv_a; gemv.cu's early_fetch).
   bool fetch_early = false;
   int64_t out_features() const { return w.size(0); }
   int64_t in_features() const { return w.size(1); }

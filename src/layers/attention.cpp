@@ -67,9 +67,9 @@ MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(
   if (w_.q_kv_a_proj.defined()) q_first = w_.kv_a_proj = Linear();
   // Their products may load weights before the kernel before them ends (ops::Weight::fetch_early):
   // o after the split merge and v's expansion (small reads); q|kv_a after the MoE combine + norm,
-  // whose reads its whole weight in flight barely slows (V2-Lite at batch 1: 2.6 us against 6.8,
-  // the norm +0.3; BENCHMARKS, session 22). Qwen3's q|k|v, half its weight in its first round, is
-  // not marked: there the norm lost more than the product gained.
+  // which q|kv_a's whole weight in flight barely slows (V2-Lite at batch 1: q|kv_a 2.6 us against
+  // 6.8, the norm +0.3; BENCHMARKS, session 22). Qwen3's q|k|v, half its weight in its first
+  // round, is not marked: there the norm lost more than the product gained.
   w_.o_proj.mark_fetch_early();
   if (w_.q_kv_a_proj.defined()) w_.q_kv_a_proj.mark_fetch_early();
 }

@@ -44,9 +44,9 @@ bool pdl_enabled();
 // Whether the weights a decode step streams once (the batch-1 products, the router and the
 // experts) are read under an L2 policy that evicts them first. A layer streams more weight than
 // L2 holds (Qwen3-30B-A3B: ~120 MB against 50 MB), which otherwise flushes what the small kernels
-// between the products come back for: their code, their parameters, the activations. Timed
-// inside the step (BENCHMARKS.md, session 21), one warp's top-k of one token took 1.8-2.6 us for
-// a few hundred instructions. MOESERVE_L2_STREAM=0: the normal policy.
+// between the products come back for: their code, their parameters, the activations. Batch-1
+// steps were 3 % faster with it, batch 64 2-3 % (BENCHMARKS.md, session 22). MOESERVE_L2_STREAM=0:
+// the normal policy.
 bool weights_evict_first();
 
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
