@@ -78,3 +78,27 @@ if [ $PHASE = 3 ]; then
   SIDES="after before" bench_sides v2lite "8 4096 16" "64 256 16"
   log done
 fi
+# PHASE=4 (for the next session; $SRC = main + bench/gpu_pending.patch, branch early-part; $BEFORE_SRC
+#   = main): an early product loading only MOESERVE_GEMV_EARLY_CHUNKS of its first round's chunks
+#   before its wait (0, the default: all, as main), so that the kernel before it keeps more of HBM
+#   (Qwen3's split merge: 5.5 us behind o's whole weight, 3.5 without). Its tests at 0, 2 and 4;
+#   B = 1 alternating before / c0 / c4 / c2 (Qwen3's o takes 8 chunks a round, V2-Lite's marked
+#   products 4) and Qwen3's q|k|v early with one chunk (regs1); timelines of c4 and c2.
+if [ $PHASE = 4 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace test_cuda_gemv test_cuda_fixtures
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_fixtures
+  for c in 2 4; do MOESERVE_GEMV_EARLY_CHUNKS=$c gtest gemv-c$c 60 /tmp/b/tests/test_cuda_gemv --gtest_filter='*Early*'; done
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  C4=c4:MOESERVE_GEMV_EARLY_CHUNKS=4 C2=c2:MOESERVE_GEMV_EARLY_CHUNKS=2
+  R1=regs1:MOESERVE_GEMV_PREFETCH=regs,MOESERVE_GEMV_EARLY_CHUNKS=1
+  for r in 1 2 3; do
+    SIDES="before c0 $C4 $C2 $R1" bench_sides qwen3 "1 4096 16"
+    SIDES="$R1 $C2 $C4 c0 before" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 c4 MOESERVE_GEMV_EARLY_CHUNKS=4; trace v2lite 1 4096 c2 MOESERVE_GEMV_EARLY_CHUNKS=2
+  trace qwen3 1 4096 c2 MOESERVE_GEMV_EARLY_CHUNKS=2
+  log done
+fi
