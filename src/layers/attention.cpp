@@ -19,7 +19,9 @@ GqaAttention::GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int he
   // head slices of one [T, heads + 2 kv heads, D] row.
   w_.qkv_proj = Linear::concat_rows({&w_.q_proj, &w_.k_proj, &w_.v_proj});
   if (w_.qkv_proj.defined()) w_.q_proj = w_.k_proj = w_.v_proj = Linear();
-  w_.o_proj.mark_fetch_early();  // after the split merge, whose reads are small (MlaAttention's note)
+  // o's product may load its weight before the split merge before it ends (ops::Weight::fetch_early):
+  // the merge reads little (Qwen3 at batch 1: o 3.8 us against 7.0, the merge +2; BENCHMARKS, session 22).
+  w_.o_proj.mark_fetch_early();
 }
 
 Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
