@@ -6,7 +6,11 @@
 // MoE block's output, made in the same launch from the experts' rows (the combine's weighted
 // sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
 // write and read of f.
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -224,6 +228,108 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
   }
 }
 
+// One token's MoE output left as the one-token experts' slabs (ExpertRows::slabs), summed, added
+// to the residual and normed by one cluster of H / 256 blocks of 256 threads. It replaces the
+// experts kernel's last step (its blocks meeting at a counter a slot, then summing the slot's
+// slabs into ye) and the one-block norm after it: the slab partials are read once, here, from L2.
+// Block b takes pieces [32b, 32b + 32) of 8 columns, what warp b of rms_norm_rows_kernel's
+// 256-thread row takes, so that every sum runs in the order of the unfused path (sum_slot's slab
+// sums, MoeAddend's slot sums, the norm's squares) and the bits are its bits. Thread (piece p,
+// lane j) sums slot j's slabs of piece p; the pieces meet in shared memory; the same thread then
+// takes column j of piece p through the slots' weighted sum, the shared expert and the residual
+// add; a piece's squares are summed in column order, the 32 pieces by a warp's butterfly, the
+// blocks' sums in block order through distributed shared memory.
+struct MoeSlabs {
+  const float* parts;  // [K * slabs, H]
+  const int32_t* row_of;
+  const float* weights;
+  int K, slabs;
+  const bf16* shared;  // [H] or null
+  const bf16* gate;    // [1] or null: added ungated
+};
+constexpr int kSlabPieces = 32, kSlabThreads = kSlabPieces * 8, kSlabMaxBlocks = 8;
+
+__device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+template <class TW>
+__global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
+                                                                              float eps, int H, bf16* out) {
+  __shared__ float ys[kSlabPieces][8][8];  // [piece][slot][column]
+  __shared__ float piece_ss[kSlabPieces];
+  __shared__ float block_ss;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  pdl_trigger();  // the product after a norm may start fetching its weights now
+  pdl_wait();     // the parts are the experts kernel's
+  const int p = int(threadIdx.x) / 8, j = int(threadIdx.x) % 8, col = (int(blockIdx.x) * kSlabPieces + p) * 8 + j;
+  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (j < m.K && m.row_of[j] >= 0) {  // slot j's slabs in order, from 0 (sum_slot's sum)
+    const float* src = m.parts + int64_t(j) * m.slabs * H + (col - j);
+    for (int k0 = 0; k0 < m.slabs; k0 += 8) {
+      float4 lo[8], hi[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (k0 + u < m.slabs) {
+          const float4* at = reinterpret_cast<const float4*>(src + int64_t(k0 + u) * H);
+          lo[u] = __ldcg(at), hi[u] = __ldcg(at + 1);
+        }
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (k0 + u < m.slabs) {
+          v[0] += lo[u].x, v[1] += lo[u].y, v[2] += lo[u].z, v[3] += lo[u].w;
+          v[4] += hi[u].x, v[5] += hi[u].y, v[6] += hi[u].z, v[7] += hi[u].w;
+        }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ys[p][j][i] = v[i];
+  __syncthreads();
+  float a = 0.f;  // column j of piece p: the slots in order (MoeAddend's combine), rounded
+  for (int s = 0; s < m.K; ++s)
+    if (m.row_of[s] >= 0) a = fmaf(m.weights[s], ys[p][s][j], a);
+  a = bf16_rounded(a);
+  if (m.shared) {
+    const float sh = __bfloat162float(m.shared[col]);
+    if (m.gate) a = fmaf(1.0f / (1.0f + expf(-load_f(m.gate))), sh, a);
+    else a += sh;
+    a = bf16_rounded(a);
+  }
+  a += __bfloat162float(x[col]);  // the residual add, stored rounded; that value is normed
+  const bf16 stored = __float2bfloat16_rn(a);
+  x[col] = stored;
+  const float xv = __bfloat162float(stored);
+  float ss = 0.f;  // the piece's squares in column order (every lane of the piece alike)
+  const int first_lane = int(threadIdx.x) % 32 & ~7;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float vi = __shfl_sync(0xffffffffu, xv, first_lane + i);
+    ss += vi * vi;
+  }
+  if (j == 0) piece_ss[p] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {  // the 32 pieces as a warp of the norm kernel sums them
+    ss = piece_ss[threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x == 0) block_ss = ss;
+  }
+  cluster.sync();  // every block's sum in its shared memory
+  float total = 0.f;
+  for (unsigned b = 0; b < cluster.num_blocks(); ++b) total += *cluster.map_shared_rank(&block_ss, b);
+  const float inv = 1.0f / sqrtf(total / float(H) + eps);
+  out[col] = __float2bfloat16_rn(xv * inv * load_f(w + col));
+  cluster.sync();  // no block leaves while another may still read its sum
+}
+
+// ye [T * K, H] (F32): slot s's slabs summed in order into row row_of[s] (the one-token kernel's
+// last step), for a consumer that cannot take the slabs; a block a (slot, 256 columns).
+__global__ void sum_slabs_kernel(const float* parts, const int32_t* row_of, int slabs, int H, float* ye) {
+  const int s = int(blockIdx.y), n = int(blockIdx.x) * 256 + int(threadIdx.x), r = row_of[s];
+  if (r < 0 || n >= H) return;
+  float v = 0.f;
+  for (int k = 0; k < slabs; ++k) v += __ldcg(parts + (int64_t(s) * slabs + k) * H + n);
+  ye[int64_t(r) * H + n] = v;
+}
+
 void check_weight(const char* op, const Tensor& weight, int64_t width) {
   MS_CHECK(weight.numel() == width, op, ": weight ", weight.describe(), " for rows of ", width);
   check_device_tensor(weight, {DType::BF16, DType::F32}, op, "weight");
@@ -289,10 +395,66 @@ void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float
   norm_rows("add_rms_norm", residual, &y, weight, eps, out);
 }
 
-void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
+bool moe_slab_norm_takes(int64_t H, int64_t K) {
+  static const bool allowed = [] {
+    const char* env = std::getenv("MOESERVE_MOE_SLAB_NORM");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return allowed && H > 0 && H % (8 * kSlabPieces) == 0 && H / (8 * kSlabPieces) <= kSlabMaxBlocks && K >= 1 && K <= 8;
+}
+
+namespace {
+
+// The slabs' consumer: one cluster launch where the token's tensors fit it (true), else nothing.
+bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
+                        const Tensor& weight, float eps, Tensor& out) {
+  const int64_t H = residual.size(1), K = routed.weights.size(1);
+  const bool fits = residual.size(0) == 1 && moe_slab_norm_takes(H, K) && residual.dtype() == DType::BF16 &&
+                    out.dtype() == DType::BF16 && residual.strides()[1] == 1 && out.strides()[1] == 1 &&
+                    (!shared || (shared->dtype() == DType::BF16 && shared->strides()[1] == 1)) &&
+                    (!shared_gate || shared_gate->dtype() == DType::BF16);
+  if (!fits) return false;
+  const MoeSlabs m{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(), int(K),
+                   routed.slabs, shared ? shared->data<bf16>() : nullptr,
+                   shared_gate ? shared_gate->data<bf16>() : nullptr};
+  const dim3 grid{unsigned(H / (8 * kSlabPieces))};
+  MS_FLOAT_DISPATCH(weight.dtype(), TW, {
+    launch_pdl_cluster(moe_slabs_add_rms_norm_kernel<TW>, grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(),
+                       weight.data<TW>(), eps, int(H), out.data<bf16>());
+  });
+  MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
+  return true;
+}
+
+}  // namespace
+
+ExpertRows summed_slabs(const ExpertRows& routed) {
+  if (routed.slabs == 0) return routed;
+  const int64_t pairs = routed.row_of.numel(), H = routed.rows.size(1);
+  Tensor ye = scratch(DType::F32, {pairs, H});
+  sum_slabs_kernel<<<dim3(unsigned((H + 255) / 256), unsigned(pairs)), 256, 0, stream()>>>(
+      routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.slabs, int(H), ye.data<float>());
+  MS_CUDA_LAUNCHED("sum_slabs_kernel");
+  return {ye, routed.row_of, routed.weights};
+}
+
+void moe_combine_add_rms_norm(const ExpertRows& slab_or_rows, const Tensor* shared, const Tensor* shared_gate,
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
   const char* op = "moe_combine_add_rms_norm";
   const Rows xr = rows_of(residual, op, "residual"), orow = rows_of(out, op, "output");
+  if (slab_or_rows.slabs > 0) {
+    const Tensor& parts = slab_or_rows.rows;
+    MS_CHECK(parts.dtype() == DType::F32 && parts.is_contiguous() && parts.dim() == 2 && parts.size(1) == xr.width &&
+                 slab_or_rows.weights.dim() == 2 && slab_or_rows.weights.size(0) == xr.n &&
+                 parts.size(0) == slab_or_rows.row_of.numel() * slab_or_rows.slabs,
+             op, ": slabs ", parts.describe(), " (", slab_or_rows.slabs, " a slot) by ",
+             slab_or_rows.row_of.describe(), " into ", residual.describe());
+    check_weight(op, weight, xr.width);
+    if (orow.n == xr.n && orow.width == xr.width &&
+        slabs_add_rms_norm(slab_or_rows, shared, shared_gate, residual, weight, eps, out))
+      return;
+  }
+  const ExpertRows routed = summed_slabs(slab_or_rows);
   const Tensor& ye = routed.rows;
   const int64_t T = xr.n, H = xr.width, K = routed.weights.dim() == 2 ? routed.weights.size(1) : 0;
   MS_CHECK(residual.dim() == 2 && orow.n == T && orow.width == H && ye.dim() == 2 && ye.size(1) == H &&
