@@ -67,3 +67,27 @@ if [ $PHASE = 2 ]; then
   SIDES="after before" bench_sides qwen3 "8 4096 16"; SIDES="before after" bench_sides v2lite "8 4096 16"
   log done
 fi
+# PHASE=3 ($SRC = branch slab-norm, its second commit; $BEFORE_SRC = main): PHASE=2 found the
+#   experts kernel 2.1 us (Qwen3) and 4.4 us (V2-Lite) shorter without its counter and sum, but the
+#   cluster's sum took 7.5 / 11.3 us after them (slab loads in batches of 8, the small inputs read
+#   one after another), and Qwen3's q|k|v 3.4 us more (launched while the experts streamed, its
+#   blocks crowded onto the idle multiprocessors). Now: every small input asked for at once, 12
+#   slabs in flight, the next kernel let in only after the wait. The same tests and comparison.
+if [ $PHASE = 3 ]; then
+  T="test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs"
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace $T
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T
+  MOESERVE_BENCH_COMBINE_NORM=1 gtest combine-bench 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Bench*'
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after noslab:MOESERVE_MOE_SLAB_NORM=0"
+  for r in 0 1 2; do
+    SIDES="$(rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(rotated $(( r + 1 )))" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
+  log done
+fi

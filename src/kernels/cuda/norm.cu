@@ -248,6 +248,7 @@ struct MoeSlabs {
   const bf16* gate;    // [1] or null: added ungated
 };
 constexpr int kSlabPieces = 32, kSlabThreads = kSlabPieces * 8, kSlabMaxBlocks = 8;
+constexpr int kSlabBatch = 12;  // slabs a thread has in flight (Qwen3's 12 in one round trip)
 
 __device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
@@ -259,22 +260,39 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   __shared__ float block_ss;
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  pdl_trigger();  // the product after a norm may start fetching its weights now
-  pdl_wait();     // the parts are the experts kernel's
   const int p = int(threadIdx.x) / 8, j = int(threadIdx.x) % 8, col = (int(blockIdx.x) * kSlabPieces + p) * 8 + j;
-  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (j < m.K && m.row_of[j] >= 0) {  // slot j's slabs in order, from 0 (sum_slot's sum)
-    const float* src = m.parts + int64_t(j) * m.slabs * H + (col - j);
-    for (int k0 = 0; k0 < m.slabs; k0 += 8) {
-      float4 lo[8], hi[8];
+  const float wt = load_f(w + col);  // a weight: no kernel of the step writes it
+  pdl_wait();  // the parts are the experts kernel's
+  // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
+  // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
+  // took 3.4 us more).
+  pdl_trigger();
+  // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
+  // shared expert.
+  int32_t rows[8];
+  float weights[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u)
+  for (int s = 0; s < 8; ++s) rows[s] = s < m.K ? m.row_of[s] : -1, weights[s] = s < m.K ? m.weights[s] : 0.f;
+  const float residual = __bfloat162float(x[col]);
+  const float sh = m.shared ? __bfloat162float(m.shared[col]) : 0.f;
+  const float gate = m.gate ? load_f(m.gate) : 0.f;
+  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int32_t my_row = -1;  // rows[j], kept in registers
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+    if (s == j) my_row = rows[s];
+  if (my_row >= 0) {  // slot j's slabs in order, from 0 (sum_slot's sum)
+    const float* src = m.parts + int64_t(j) * m.slabs * H + (col - j);
+    for (int k0 = 0; k0 < m.slabs; k0 += kSlabBatch) {
+      float4 lo[kSlabBatch], hi[kSlabBatch];
+#pragma unroll
+      for (int u = 0; u < kSlabBatch; ++u)
         if (k0 + u < m.slabs) {
           const float4* at = reinterpret_cast<const float4*>(src + int64_t(k0 + u) * H);
           lo[u] = __ldcg(at), hi[u] = __ldcg(at + 1);
         }
 #pragma unroll
-      for (int u = 0; u < 8; ++u)
+      for (int u = 0; u < kSlabBatch; ++u)
         if (k0 + u < m.slabs) {
           v[0] += lo[u].x, v[1] += lo[u].y, v[2] += lo[u].z, v[3] += lo[u].w;
           v[4] += hi[u].x, v[5] += hi[u].y, v[6] += hi[u].z, v[7] += hi[u].w;
@@ -285,16 +303,16 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   for (int i = 0; i < 8; ++i) ys[p][j][i] = v[i];
   __syncthreads();
   float a = 0.f;  // column j of piece p: the slots in order (MoeAddend's combine), rounded
-  for (int s = 0; s < m.K; ++s)
-    if (m.row_of[s] >= 0) a = fmaf(m.weights[s], ys[p][s][j], a);
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+    if (rows[s] >= 0) a = fmaf(weights[s], ys[p][s][j], a);
   a = bf16_rounded(a);
   if (m.shared) {
-    const float sh = __bfloat162float(m.shared[col]);
-    if (m.gate) a = fmaf(1.0f / (1.0f + expf(-load_f(m.gate))), sh, a);
+    if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
     else a += sh;
     a = bf16_rounded(a);
   }
-  a += __bfloat162float(x[col]);  // the residual add, stored rounded; that value is normed
+  a += residual;  // the residual add, stored rounded; that value is normed
   const bf16 stored = __float2bfloat16_rn(a);
   x[col] = stored;
   const float xv = __bfloat162float(stored);
@@ -316,7 +334,7 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   float total = 0.f;
   for (unsigned b = 0; b < cluster.num_blocks(); ++b) total += *cluster.map_shared_rank(&block_ss, b);
   const float inv = 1.0f / sqrtf(total / float(H) + eps);
-  out[col] = __float2bfloat16_rn(xv * inv * load_f(w + col));
+  out[col] = __float2bfloat16_rn(xv * inv * wt);
   cluster.sync();  // no block leaves while another may still read its sum
 }
 
