@@ -91,3 +91,26 @@ if [ $PHASE = 3 ]; then
   trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
   log done
 fi
+# PHASE=4 ($SRC = branch slab-norm, its third commit; $BEFORE_SRC = main): PHASE=3 left the step as
+#   it was (Qwen3 0.874 / 0.874 / 0.876 ms, V2-Lite a little slower): the cluster's eight
+#   multiprocessors took 6.5 / 10.6 us to read the slabs from L2 (one multiprocessor's reads are
+#   bound by the loads it keeps in flight). Now H / 128 blocks (16) each sum 128 columns of every
+#   slot, whole sectors a warp, store them into the residual, and the last block norms the row.
+if [ $PHASE = 4 ]; then
+  T="test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_one_token"
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace $T
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T
+  MOESERVE_BENCH_COMBINE_NORM=1 gtest combine-bench 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Bench*'
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after noslab:MOESERVE_MOE_SLAB_NORM=0"
+  for r in 0 1 2; do
+    SIDES="$(rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(rotated $(( r + 1 )))" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
+  log done
+fi

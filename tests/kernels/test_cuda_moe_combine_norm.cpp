@@ -7,7 +7,7 @@
 // shared expert) and a rank holding part of the experts (rows -1), at T = 1, 2, 8, 64 (F32 rows
 // of the grouped decode path) and 256 (BF16 rows of the grouped prefill GEMM), eager and replayed
 // from a captured step with new inputs each time. At T = 1 the experts' rows come as the one-token
-// kernel's slabs, which the fused op sums in one cluster (OneTokenSlabsSumToTheKernelsRows checks
+// kernel's slabs, which the fused op sums on its way (OneTokenSlabsSumToTheKernelsRows checks
 // the slabs against the kernel's own rows). CombineNormBench prints fused vs unfused
 // microseconds (graphed) when MOESERVE_BENCH_COMBINE_NORM=1.
 #include <cstdio>
@@ -115,8 +115,8 @@ TEST(CudaMoeCombineNorm, FusedMatchesUnfused) {
 }
 
 // At batch 1 the one-token experts leave each slot's row as its slabs (ExpertRows::slabs) where the
-// fused norm takes them in one cluster; summed they are the rows the kernel's own last step
-// writes, bit for bit. (FusedMatchesUnfused checks the cluster's residual and output.)
+// fused norm takes them; summed they are the rows the kernel's own last step
+// writes, bit for bit. (FusedMatchesUnfused checks the fused residual and output.)
 TEST(CudaMoeCombineNorm, OneTokenSlabsSumToTheKernelsRows) {
   MS_REQUIRE_CUDA();
   for (const auto& c : kCases) {

@@ -6,8 +6,6 @@
 // MoE block's output, made in the same launch from the experts' rows (the combine's weighted
 // sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
 // write and read of f.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
@@ -229,16 +227,16 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
 }
 
 // One token's MoE output left as the one-token experts' slabs (ExpertRows::slabs), summed, added
-// to the residual and normed by one cluster of H / 256 blocks of 256 threads. It replaces the
-// experts kernel's last step (its blocks meeting at a counter a slot, then summing the slot's
-// slabs into ye) and the one-block norm after it: the slab partials are read once, here, from L2.
-// Block b takes pieces [32b, 32b + 32) of 8 columns, what warp b of rms_norm_rows_kernel's
-// 256-thread row takes, so that every sum runs in the order of the unfused path (sum_slot's slab
-// sums, MoeAddend's slot sums, the norm's squares) and the bits are its bits. Thread (piece p,
-// lane j) sums slot j's slabs of piece p; the pieces meet in shared memory; the same thread then
-// takes column j of piece p through the slots' weighted sum, the shared expert and the residual
-// add; a piece's squares are summed in column order, the 32 pieces by a warp's butterfly, the
-// blocks' sums in block order through distributed shared memory.
+// to the residual and normed. It replaces the experts kernel's last step (its blocks meeting at a
+// counter a slot, then summing the slot's slabs into ye) and the one-block norm after it. The
+// slabs (Qwen3: 8 slots x 12 x 8 KB) are too many bytes for the few multiprocessors of one
+// cluster (one multiprocessor's reads from L2 are bound by the loads it keeps in flight:
+// BENCHMARKS, session 23), so H / 128 blocks each take 128 columns: thread (slot j, quad q) sums
+// slot j's slabs of 4 columns in slab order (sum_slot's sum, whole 32-byte sectors a warp), then
+// a thread a column takes the slots in order (MoeAddend's weighted sum), the shared expert and
+// the residual add, and stores the rounded sum into the residual. The last block to finish norms
+// the whole row as rms_norm_rows_kernel's 256-thread row does (a thread a piece of 8, the same
+// sums in the same order), so the bits are the unfused path's.
 struct MoeSlabs {
   const float* parts;  // [K * slabs, H]
   const int32_t* row_of;
@@ -247,95 +245,99 @@ struct MoeSlabs {
   const bf16* shared;  // [H] or null
   const bf16* gate;    // [1] or null: added ungated
 };
-constexpr int kSlabPieces = 32, kSlabThreads = kSlabPieces * 8, kSlabMaxBlocks = 8;
+constexpr int kSlabQuads = 32, kSlabThreads = 8 * kSlabQuads, kSlabCols = 4 * kSlabQuads;
 constexpr int kSlabBatch = 12;  // slabs a thread has in flight (Qwen3's 12 in one round trip)
+
+// Blocks of the running moe_slabs_add_rms_norm_kernel that have stored their columns; its last
+// block resets it (one stream a GPU runs these one after another).
+__device__ unsigned g_slab_blocks_done = 0;
 
 __device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 template <class TW>
 __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
                                                                               float eps, int H, bf16* out) {
-  __shared__ float ys[kSlabPieces][8][8];  // [piece][slot][column]
-  __shared__ float piece_ss[kSlabPieces];
-  __shared__ float block_ss;
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int p = int(threadIdx.x) / 8, j = int(threadIdx.x) % 8, col = (int(blockIdx.x) * kSlabPieces + p) * 8 + j;
-  const float wt = load_f(w + col);  // a weight: no kernel of the step writes it
+  __shared__ float ys[8][kSlabCols];  // [slot][column]
+  __shared__ float warp_ss[kSlabThreads / 32];
+  __shared__ bool last;
+  const int j = int(threadIdx.x) / kSlabQuads, q = int(threadIdx.x) % kSlabQuads;
+  const int c0 = int(blockIdx.x) * kSlabCols, col = c0 + int(threadIdx.x), piece = int(threadIdx.x);
+  const bool mixes = threadIdx.x < kSlabCols, norms = piece < H / 8;
+  float wt[8];  // the norm's weights of this thread's piece, for the last block: no kernel writes them
+  if (norms) load8(w + piece * 8, wt);
   pdl_wait();  // the parts are the experts kernel's
   // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
   // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
   // took 3.4 us more).
   pdl_trigger();
   // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
-  // shared expert.
+  // shared expert and its gate.
   int32_t rows[8];
   float weights[8];
 #pragma unroll
   for (int s = 0; s < 8; ++s) rows[s] = s < m.K ? m.row_of[s] : -1, weights[s] = s < m.K ? m.weights[s] : 0.f;
-  const float residual = __bfloat162float(x[col]);
-  const float sh = m.shared ? __bfloat162float(m.shared[col]) : 0.f;
+  const float residual = mixes ? __bfloat162float(x[col]) : 0.f;
+  const float sh = mixes && m.shared ? __bfloat162float(m.shared[col]) : 0.f;
   const float gate = m.gate ? load_f(m.gate) : 0.f;
-  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   int32_t my_row = -1;  // rows[j], kept in registers
 #pragma unroll
   for (int s = 0; s < 8; ++s)
     if (s == j) my_row = rows[s];
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (my_row >= 0) {  // slot j's slabs in order, from 0 (sum_slot's sum)
-    const float* src = m.parts + int64_t(j) * m.slabs * H + (col - j);
+    const float* src = m.parts + int64_t(j) * m.slabs * H + c0 + 4 * q;
     for (int k0 = 0; k0 < m.slabs; k0 += kSlabBatch) {
-      float4 lo[kSlabBatch], hi[kSlabBatch];
+      float4 part[kSlabBatch];
 #pragma unroll
       for (int u = 0; u < kSlabBatch; ++u)
-        if (k0 + u < m.slabs) {
-          const float4* at = reinterpret_cast<const float4*>(src + int64_t(k0 + u) * H);
-          lo[u] = __ldcg(at), hi[u] = __ldcg(at + 1);
-        }
+        if (k0 + u < m.slabs) part[u] = __ldcg(reinterpret_cast<const float4*>(src + int64_t(k0 + u) * H));
 #pragma unroll
       for (int u = 0; u < kSlabBatch; ++u)
-        if (k0 + u < m.slabs) {
-          v[0] += lo[u].x, v[1] += lo[u].y, v[2] += lo[u].z, v[3] += lo[u].w;
-          v[4] += hi[u].x, v[5] += hi[u].y, v[6] += hi[u].z, v[7] += hi[u].w;
-        }
+        if (k0 + u < m.slabs) v.x += part[u].x, v.y += part[u].y, v.z += part[u].z, v.w += part[u].w;
     }
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) ys[p][j][i] = v[i];
+  *reinterpret_cast<float4*>(&ys[j][4 * q]) = v;
   __syncthreads();
-  float a = 0.f;  // column j of piece p: the slots in order (MoeAddend's combine), rounded
+  if (mixes) {  // column col: the slots in order (MoeAddend's combine), rounded; the shared expert
+    float a = 0.f;
 #pragma unroll
-  for (int s = 0; s < 8; ++s)
-    if (rows[s] >= 0) a = fmaf(weights[s], ys[p][s][j], a);
-  a = bf16_rounded(a);
-  if (m.shared) {
-    if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
-    else a += sh;
+    for (int s = 0; s < 8; ++s)
+      if (rows[s] >= 0) a = fmaf(weights[s], ys[s][threadIdx.x], a);
     a = bf16_rounded(a);
+    if (m.shared) {
+      if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
+      else a += sh;
+      a = bf16_rounded(a);
+    }
+    x[col] = __float2bfloat16_rn(a + residual);  // the residual add, stored rounded: the norm's input
   }
-  a += residual;  // the residual add, stored rounded; that value is normed
-  const bf16 stored = __float2bfloat16_rn(a);
-  x[col] = stored;
-  const float xv = __bfloat162float(stored);
-  float ss = 0.f;  // the piece's squares in column order (every lane of the piece alike)
-  const int first_lane = int(threadIdx.x) % 32 & ~7;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float vi = __shfl_sync(0xffffffffu, xv, first_lane + i);
-    ss += vi * vi;
-  }
-  if (j == 0) piece_ss[p] = ss;
   __syncthreads();
-  if (threadIdx.x < 32) {  // the 32 pieces as a warp of the norm kernel sums them
-    ss = piece_ss[threadIdx.x];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (threadIdx.x == 0) block_ss = ss;
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's columns visible device-wide before it counts as done
+    last = atomicAdd(&g_slab_blocks_done, 1u) == gridDim.x - 1;
   }
-  cluster.sync();  // every block's sum in its shared memory
-  float total = 0.f;
-  for (unsigned b = 0; b < cluster.num_blocks(); ++b) total += *cluster.map_shared_rank(&block_ss, b);
-  const float inv = 1.0f / sqrtf(total / float(H) + eps);
-  out[col] = __float2bfloat16_rn(xv * inv * wt);
-  cluster.sync();  // no block leaves while another may still read its sum
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's columns, counted before, are seen after this
+  float xv[8], ss = 0.f;
+  if (norms) {
+    unpack8(__ldcg(reinterpret_cast<const uint4*>(x) + piece), xv);  // past L1: other blocks wrote it
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += xv[i] * xv[i];
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
+  __syncthreads();
+  ss = 0.f;
+  for (int k = 0; k < kSlabThreads / 32; ++k) ss += warp_ss[k];
+  const float inv = 1.0f / sqrtf(ss / float(H) + eps);
+  if (norms) {
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = xv[i] * inv * wt[i];
+    reinterpret_cast<uint4*>(out)[piece] = pack8(o);
+  }
+  if (threadIdx.x == 0) g_slab_blocks_done = 0u;
 }
 
 // ye [T * K, H] (F32): slot s's slabs summed in order into row row_of[s] (the one-token kernel's
@@ -418,27 +420,27 @@ bool moe_slab_norm_takes(int64_t H, int64_t K) {
     const char* env = std::getenv("MOESERVE_MOE_SLAB_NORM");
     return !(env && std::string_view(env) == "0");
   }();
-  return allowed && H > 0 && H % (8 * kSlabPieces) == 0 && H / (8 * kSlabPieces) <= kSlabMaxBlocks && K >= 1 && K <= 8;
+  return allowed && H >= kSlabThreads && H <= 8 * kSlabThreads && H % kSlabCols == 0 && K >= 1 && K <= 8;
 }
 
 namespace {
 
-// The slabs' consumer: one cluster launch where the token's tensors fit it (true), else nothing.
+// The slabs' consumer: one launch where the token's tensors fit it (true), else nothing.
 bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
                         const Tensor& weight, float eps, Tensor& out) {
   const int64_t H = residual.size(1), K = routed.weights.size(1);
   const bool fits = residual.size(0) == 1 && moe_slab_norm_takes(H, K) && residual.dtype() == DType::BF16 &&
                     out.dtype() == DType::BF16 && residual.strides()[1] == 1 && out.strides()[1] == 1 &&
+                    wide(residual.raw(), 0) && wide(out.raw(), 0) && wide(weight.raw(), 0) &&
                     (!shared || (shared->dtype() == DType::BF16 && shared->strides()[1] == 1)) &&
                     (!shared_gate || shared_gate->dtype() == DType::BF16);
   if (!fits) return false;
   const MoeSlabs m{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(), int(K),
                    routed.slabs, shared ? shared->data<bf16>() : nullptr,
                    shared_gate ? shared_gate->data<bf16>() : nullptr};
-  const dim3 grid{unsigned(H / (8 * kSlabPieces))};
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-    launch_pdl_cluster(moe_slabs_add_rms_norm_kernel<TW>, grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(),
-                       weight.data<TW>(), eps, int(H), out.data<bf16>());
+    launch_pdl(moe_slabs_add_rms_norm_kernel<TW>, dim3(unsigned(H / kSlabCols)), dim3(kSlabThreads), 0, m,
+               residual.data<bf16>(), weight.data<TW>(), eps, int(H), out.data<bf16>());
   });
   MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
   return true;
