@@ -187,10 +187,14 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 // to out's dtype: what moe_experts writes, bit for bit. A backend that sums inside its experts
 // (the CPU's, in expert order) hands its sum back as one row a token of weight 1, which that
 // formula reproduces exactly.
+// With slabs > 0 (the CUDA backend's one-token experts, for moe_combine_add_rms_norm) a row is
+// not yet summed: rows [T * K * slabs, hidden] (F32) holds slot (t, j)'s row as the slabs rows
+// from (t * K + j) * slabs on, added in that order from 0 (written only where row_of >= 0).
 struct ExpertRows {
   Tensor rows;     // [R, hidden], BF16 or F32
   Tensor row_of;   // I32 [T, K]
   Tensor weights;  // F32 [T, K]
+  int slabs = 0;
 };
 ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts);
 // A MoE block's output added to the residual stream, fused with the norm after it: f = the

@@ -6,7 +6,9 @@
 // (64 top-6, two shared experts' output added ungated), a Qwen2-MoE-like block (60 top-4, a gated
 // shared expert) and a rank holding part of the experts (rows -1), at T = 1, 2, 8, 64 (F32 rows
 // of the grouped decode path) and 256 (BF16 rows of the grouped prefill GEMM), eager and replayed
-// from a captured step with new inputs each time. CombineNormBench prints fused vs unfused
+// from a captured step with new inputs each time. At T = 1 the experts' rows come as the one-token
+// kernel's slabs, which the fused op sums on its way (OneTokenSlabsSumToTheKernelsRows checks
+// the slabs against the kernel's own rows). CombineNormBench prints fused vs unfused
 // microseconds (graphed) when MOESERVE_BENCH_COMBINE_NORM=1.
 #include <cstdio>
 #include <cstdlib>
@@ -112,6 +114,38 @@ TEST(CudaMoeCombineNorm, FusedMatchesUnfused) {
   }
 }
 
+// At batch 1 the one-token experts leave each slot's row as its slabs (ExpertRows::slabs) where the
+// fused norm takes them; summed they are the rows the kernel's own last step
+// writes, bit for bit. (FusedMatchesUnfused checks the fused residual and output.)
+TEST(CudaMoeCombineNorm, OneTokenSlabsSumToTheKernelsRows) {
+  MS_REQUIRE_CUDA();
+  for (const auto& c : kCases) {
+    if (!cuda::moe_slab_norm_takes(c.H, c.K)) continue;
+    const ops::ExpertWeights ex = make_experts(c);
+    const cuda::ExpertTable* table = cuda::expert_table(ex);
+    ASSERT_NE(table, nullptr) << c.name;
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::string at = std::string(c.name) + " launch " + std::to_string(rep);
+      const Inputs in = make_inputs(c, 1);
+      const ops::ExpertRows rows = ops::moe_expert_rows(in.x, in.ids, in.weights, ex);
+      ASSERT_GT(rows.slabs, 0) << at;
+      const ops::ExpertRows summed = cuda::summed_slabs(rows);
+      EXPECT_EQ(summed.slabs, 0) << at;
+      const cuda::Permuted perm = cuda::permute_on_device(in.ids, c.first, table->experts);
+      Tensor ye = poisoned(DType::F32, {c.K, c.H});
+      ASSERT_TRUE(cuda::one_token_experts(in.x, in.ids, perm.row_of, *table, c.first, ye)) << at;
+      // Rows of other ranks' slots are never written: compare the local ones.
+      const Tensor row_of = perm.row_of.to(Device::CPU), a = summed.rows.to(Device::CPU), b = ye.to(Device::CPU);
+      for (int j = 0; j < c.K; ++j) {
+        const int32_t r = row_of.data<int32_t>()[j];
+        if (r < 0) continue;
+        EXPECT_EQ(std::memcmp(a.data<float>() + r * c.H, b.data<float>() + r * c.H, size_t(c.H) * 4), 0)
+            << at << " slot " << j;
+      }
+    }
+  }
+}
+
 // Captured once (experts, shared add and norm), replayed with new inputs copied in each time.
 TEST(CudaMoeCombineNorm, ReplayedFromCapturedStep) {
   MS_REQUIRE_CUDA();
@@ -157,20 +191,22 @@ TEST(CudaMoeCombineNorm, CombineNormBench) {
     for (const int64_t T : {1, 64}) {
       const Inputs in = make_inputs(c, T);
       const ops::ExpertRows rows = ops::moe_expert_rows(in.x, in.ids, in.weights, ex);
+      const ops::ExpertRows ye = cuda::summed_slabs(rows);  // the unfused ops' rows
       Tensor residual = in.residual.clone(), h = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
       Tensor f = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
       const double one = graphed_us(T, [&] {
         cuda::moe_combine_add_rms_norm(rows, shared_of(in), gate_of(in), false, residual, norm_w, kEps, h);
       });
       const double split = graphed_us(T, [&] {
-        cuda::combine_expert_rows(rows.rows, rows.row_of, rows.weights, f);
+        cuda::combine_expert_rows(ye.rows, ye.row_of, ye.weights, f);
         if (in.gate.defined()) cuda::add_sigmoid_gated(f, in.gate, in.shared);
         else if (in.shared.defined()) cuda::add_inplace(f, in.shared);
         cuda::add_rms_norm(residual, f, norm_w, kEps, h);
       });
-      std::printf("[bench] moe combine+norm %s hidden %lld T=%lld (%s rows): fused %.2f us, unfused (combine%s + "
+      std::printf("[bench] moe combine+norm %s hidden %lld T=%lld (%s rows%s): fused %.2f us, unfused (combine%s + "
                   "add_rms_norm) %.2f us (graphed)\n",
-                  c.name, (long long)c.H, (long long)T, std::string(dtype_name(rows.rows.dtype())).c_str(), one,
+                  c.name, (long long)c.H, (long long)T, std::string(dtype_name(rows.rows.dtype())).c_str(),
+                  rows.slabs ? ", as slabs" : "", one,
                   c.shared ? " + shared add" : "", split);
     }
   }

@@ -18,7 +18,7 @@ void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* share
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
   const int64_t T = residual.size(0), H = residual.size(1), K = routed.weights.size(1);
   MS_CHECK(residual.dim() == 2 && routed.rows.dim() == 2 && routed.rows.size(1) == H && routed.rows.is_contiguous() &&
-               routed.weights.size(0) == T && routed.row_of.numel() == T * K,
+               routed.weights.size(0) == T && routed.row_of.numel() == T * K && routed.slabs == 0,
            "moe_combine_add_rms_norm: ", routed.rows.describe(), " by ", routed.row_of.describe(), " into ",
            residual.describe());
   Tensor f = Tensor::zeros(DType::F32, {T, H});

@@ -166,11 +166,17 @@ Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K
   return p;
 }
 
+// slabs_ok: the caller takes a token's rows as the one-token kernel's unsummed slabs (ExpertRows::slabs).
 ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
-                           int first) {
+                           int first, bool slabs_ok) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
+  if (slabs_ok) {
+    Tensor parts;
+    if (const int slabs = one_token_expert_parts(x, ids, perm.row_of, table, first, parts))
+      return {parts, perm.row_of, weights, slabs};
+  }
   Tensor ye = scratch(DType::F32, {pairs, H});
   if (one_token_experts(x, ids, perm.row_of, table, first, ye)) return {ye, perm.row_of, weights};
   Tensor act = scratch(DType::BF16, {pairs, I});
@@ -308,17 +314,9 @@ bool fp8_grouped_takes(const ExpertTable& t, const Tensor& x, int64_t pairs, int
          grouped_gemm_fp8_fits(pairs, t.experts, fp8_tile_rows(pairs, total).bm);
 }
 
-}  // namespace
-
-void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
-  check_device_tensor(out, {DType::BF16, DType::F32}, "moe_experts", "output");
-  MS_CHECK(out.strides()[1] == 1 && out.size(0) == x.size(0) && out.size(1) == x.size(1), "moe_experts: ",
-           x.describe(), " -> ", out.describe());
-  const ExpertRows rows = cuda::moe_expert_rows(x, ids, weights, experts);
-  combine_expert_rows(rows.rows, rows.row_of, rows.weights, out);
-}
-
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
+// The experts' rows as moe_expert_rows gives them; slabs_ok: one token's may be left as slabs.
+ExpertRows expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
+                       bool slabs_ok) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
   const int E = experts.num_experts();
   check_device_tensor(x, {DType::BF16}, "moe_experts", "input");
@@ -337,7 +335,7 @@ ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& wei
   const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_gemm_all_rows(mode));
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
-    return grouped_experts(x, ids, weights, *table, first);
+    return grouped_experts(x, ids, weights, *table, first, slabs_ok);
   // The grouped GEMM beats per-expert cuBLASLt while experts get few rows each, where the
   // per-expert calls are small and paced by the host; with many rows cuBLASLt's own kernels catch
   // up. On mma.sync (~250 TFLOP/s) that was past ~384 rows an expert (BENCHMARKS, session 6: a
@@ -367,6 +365,20 @@ ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& wei
     else bf16_experts(x, perm, experts, gu, act, ye);
   }
   return {ye, row_of, weights};
+}
+
+}  // namespace
+
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
+  check_device_tensor(out, {DType::BF16, DType::F32}, "moe_experts", "output");
+  MS_CHECK(out.strides()[1] == 1 && out.size(0) == x.size(0) && out.size(1) == x.size(1), "moe_experts: ",
+           x.describe(), " -> ", out.describe());
+  const ExpertRows rows = expert_rows(x, ids, weights, experts, false);
+  combine_expert_rows(rows.rows, rows.row_of, rows.weights, out);
+}
+
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
+  return expert_rows(x, ids, weights, experts, moe_slab_norm_takes(x.size(1), ids.dim() == 2 ? ids.size(1) : 0));
 }
 
 void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe) {

@@ -51,6 +51,22 @@ void drop_routed_pairs();
 // once, or when MOESERVE_MOE_ONE_TOKEN=0.
 bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
                        Tensor& ye);
+// The same kernel without its last step, each slot's sum of its slabs into ye: slot j's output is
+// left as `slabs` partial sums, rows [j * slabs, (j + 1) * slabs) of parts [K * slabs, H] (F32, set
+// here), which added in slab order from 0 give one_token_experts' row bit for bit (rows of a slot
+// whose row_of is -1 are not written). Its blocks then need not meet at a counter, and whoever
+// reads the parts (moe_combine_add_rms_norm) does the sum on its way. Returns slabs; 0, with
+// nothing launched, where one_token_experts would decline.
+int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
+                           Tensor& parts);
+
+// Whether moe_combine_add_rms_norm takes one token's rows of hidden size H over K slots as the
+// one-token kernel's slabs in its own launch (so moe_expert_rows leaves them unsummed): H a
+// multiple of 128 from 256 to 2048, K up to 8; MOESERVE_MOE_SLAB_NORM=0 (read once): never.
+bool moe_slab_norm_takes(int64_t H, int64_t K);
+// Rows with slabs (ExpertRows::slabs > 0) summed into plain rows [T * K, H] (F32), bit for bit
+// the rows one_token_experts writes; rows without slabs as they are.
+ops::ExpertRows summed_slabs(const ops::ExpertRows& routed);
 
 // xe [rows, H] (BF16, contiguous): row r = x[token_of_row[r]] (x BF16 with contiguous rows), zeros
 // where token_of_row[r] is -1 (a pad row). 16-byte copies, a warp a row, where rows are aligned.

@@ -46,7 +46,7 @@ struct Params {
   int64_t gu_ld, down_ld;
   int first, E, H, slabs, chunk;
   float* part;  // [K][slabs][H]
-  float* ye;    // [rows][H]
+  float* ye;    // [rows][H]; null: the parts are the result (one_token_expert_parts), no sum_slot
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
 };
 
@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
       if (c0 + u < chunks) gate_up_piece(w[u], xs[(c0 + u) * 32 + l.lane], acc);
   }
   gate_up_to_hs(acc, hs, l.warp, l.lane);
+  if (!p.ye) pdl_trigger();  // no counter to meet at: the kernel after may take its place now
   __syncthreads();
   float hq[8];
 #pragma unroll
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
       if (g < groups) down_piece<L::kLanes>(w[u], hq, l.q == 0, part + g * L::kRowsAtOnce + l.rr);
     }
   }
-  sum_slot(p, s, j, row);
+  if (p.ye) sum_slot(p, s, j, row);
 }
 
 // The same sums with every lane's loads streamed through a private ring of D steps in shared
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
       gate_up_piece(w, xs[t * 32 + l.lane], acc);
       if (t == chunks - 1) {
         gate_up_to_hs(acc, hs, l.warp, l.lane);
+        if (!p.ye) pdl_trigger();  // as in one_token_kernel
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 8; ++i) hq[i] = hs[l.q * 8 + i];
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
       }
     }
   }
-  sum_slot(p, s, j, row);
+  if (p.ye) sum_slot(p, s, j, row);
 }
 
 constexpr int kRingSteps = 3;
@@ -305,31 +307,47 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
 
 }  // namespace
 
-bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                       Tensor& ye) {
-  // MOESERVE_MOE_ONE_TOKEN: 0 off; unset or 1 the first shape that fits; a shape's name (ring, 64,
-  // 32) that shape only.
+namespace {
+
+// Both entry points: the first launch shape that takes the slots (MOESERVE_MOE_ONE_TOKEN: 0 off;
+// unset or 1 the first shape that fits; a shape's name, ring, 64 or 32, that shape only), its
+// partials into `parts` and, with ye, their sums into ye. Returns slabs (0: nothing launched).
+int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
+                     float* ye, Tensor& parts) {
   const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN");
   const std::string_view mode = env ? env : "1";
-  if (mode == "0") return false;
+  if (mode == "0") return 0;
   const int64_t H = t.hidden, I = t.intermediate, K = ids.numel();
   if (t.fp8 || x.size(0) != 1 || x.size(1) != H || H % 256 != 0 || H > kMaxHidden || K > kMaxSlots ||
       t.gate_up.ld % 8 != 0 || t.down.ld % 8 != 0 || !aligned16(x.raw(), 0) || !t.gate_up.w || !t.gate_up.w2 ||
       !t.down.w)
-    return false;
+    return 0;
   for (size_t i = 0; i < std::size(kShapes); ++i) {
     const Shape& sh = kShapes[i];
     if ((mode != "1" && mode != sh.name) || !fits(i, K, H, I)) continue;
     const size_t smem = size_t(H) * sizeof(bf16) + sh.ring;
     const int slabs = int(I / sh.F);
-    Tensor part = scratch(DType::F32, {K, slabs, H});
+    parts = scratch(DType::F32, {K * slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
              t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-             part.data<float>(), ye.data<float>(), weights_evict_first()};
+             parts.data<float>(), ye, weights_evict_first()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
-    return true;
+    return slabs;
   }
-  return false;
+  return 0;
+}
+
+}  // namespace
+
+bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
+                       Tensor& ye) {
+  Tensor parts;
+  return launch_one_token(x, ids, row_of, t, first, ye.data<float>(), parts) > 0;
+}
+
+int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
+                           Tensor& parts) {
+  return launch_one_token(x, ids, row_of, t, first, nullptr, parts);
 }
 
 }  // namespace ms::cuda

@@ -7,6 +7,8 @@
 // sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
 // write and read of f.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -224,6 +226,130 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
   }
 }
 
+// One token's MoE output left as the one-token experts' slabs (ExpertRows::slabs), summed, added
+// to the residual and normed. It replaces the experts kernel's last step (its blocks meeting at a
+// counter a slot, then summing the slot's slabs into ye) and the one-block norm after it. The
+// slabs (Qwen3: 8 slots x 12 x 8 KB) are too many bytes for the few multiprocessors of one
+// cluster (one multiprocessor's reads from L2 are bound by the loads it keeps in flight:
+// BENCHMARKS, session 23), so H / 128 blocks each take 128 columns: thread (slot j, quad q) sums
+// slot j's slabs of 4 columns in slab order (sum_slot's sum, whole 32-byte sectors a warp), then
+// a thread a column takes the slots in order (MoeAddend's weighted sum), the shared expert and
+// the residual add, and stores the rounded sum into the residual. The last block to finish norms
+// the whole row as rms_norm_rows_kernel's 256-thread row does (a thread a piece of 8, the same
+// sums in the same order), so the bits are the unfused path's.
+struct MoeSlabs {
+  const float* parts;  // [K * slabs, H]
+  const int32_t* row_of;
+  const float* weights;
+  int K, slabs;
+  const bf16* shared;  // [H] or null
+  const bf16* gate;    // [1] or null: added ungated
+};
+constexpr int kSlabQuads = 32, kSlabThreads = 8 * kSlabQuads, kSlabCols = 4 * kSlabQuads;
+constexpr int kSlabBatch = 12;  // slabs a thread has in flight (Qwen3's 12 in one round trip)
+
+// Blocks of the running moe_slabs_add_rms_norm_kernel that have stored their columns; its last
+// block resets it (one stream a GPU runs these one after another).
+__device__ unsigned g_slab_blocks_done = 0;
+
+__device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+template <class TW>
+__global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
+                                                                              float eps, int H, bf16* out) {
+  __shared__ float ys[8][kSlabCols];  // [slot][column]
+  __shared__ float warp_ss[kSlabThreads / 32];
+  __shared__ bool last;
+  const int j = int(threadIdx.x) / kSlabQuads, q = int(threadIdx.x) % kSlabQuads;
+  const int c0 = int(blockIdx.x) * kSlabCols, col = c0 + int(threadIdx.x), piece = int(threadIdx.x);
+  const bool mixes = threadIdx.x < kSlabCols, norms = piece < H / 8;
+  float wt[8];  // the norm's weights of this thread's piece, for the last block: no kernel writes them
+  if (norms) load8(w + piece * 8, wt);
+  pdl_wait();  // the parts are the experts kernel's
+  // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
+  // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
+  // took 3.4 us more).
+  pdl_trigger();
+  // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
+  // shared expert and its gate.
+  int32_t rows[8];
+  float weights[8];
+#pragma unroll
+  for (int s = 0; s < 8; ++s) rows[s] = s < m.K ? m.row_of[s] : -1, weights[s] = s < m.K ? m.weights[s] : 0.f;
+  const float residual = mixes ? __bfloat162float(x[col]) : 0.f;
+  const float sh = mixes && m.shared ? __bfloat162float(m.shared[col]) : 0.f;
+  const float gate = m.gate ? load_f(m.gate) : 0.f;
+  int32_t my_row = -1;  // rows[j], kept in registers
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+    if (s == j) my_row = rows[s];
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (my_row >= 0) {  // slot j's slabs in order, from 0 (sum_slot's sum)
+    const float* src = m.parts + int64_t(j) * m.slabs * H + c0 + 4 * q;
+    for (int k0 = 0; k0 < m.slabs; k0 += kSlabBatch) {
+      float4 part[kSlabBatch];
+#pragma unroll
+      for (int u = 0; u < kSlabBatch; ++u)
+        if (k0 + u < m.slabs) part[u] = __ldcg(reinterpret_cast<const float4*>(src + int64_t(k0 + u) * H));
+#pragma unroll
+      for (int u = 0; u < kSlabBatch; ++u)
+        if (k0 + u < m.slabs) v.x += part[u].x, v.y += part[u].y, v.z += part[u].z, v.w += part[u].w;
+    }
+  }
+  *reinterpret_cast<float4*>(&ys[j][4 * q]) = v;
+  __syncthreads();
+  if (mixes) {  // column col: the slots in order (MoeAddend's combine), rounded; the shared expert
+    float a = 0.f;
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+      if (rows[s] >= 0) a = fmaf(weights[s], ys[s][threadIdx.x], a);
+    a = bf16_rounded(a);
+    if (m.shared) {
+      if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
+      else a += sh;
+      a = bf16_rounded(a);
+    }
+    x[col] = __float2bfloat16_rn(a + residual);  // the residual add, stored rounded: the norm's input
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's columns visible device-wide before it counts as done
+    last = atomicAdd(&g_slab_blocks_done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's columns, counted before, are seen after this
+  float xv[8], ss = 0.f;
+  if (norms) {
+    unpack8(__ldcg(reinterpret_cast<const uint4*>(x) + piece), xv);  // past L1: other blocks wrote it
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += xv[i] * xv[i];
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
+  __syncthreads();
+  ss = 0.f;
+  for (int k = 0; k < kSlabThreads / 32; ++k) ss += warp_ss[k];
+  const float inv = 1.0f / sqrtf(ss / float(H) + eps);
+  if (norms) {
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = xv[i] * inv * wt[i];
+    reinterpret_cast<uint4*>(out)[piece] = pack8(o);
+  }
+  if (threadIdx.x == 0) g_slab_blocks_done = 0u;
+}
+
+// ye [T * K, H] (F32): slot s's slabs summed in order into row row_of[s] (the one-token kernel's
+// last step), for a consumer that cannot take the slabs; a block a (slot, 256 columns).
+__global__ void sum_slabs_kernel(const float* parts, const int32_t* row_of, int slabs, int H, float* ye) {
+  const int s = int(blockIdx.y), n = int(blockIdx.x) * 256 + int(threadIdx.x), r = row_of[s];
+  if (r < 0 || n >= H) return;
+  float v = 0.f;
+  for (int k = 0; k < slabs; ++k) v += __ldcg(parts + (int64_t(s) * slabs + k) * H + n);
+  ye[int64_t(r) * H + n] = v;
+}
+
 void check_weight(const char* op, const Tensor& weight, int64_t width) {
   MS_CHECK(weight.numel() == width, op, ": weight ", weight.describe(), " for rows of ", width);
   check_device_tensor(weight, {DType::BF16, DType::F32}, op, "weight");
@@ -289,10 +415,66 @@ void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float
   norm_rows("add_rms_norm", residual, &y, weight, eps, out);
 }
 
-void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
+bool moe_slab_norm_takes(int64_t H, int64_t K) {
+  static const bool allowed = [] {
+    const char* env = std::getenv("MOESERVE_MOE_SLAB_NORM");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return allowed && H >= kSlabThreads && H <= 8 * kSlabThreads && H % kSlabCols == 0 && K >= 1 && K <= 8;
+}
+
+namespace {
+
+// The slabs' consumer: one launch where the token's tensors fit it (true), else nothing.
+bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
+                        const Tensor& weight, float eps, Tensor& out) {
+  const int64_t H = residual.size(1), K = routed.weights.size(1);
+  const bool fits = residual.size(0) == 1 && moe_slab_norm_takes(H, K) && residual.dtype() == DType::BF16 &&
+                    out.dtype() == DType::BF16 && residual.strides()[1] == 1 && out.strides()[1] == 1 &&
+                    wide(residual.raw(), 0) && wide(out.raw(), 0) && wide(weight.raw(), 0) &&
+                    (!shared || (shared->dtype() == DType::BF16 && shared->strides()[1] == 1)) &&
+                    (!shared_gate || shared_gate->dtype() == DType::BF16);
+  if (!fits) return false;
+  const MoeSlabs m{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(), int(K),
+                   routed.slabs, shared ? shared->data<bf16>() : nullptr,
+                   shared_gate ? shared_gate->data<bf16>() : nullptr};
+  MS_FLOAT_DISPATCH(weight.dtype(), TW, {
+    launch_pdl(moe_slabs_add_rms_norm_kernel<TW>, dim3(unsigned(H / kSlabCols)), dim3(kSlabThreads), 0, m,
+               residual.data<bf16>(), weight.data<TW>(), eps, int(H), out.data<bf16>());
+  });
+  MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
+  return true;
+}
+
+}  // namespace
+
+ExpertRows summed_slabs(const ExpertRows& routed) {
+  if (routed.slabs == 0) return routed;
+  const int64_t pairs = routed.row_of.numel(), H = routed.rows.size(1);
+  Tensor ye = scratch(DType::F32, {pairs, H});
+  sum_slabs_kernel<<<dim3(unsigned((H + 255) / 256), unsigned(pairs)), 256, 0, stream()>>>(
+      routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.slabs, int(H), ye.data<float>());
+  MS_CUDA_LAUNCHED("sum_slabs_kernel");
+  return {ye, routed.row_of, routed.weights};
+}
+
+void moe_combine_add_rms_norm(const ExpertRows& slab_or_rows, const Tensor* shared, const Tensor* shared_gate,
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
   const char* op = "moe_combine_add_rms_norm";
   const Rows xr = rows_of(residual, op, "residual"), orow = rows_of(out, op, "output");
+  if (slab_or_rows.slabs > 0) {
+    const Tensor& parts = slab_or_rows.rows;
+    MS_CHECK(parts.dtype() == DType::F32 && parts.is_contiguous() && parts.dim() == 2 && parts.size(1) == xr.width &&
+                 slab_or_rows.weights.dim() == 2 && slab_or_rows.weights.size(0) == xr.n &&
+                 parts.size(0) == slab_or_rows.row_of.numel() * slab_or_rows.slabs,
+             op, ": slabs ", parts.describe(), " (", slab_or_rows.slabs, " a slot) by ",
+             slab_or_rows.row_of.describe(), " into ", residual.describe());
+    check_weight(op, weight, xr.width);
+    if (orow.n == xr.n && orow.width == xr.width &&
+        slabs_add_rms_norm(slab_or_rows, shared, shared_gate, residual, weight, eps, out))
+      return;
+  }
+  const ExpertRows routed = summed_slabs(slab_or_rows);
   const Tensor& ye = routed.rows;
   const int64_t T = xr.n, H = xr.width, K = routed.weights.dim() == 2 ? routed.weights.size(1) : 0;
   MS_CHECK(residual.dim() == 2 && orow.n == T && orow.width == H && ye.dim() == 2 && ye.size(1) == H &&
