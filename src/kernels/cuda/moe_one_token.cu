@@ -12,14 +12,17 @@
 // every block of the slot, once all have stored theirs, sums rows [j * chunk, (j + 1) * chunk)
 // of them in slab order into ye, so the result is the same every run (no float atomics). A block
 // waits for the slot's other blocks, so the whole grid must be resident at once: the launch
-// checks the occupancy and otherwise declines.
+// checks the occupancy and otherwise declines. one_token_expert_parts skips that last step and
+// leaves the partials to the MoE combine + norm (norm.cu), which sums them in the same order:
+// at batch 1 the counter and the sum cost Qwen3's experts 2.8 us of 23.7 (BENCHMARKS, session 23).
 //
-// The kernel lets the next one start (PDL) only once its partials are stored. Earlier would be
+// With ye, the kernel lets the next one start (PDL) only once its partials are stored. Earlier would be
 // safe too (that launch waits until every block here has triggered, so is resident), but the
 // norm after this kernel triggers at once and the next layer's q|k|v product then launches, and
 // when it fetches early (MOESERVE_GEMV_PREFETCH=regs; in session 17 an L2 prefetch) its weights
 // stream while these do (BENCHMARKS, session 17: this kernel's share of a Qwen3 layer was 27.7 us
-// against 25.3).
+// against 25.3). Without ye it does so once its gate|up sums are made: the norm after it then waits,
+// resident, and only lets the next product in once this kernel has ended.
 #include "kernels/cuda/moe_grouped.h"
 
 #include <cstdlib>
