@@ -114,10 +114,3 @@ if [ $PHASE = 4 ]; then
   trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
   log done
 fi
-# PHASE=5 ($SRC = main after the merge): the test programs PHASE=4 did not run on the kept kernels.
-if [ $PHASE = 5 ]; then
-  T="test_cuda_attention_moe test_cuda_fused test_cuda_graphs test_cuda_ops"
-  JOBS=14 build_after $T
-  run_gpu_tests /tmp/b $T
-  log done
-fi
