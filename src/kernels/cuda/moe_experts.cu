@@ -178,7 +178,8 @@ ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& wei
       return {parts, perm.row_of, weights, slabs};
   }
   Tensor ye = scratch(DType::F32, {pairs, H});
-  if (one_token_experts(x, ids, perm.row_of, table, first, ye)) return {ye, perm.row_of, weights};
+  // (Where the slabs were declined, the kernel declines this too.)
+  if (!slabs_ok && one_token_experts(x, ids, perm.row_of, table, first, ye)) return {ye, perm.row_of, weights};
   Tensor act = scratch(DType::BF16, {pairs, I});
   GemvRows rows;
   rows.rows = int(pairs), rows.offsets = perm.offsets.data<int32_t>(), rows.active = perm.active.data<int32_t>();

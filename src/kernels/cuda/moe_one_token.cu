@@ -14,7 +14,7 @@
 // waits for the slot's other blocks, so the whole grid must be resident at once: the launch
 // checks the occupancy and otherwise declines. one_token_expert_parts skips that last step and
 // leaves the partials to the MoE combine + norm (norm.cu), which sums them in the same order:
-// at batch 1 the counter and the sum cost Qwen3's experts 2.8 us of 23.7 (BENCHMARKS, session 23).
+// at batch 1 the counter and the sum cost Qwen3's experts 2.7 us of 23.6 (BENCHMARKS, session 23).
 //
 // With ye, the kernel lets the next one start (PDL) only once its partials are stored. Earlier would be
 // safe too (that launch waits until every block here has triggered, so is resident), but the
@@ -307,10 +307,6 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
   const Shape& sh = kShapes[i];
   return I % sh.F == 0 && H % sh.h_step == 0 && int64_t(blocks_per_sm(i)) * sm_count() >= K * (I / sh.F);
 }
-
-}  // namespace
-
-namespace {
 
 // Both entry points: the first launch shape that takes the slots (MOESERVE_MOE_ONE_TOKEN: 0 off;
 // unset or 1 the first shape that fits; a shape's name, ring, 64 or 32, that shape only), its
