@@ -5,7 +5,8 @@
 // followed by rms_norm. moe_combine_add_rms_norm goes one step further back: the addend is a
 // MoE block's output, made in the same launch from the experts' rows (the combine's weighted
 // sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
-// write and read of f.
+// write and read of f. At batch 1 it starts further back still, from the one-token experts'
+// unsummed partials (moe_slabs_add_rms_norm_kernel).
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
