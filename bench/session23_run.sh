@@ -41,6 +41,28 @@ if [ $PHASE = 1 ]; then
   trace qwen3 1 4096 c4 MOESERVE_GEMV_EARLY_CHUNKS=4
   log done
 fi
+# Phases 2-4: $SRC's build with the tests $1 (and the commands $2 after them), the combine + norm bench,
+# B = 1 rotating before / after / noslab (MOESERVE_MOE_SLAB_NORM=0), three rounds a model, timelines.
+slab_compare() {
+  local T=$1
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace $T
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T
+  eval "$2"
+  MOESERVE_BENCH_COMBINE_NORM=1 gtest combine-bench 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Bench*'
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  SIDES="before after noslab:MOESERVE_MOE_SLAB_NORM=0"
+  local r
+  for r in 0 1 2; do
+    SIDES="$(rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(rotated $(( r + 1 )))" bench_sides v2lite "1 4096 16"
+  done
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
+}
+
 # PHASE=2 ($SRC = branch slab-norm; $BEFORE_SRC = main, 94a48c9): PHASE=1 dropped both its changes (the
 #   router's warm pass made the router slower, 5.1 -> 6.2 us; half an early round moved o's time into
 #   the split merge's). Now: at batch 1 the one-token experts leave each slot's row as its slabs
@@ -48,22 +70,8 @@ fi
 #   counter and sum, then the one-block norm). Tests (bit-exact against the unfused ops), the
 #   combine + norm bench, B = 1 rotating before / after / noslab, timelines, B = 8.
 if [ $PHASE = 2 ]; then
-  T="test_cuda_moe_combine_norm test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_ops"
-  build_before 5
-  JOBS=11 build_after ms_kernel_trace $T
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b $T
-  MOESERVE_MOE_SLAB_NORM=0 gtest fixtures-noslab 120 /tmp/b/tests/test_cuda_fixtures
-  MOESERVE_BENCH_COMBINE_NORM=1 gtest combine-bench 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Bench*'
-  wait
-  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
-  SIDES="before after noslab:MOESERVE_MOE_SLAB_NORM=0"
-  for r in 0 1 2; do
-    SIDES="$(rotated $r)" bench_sides qwen3 "1 4096 16"
-    SIDES="$(rotated $(( r + 1 )))" bench_sides v2lite "1 4096 16"
-  done
-  trace qwen3 1 4096 after; trace v2lite 1 4096 after
-  trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
+  slab_compare "test_cuda_moe_combine_norm test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_ops" \
+    'MOESERVE_MOE_SLAB_NORM=0 gtest fixtures-noslab 120 /tmp/b/tests/test_cuda_fixtures'
   SIDES="after before" bench_sides qwen3 "8 4096 16"; SIDES="before after" bench_sides v2lite "8 4096 16"
   log done
 fi
@@ -74,21 +82,7 @@ fi
 #   blocks crowded onto the idle multiprocessors). Now: every small input asked for at once, 12
 #   slabs in flight, the next kernel let in only after the wait. The same tests and comparison.
 if [ $PHASE = 3 ]; then
-  T="test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs"
-  build_before 5
-  JOBS=11 build_after ms_kernel_trace $T
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b $T
-  MOESERVE_BENCH_COMBINE_NORM=1 gtest combine-bench 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Bench*'
-  wait
-  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
-  SIDES="before after noslab:MOESERVE_MOE_SLAB_NORM=0"
-  for r in 0 1 2; do
-    SIDES="$(rotated $r)" bench_sides qwen3 "1 4096 16"
-    SIDES="$(rotated $(( r + 1 )))" bench_sides v2lite "1 4096 16"
-  done
-  trace qwen3 1 4096 after; trace v2lite 1 4096 after
-  trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
+  slab_compare "test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs" ""
   log done
 fi
 # PHASE=4 ($SRC = branch slab-norm, its third commit; $BEFORE_SRC = main): PHASE=3 left the step as
@@ -97,20 +91,6 @@ fi
 #   bound by the loads it keeps in flight). Now H / 128 blocks (16) each sum 128 columns of every
 #   slot, whole sectors a warp, store them into the residual, and the last block norms the row.
 if [ $PHASE = 4 ]; then
-  T="test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_one_token"
-  build_before 5
-  JOBS=11 build_after ms_kernel_trace $T
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b $T
-  MOESERVE_BENCH_COMBINE_NORM=1 gtest combine-bench 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Bench*'
-  wait
-  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
-  SIDES="before after noslab:MOESERVE_MOE_SLAB_NORM=0"
-  for r in 0 1 2; do
-    SIDES="$(rotated $r)" bench_sides qwen3 "1 4096 16"
-    SIDES="$(rotated $(( r + 1 )))" bench_sides v2lite "1 4096 16"
-  done
-  trace qwen3 1 4096 after; trace v2lite 1 4096 after
-  trace qwen3 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0; trace v2lite 1 4096 noslab MOESERVE_MOE_SLAB_NORM=0
+  slab_compare "test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_one_token" ""
   log done
 fi
