@@ -14,7 +14,8 @@ rotated() { local a=($SIDES) n; n=${#a[@]}; for ((k = 0; k < n; ++k)); do echo -
 # cluster's top-k and sort: session 21 timed them at 3.3 us for a few hundred instructions) in
 # /tmp/qwen3's graphed decode, as CSV into $L/router-sass.csv, the details page into $L/router.txt.
 router_samples() {
-  timeout 150 ncu --clock-control none --cache-control none -k regex:route_cluster -s 60 -c 1 \
+  [ $(left) -gt 60 ] || { log "no time for ncu"; return; }
+  timeout $(( $(left) - 30 )) ncu --clock-control none --cache-control none -k regex:route_cluster -s 60 -c 1 \
     --section SourceCounters --section WarpStateStats --section LaunchStats -f -o /tmp/router \
     $B bench-one-batch --model-path /tmp/qwen3 --device cuda --batch-size 1 --input-len 512 --output-len 16 \
     > $L/ncu-router.log 2>&1
