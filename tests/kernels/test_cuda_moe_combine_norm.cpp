@@ -4,10 +4,9 @@
 // (add_inplace, or add_sigmoid_gated with Qwen2-MoE's gate), then add_rms_norm. The updated
 // residual and the normalised output must be bit-identical, for Qwen3 (128 experts top-8), V2-Lite
 // (64 top-6, two shared experts' output added ungated), a Qwen2-MoE-like block (60 top-4, a gated
-// shared expert), V2-Lite's routed and fused shared slots at full width, and a rank holding part
-// of the experts (rows -1), at T = 1, 2, 8, 64 (F32 rows of the grouped decode path) and 256
-// (BF16 rows of the grouped prefill GEMM), eager and replayed from a captured step with new inputs
-// each time. At T = 1 the experts' rows come as the one-token
+// shared expert) and a rank holding part of the experts (rows -1), at T = 1, 2, 8, 64 (F32 rows
+// of the grouped decode path) and 256 (BF16 rows of the grouped prefill GEMM), eager and replayed
+// from a captured step with new inputs each time. At T = 1 the experts' rows come as the one-token
 // kernel's slabs, which the fused op sums on its way (OneTokenSlabsSumToTheKernelsRows checks
 // the slabs against the kernel's own rows). CombineNormBench prints fused vs unfused
 // microseconds (graphed) when MOESERVE_BENCH_COMBINE_NORM=1.
@@ -37,9 +36,6 @@ const std::vector<Case> kCases = {
     {"v2-lite 64 top-6, 2 shared experts", 64, 6, 2048, 128, true},
     {"qwen2-moe-like 60 top-4, gated shared expert", 60, 4, 2048, 128, true, true},
     {"v2-lite experts 16..47 of 64", 64, 6, 2048, 128, false, false, 16, 32},
-    // V2-Lite's experts with its shared expert fused as 2 more slots: at T = 1 more slabs than
-    // multiprocessors, so the one-token kernel's blocks make two each.
-    {"v2-lite shared expert fused, 8 slots of 1408 features", 16, 8, 2048, 1408},
     // 7168 wide: a row takes a whole 1024-thread block, where registers bound the launch.
     {"v3 ep8 shard experts 32..63 of 256 top-8, a shared expert", 256, 8, 7168, 64, true, false, 32, 32},
 };

@@ -8,11 +8,11 @@
 //
 // F is 64 (a block an SM, whole 128-byte lines of each down row) where the grid fits the
 // multiprocessors, its lanes' loads through a shared-memory ring (one_token_ring_kernel) where
-// the hidden size allows (and there two or more slabs a block where one would not fit), else 32
-// (two blocks an SM). The partials of a slot meet at a counter: every block of the slot, once all
-// have stored theirs, sums its share of the H columns over them in slab order into ye, so the
-// result is the same every run (no float atomics). A block waits for the slot's other blocks, so
-// the whole grid must be resident at once: the launch checks the occupancy and otherwise declines. one_token_expert_parts skips that last step and
+// the hidden size allows, else 32 (two blocks an SM). The partials of a slot meet at a counter:
+// every block of the slot, once all have stored theirs, sums rows [j * chunk, (j + 1) * chunk)
+// of them in slab order into ye, so the result is the same every run (no float atomics). A block
+// waits for the slot's other blocks, so the whole grid must be resident at once: the launch
+// checks the occupancy and otherwise declines. one_token_expert_parts skips that last step and
 // leaves the partials to the MoE combine + norm (norm.cu), which sums them in the same order:
 // at batch 1 the counter and the sum cost Qwen3's experts 2.7 us of 23.6 (BENCHMARKS, session 23).
 //
@@ -47,7 +47,7 @@ struct Params {
   const void* const* up;
   const void* const* down;
   int64_t gu_ld, down_ld;
-  int first, E, H, slabs, items;  // items: slabs a block makes, one after another (the ring only)
+  int first, E, H, slabs, chunk;
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]; null: the parts are the result (one_token_expert_parts), no sum_slot
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
@@ -103,27 +103,26 @@ __device__ __forceinline__ void down_piece(uint4 w, const float (&hq)[8], bool f
 }
 
 // Once every thread of the block has stored its pieces of the partial: the slot's blocks meet
-// at its counter, then block b sums rows [b * chunk, (b + 1) * chunk) of the slot's partials in
-// slab order into ye (chunk: H over the slot's blocks); the last to finish resets the counters.
-__device__ void sum_slot(const Params& p, int s, int row) {
-  const int blocks = int(gridDim.x), b = int(blockIdx.x), chunk = (p.H + blocks - 1) / blocks;
+// at its counter, then this one sums rows [j * chunk, (j + 1) * chunk) of the slot's partials in
+// slab order into ye; the last to finish resets the counters.
+__device__ void sum_slot(const Params& p, int s, int j, int row) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(&g_arrived[s], 1u);
-    while (load_acquire(&g_arrived[s]) < unsigned(blocks)) __nanosleep(32);
+    while (load_acquire(&g_arrived[s]) < unsigned(p.slabs)) __nanosleep(32);
   }
   __syncthreads();
   pdl_trigger();
   const float* parts = p.part + int64_t(s) * p.slabs * p.H;
-  const int n_end = min(p.H, (b + 1) * chunk);
-  for (int n = b * chunk + threadIdx.x; n < n_end; n += blockDim.x) {
+  const int n_end = min(p.H, (j + 1) * p.chunk);
+  for (int n = j * p.chunk + threadIdx.x; n < n_end; n += blockDim.x) {
     float v = 0.f;
 #pragma unroll 8
     for (int k = 0; k < p.slabs; ++k) v += __ldcg(parts + int64_t(k) * p.H + n);
     p.ye[int64_t(row) * p.H + n] = v;
   }
-  if (threadIdx.x == 0 && atomicAdd(&g_summed[s], 1u) == unsigned(blocks) - 1) g_arrived[s] = 0, g_summed[s] = 0;
+  if (threadIdx.x == 0 && atomicAdd(&g_summed[s], 1u) == unsigned(p.slabs) - 1) g_arrived[s] = 0, g_summed[s] = 0;
 }
 
 // What both kernels' threads take: the slot's expert (or -1: another rank's), the token's row in
@@ -199,51 +198,38 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
       if (g < groups) down_piece<L::kLanes>(w[u], hq, l.q == 0, part + g * L::kRowsAtOnce + l.rr);
     }
   }
-  if (p.ye) sum_slot(p, s, row);
+  if (p.ye) sum_slot(p, s, j, row);
 }
 
 // The same sums with every lane's loads streamed through a private ring of D steps in shared
 // memory (cp.async), 8 pieces of 16 bytes a step: the gate|up chunks, then the down groups, in
 // one stream, so the first down pieces are in flight while the last gate|up ones are summed and
 // bytes in flight are not bound by registers. F = 64 and 16 warps: one block an SM; the hidden
-// size a multiple of 512 (whole steps of down groups). A block makes p.items slabs of its slot,
-// one after another in the same stream (where a slab a block would not fit the multiprocessors,
-// such as V2-Lite's 6 routed slots and its shared expert's 2: 176 slabs), each exactly as a block
-// of its own would.
-//
-// At most 88 registers (no spills), where launch bounds alone would give it 128: with a slab a
-// block its grid can take every multiprocessor (V2-Lite: 132 blocks), and the MoE combine + norm
-// after it (moe_slabs_add_rms_norm_kernel, at most 80) must fit beside a block, resident and
-// waiting, rather than start only as these leave (BENCHMARKS, session 24).
+// size a multiple of 512 (whole steps of down groups).
 template <int W, int D>
-__global__ void __maxnreg__(88) one_token_ring_kernel(Params p) {
+__global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
   using L = Lanes<64, W>;
   constexpr int kThreads = W * 32, kPieces = 8;
   static_assert(L::kRows == kPieces, "a gate|up step and a down step are both 8 pieces a lane");
   extern __shared__ uint4 smem[];  // [H / 8] the token's row, then the ring [D][kPieces][kThreads]
-  // A slab's intermediate, two of them: a warp an item ahead of another (no barrier between the
-  // slot's items but this one's) writes the other.
-  __shared__ float hs[2][64];
-  const int j0 = blockIdx.x * p.items, s = blockIdx.y;
+  __shared__ float hs[64];
+  const int j = blockIdx.x, s = blockIdx.y;
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;
   uint4* xs = smem;
   uint4* ring = smem + p.H / 8 + threadIdx.x;  // this thread's slots: ring[(stage * kPieces + r) * kThreads]
-  const L l(p, e, j0);
+  const L l(p, e, j);
   const uint64_t policy = l2_policy(p.evict_first);
-  const int chunks = p.H / 256, steps = chunks + p.H / L::kRowsAtOnce / (W * 8), all = steps * p.items;
-  const int64_t item_rows = int64_t(64) * p.gu_ld;  // the next slab's gate|up rows: 64 rows on
+  const int chunks = p.H / 256, steps = chunks + p.H / L::kRowsAtOnce / (W * 8);
   auto issue = [&](int t) {
-    if (t < all) {
-      const int k = t / steps, u = t - k * steps;  // step u of the block's item k
+    if (t < steps) {
       uint4* stage = ring + (t % D) * kPieces * kThreads;
 #pragma unroll
       for (int r = 0; r < kPieces; ++r)
         cp_async16(stage + r * kThreads,
-                   u < chunks ? l.w_row[r] + k * item_rows + u * 256
-                              : l.down_row(p, l.warp + ((u - chunks) * 8 + r) * W) + k * 64,
-                   true, policy);
+                   t < chunks ? l.w_row[r] + t * 256 : l.down_row(p, l.warp + ((t - chunks) * 8 + r) * W), true,
+                   policy);
     }
     cp_async_commit();  // empty past the last step, so that every wait counts the same groups
   };
@@ -252,54 +238,52 @@ __global__ void __maxnreg__(88) one_token_ring_kernel(Params p) {
   for (int i = threadIdx.x; i < p.H / 8; i += kThreads) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
   __syncthreads();  // xs
   float acc[kPieces] = {}, hq[8];
-  for (int t = 0, k = 0, u = 0; t < all; ++t) {
+  float* part = p.part + (int64_t(s) * p.slabs + j) * p.H;
+  for (int t = 0; t < steps; ++t) {
     issue(t + D - 1);
     cp_async_wait<D - 1>();  // step t's pieces have landed (this thread's own slots)
     const uint4* stage = ring + (t % D) * kPieces * kThreads;
     uint4 w[kPieces];
 #pragma unroll
     for (int r = 0; r < kPieces; ++r) w[r] = stage[r * kThreads];
-    if (u < chunks) {
-      gate_up_piece(w, xs[u * 32 + l.lane], acc);
-      if (u == chunks - 1) {
-        gate_up_to_hs(acc, hs[k % 2], l.warp, l.lane);
-        if (!p.ye && k == p.items - 1) pdl_trigger();  // as in one_token_kernel
+    if (t < chunks) {
+      gate_up_piece(w, xs[t * 32 + l.lane], acc);
+      if (t == chunks - 1) {
+        gate_up_to_hs(acc, hs, l.warp, l.lane);
+        if (!p.ye) pdl_trigger();  // as in one_token_kernel
         __syncthreads();
 #pragma unroll
-        for (int i = 0; i < 8; ++i) hq[i] = hs[k % 2][l.q * 8 + i], acc[i] = 0.f;  // acc: the next item's sums
+        for (int i = 0; i < 8; ++i) hq[i] = hs[l.q * 8 + i];
       }
     } else {
-      float* part = p.part + (int64_t(s) * p.slabs + j0 + k) * p.H;
 #pragma unroll
-      for (int v = 0; v < kPieces; ++v) {
-        const int g = l.warp + ((u - chunks) * 8 + v) * W;
-        down_piece<L::kLanes>(w[v], hq, l.q == 0, part + g * L::kRowsAtOnce + l.rr);
+      for (int u = 0; u < kPieces; ++u) {
+        const int g = l.warp + ((t - chunks) * 8 + u) * W;
+        down_piece<L::kLanes>(w[u], hq, l.q == 0, part + g * L::kRowsAtOnce + l.rr);
       }
     }
-    if (++u == steps) u = 0, ++k;
   }
-  if (p.ye) sum_slot(p, s, row);
+  if (p.ye) sum_slot(p, s, j, row);
 }
 
 constexpr int kRingSteps = 3;
 constexpr size_t kRingBytes = size_t(kRingSteps) * 8 * 512 * sizeof(uint4);  // D x 8 pieces x 16 warps' lanes
 
 // A launch shape: its name (MOESERVE_MOE_ONE_TOKEN), F features a block, its kernel and warps,
-// shared memory beyond the token's row, the hidden sizes it takes (a multiple of `h_step`), and
-// the most slabs a block makes (Params::items).
+// shared memory beyond the token's row, and the hidden sizes it takes (a multiple of `h_step`).
 struct Shape {
   const char* name;
   int F;
   void (*kernel)(Params);
   int warps;
   size_t ring;
-  int h_step, max_items;
+  int h_step;
 };
 // First that fits: the ring; the same slabs with register loads; two blocks an SM of half the
 // width, for more blocks than multiprocessors.
-constexpr Shape kShapes[] = {{"ring", 64, one_token_ring_kernel<16, kRingSteps>, 16, kRingBytes, 512, 4},
-                             {"64", 64, one_token_kernel<64, 16, 1>, 16, 0, 256, 1},
-                             {"32", 32, one_token_kernel<32, 8, 2>, 8, 0, 256, 1}};
+constexpr Shape kShapes[] = {{"ring", 64, one_token_ring_kernel<16, kRingSteps>, 16, kRingBytes, 512},
+                             {"64", 64, one_token_kernel<64, 16, 1>, 16, 0, 256},
+                             {"32", 32, one_token_kernel<32, 8, 2>, 8, 0, 256}};
 
 // Blocks of shape i a multiprocessor holds, asked once a GPU with the largest row's shared memory
 // (every shape is bound by its registers or its ring, not by the row), its shared memory allowed
@@ -317,15 +301,11 @@ int blocks_per_sm(size_t i) {
   return blocks[dev][i];
 }
 
-// The slabs a block of shape i makes for K slots of I features of a hidden size H on this GPU:
-// the fewest (dividing the slot's slabs) with which every block is resident at once; 0 where none.
-int slabs_a_block(size_t i, int64_t K, int64_t H, int64_t I) {
+// Whether shape i takes K slots of I features of a hidden size H at once on this GPU (every
+// block resident).
+bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
   const Shape& sh = kShapes[i];
-  if (I % sh.F != 0 || H % sh.h_step != 0) return 0;
-  const int64_t slabs = I / sh.F, resident = int64_t(blocks_per_sm(i)) * sm_count();
-  for (int n = 1; n <= sh.max_items; ++n)
-    if (slabs % n == 0 && K * (slabs / n) <= resident) return n;
-  return 0;
+  return I % sh.F == 0 && H % sh.h_step == 0 && int64_t(blocks_per_sm(i)) * sm_count() >= K * (I / sh.F);
 }
 
 // Both entry points: the first launch shape that takes the slots (MOESERVE_MOE_ONE_TOKEN: 0 off;
@@ -343,15 +323,14 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
     return 0;
   for (size_t i = 0; i < std::size(kShapes); ++i) {
     const Shape& sh = kShapes[i];
-    const int items = mode == "1" || mode == sh.name ? slabs_a_block(i, K, H, I) : 0;
-    if (items == 0) continue;
+    if ((mode != "1" && mode != sh.name) || !fits(i, K, H, I)) continue;
     const size_t smem = size_t(H) * sizeof(bf16) + sh.ring;
     const int slabs = int(I / sh.F);
     parts = scratch(DType::F32, {K * slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
-             t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, items, parts.data<float>(), ye,
-             weights_evict_first()};
-    launch_pdl(sh.kernel, dim3(unsigned(slabs / items), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
+             t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
+             parts.data<float>(), ye, weights_evict_first()};
+    launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return slabs;
   }
   return 0;

@@ -255,11 +255,8 @@ __device__ unsigned g_slab_blocks_done = 0;
 
 __device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// At most 80 registers (three blocks an SM): a block fits beside one of the one-token experts
-// kernel's (88 registers x 512 threads), so that where that kernel takes every multiprocessor its
-// blocks are resident and waiting when it ends (BENCHMARKS, session 24).
 template <class TW>
-__global__ void __launch_bounds__(kSlabThreads, 3) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
+__global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
                                                                               float eps, int H, bf16* out) {
   __shared__ float ys[8][kSlabCols];  // [slot][column]
   __shared__ float warp_ss[kSlabThreads / 32];
