@@ -52,3 +52,27 @@ if [ $PHASE = 1 ]; then
   router_samples
   log done
 fi
+
+# PHASE=2 ($SRC = branch s24, the first call's kernels reverted; $BEFORE_SRC = main, bc4845d): the
+#   first call's samples put the router's top-k warp at ~1400 instructions, ~500 of them the
+#   predicated, unrolled sum of its parts. Now: the cluster's parts summed in a loop, and a few
+#   pairs (at most 32) sorted by one warp in registers. Tests; B = 1 rotating before / after; B =
+#   8; timelines; the router's samples again.
+if [ $PHASE = 2 ]; then
+  build_before 5
+  T="test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_combine_norm test_cuda_attention_moe test_cuda_fused"
+  JOBS=11 build_after ms_kernel_trace $T
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  for r in 0 1 2; do
+    SIDES="$(SIDES="before after" rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v2lite "1 4096 16"
+  done
+  SIDES="before after" bench_sides qwen3 "8 4096 16"; SIDES="after before" bench_sides v2lite "8 4096 16"
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
+  B=/tmp/before/moeserve trace qwen3 1 4096 before
+  router_samples
+  log done
+fi
