@@ -76,3 +76,27 @@ if [ $PHASE = 2 ]; then
   router_samples
   log done
 fi
+
+# PHASE=3 ($SRC = branch s24 with two experiment switches, no before build): the second call's
+#   timelines keep V2-Lite's MoE combine + norm at 6.9 us after the experts against Qwen3's 3.7;
+#   V2-Lite's next product (q|kv_a) fetches its weight early, Qwen3's q|k|v does not. Sides: the
+#   norm letting the next kernel launch only once its columns are stored (late,
+#   MOESERVE_SLAB_NORM_LATE=1), and q|kv_a not fetching early (qkva, MOESERVE_QKVA_NOT_EARLY=1).
+if [ $PHASE = 3 ]; then
+  T="test_cuda_moe_combine_norm test_cuda_fixtures"
+  JOBS=14 build_after ms_kernel_trace $T
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T
+  MOESERVE_SLAB_NORM_LATE=1 gtest combine-norm-late 120 /tmp/b/tests/test_cuda_moe_combine_norm
+  MOESERVE_QKVA_NOT_EARLY=1 gtest fixtures-qkva 120 /tmp/b/tests/test_cuda_fixtures
+  wait
+  LATE=late:MOESERVE_SLAB_NORM_LATE=1 QKVA=qkva:MOESERVE_QKVA_NOT_EARLY=1
+  for r in 0 1 2; do
+    SIDES="$(SIDES="after $LATE" rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(SIDES="after $LATE $QKVA" rotated $r)" bench_sides v2lite "1 4096 16"
+  done
+  trace v2lite 1 4096 after; trace v2lite 1 4096 late MOESERVE_SLAB_NORM_LATE=1
+  trace v2lite 1 4096 qkva MOESERVE_QKVA_NOT_EARLY=1; trace qwen3 1 4096 late MOESERVE_SLAB_NORM_LATE=1
+  trace qwen3 1 4096 after
+  log done
+fi
