@@ -1,6 +1,5 @@
 #include "layers/attention.h"
 
-#include <cstdlib>
 #include <cmath>
 
 #include "core/check.h"
@@ -74,7 +73,7 @@ MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(
   // 6.8, the norm +0.3; BENCHMARKS, session 22). Qwen3's q|k|v, half its weight in its first
   // round, is not marked: there the norm lost more than the product gained.
   w_.o_proj.mark_fetch_early();
-  if (w_.q_kv_a_proj.defined() && !std::getenv("MOESERVE_QKVA_NOT_EARLY")) w_.q_kv_a_proj.mark_fetch_early();  // EXPERIMENT
+  if (w_.q_kv_a_proj.defined()) w_.q_kv_a_proj.mark_fetch_early();
 }
 
 std::pair<Tensor, Tensor> MlaAttention::project_x(const Tensor& x, const ForwardContext& ctx) const {

@@ -245,7 +245,6 @@ struct MoeSlabs {
   int K, slabs;
   const bf16* shared;  // [H] or null
   const bf16* gate;    // [1] or null: added ungated
-  bool trigger_late;   // EXPERIMENT (session 24): let the next kernel launch only once the columns are stored
 };
 constexpr int kSlabQuads = 32, kSlabThreads = 8 * kSlabQuads, kSlabCols = 4 * kSlabQuads;
 constexpr int kSlabBatch = 12;  // slabs a thread has in flight (Qwen3's 12 in one round trip)
@@ -271,7 +270,7 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
   // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
   // took 3.4 us more).
-  if (!m.trigger_late) pdl_trigger();
+  pdl_trigger();
   // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
   // shared expert and its gate.
   int32_t rows[8];
@@ -314,7 +313,6 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
     x[col] = __float2bfloat16_rn(a + residual);  // the residual add, stored rounded: the norm's input
   }
   __syncthreads();
-  if (m.trigger_late) pdl_trigger();
   if (threadIdx.x == 0) {
     __threadfence();  // this block's columns visible device-wide before it counts as done
     last = atomicAdd(&g_slab_blocks_done, 1u) == gridDim.x - 1;
@@ -440,7 +438,7 @@ bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Te
   if (!fits) return false;
   const MoeSlabs m{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(), int(K),
                    routed.slabs, shared ? shared->data<bf16>() : nullptr,
-                   shared_gate ? shared_gate->data<bf16>() : nullptr, std::getenv("MOESERVE_SLAB_NORM_LATE") != nullptr};
+                   shared_gate ? shared_gate->data<bf16>() : nullptr};
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
     launch_pdl(moe_slabs_add_rms_norm_kernel<TW>, dim3(unsigned(H / kSlabCols)), dim3(kSlabThreads), 0, m,
                residual.data<bf16>(), weight.data<TW>(), eps, int(H), out.data<bf16>());
