@@ -77,7 +77,7 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3 ($SRC = branch s24 with two experiment switches, no before build): the second call's
+# PHASE=3 ($SRC = branch s24 at b183aa6, two experiment switches since removed; no before build): the second call's
 #   timelines keep V2-Lite's MoE combine + norm at 6.9 us after the experts against Qwen3's 3.7;
 #   V2-Lite's next product (q|kv_a) fetches its weight early, Qwen3's q|k|v does not. Sides: the
 #   norm letting the next kernel launch only once its columns are stored (late,
