@@ -77,8 +77,8 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3 ($SRC = branch s24 at b183aa6, two experiment switches since removed; no before build): the second call's
-#   timelines keep V2-Lite's MoE combine + norm at 6.9 us after the experts against Qwen3's 3.7;
+# PHASE=3 ($SRC = branch s24 at b183aa6, two experiment switches since removed; no before build):
+#   the second call's timelines keep V2-Lite's MoE combine + norm at 6.9 us after the experts, Qwen3's 3.7;
 #   V2-Lite's next product (q|kv_a) fetches its weight early, Qwen3's q|k|v does not. Sides: the
 #   norm letting the next kernel launch only once its columns are stored (late,
 #   MOESERVE_SLAB_NORM_LATE=1), and q|kv_a not fetching early (qkva, MOESERVE_QKVA_NOT_EARLY=1).
@@ -98,5 +98,19 @@ if [ $PHASE = 3 ]; then
   trace v2lite 1 4096 after; trace v2lite 1 4096 late MOESERVE_SLAB_NORM_LATE=1
   trace v2lite 1 4096 qkva MOESERVE_QKVA_NOT_EARLY=1; trace qwen3 1 4096 late MOESERVE_SLAB_NORM_LATE=1
   trace qwen3 1 4096 after
+  log done
+fi
+
+# PHASE=4 ($SRC = the session's final tree): every single-GPU test program, the ceilings, B = 1 (three
+#   runs a model), B = 64, and the engine's overlapped decode (bench-offline, 16 and 528 new tokens).
+if [ $PHASE = 4 ]; then
+  JOBS=14 build_after ms_cuda_ceilings $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  for r in 1 2 3; do SIDES=final bench_sides qwen3 "1 4096 16"; SIDES=final bench_sides v2lite "1 4096 16"; done
+  SIDES=final bench_sides qwen3 "64 256 16"; SIDES=final bench_sides v2lite "64 256 16"
+  for m in qwen3 v2lite; do offline $m 16 final; offline $m 528 final; done
   log done
 fi
