@@ -159,11 +159,13 @@ offline() {
 }
 # Kernel timeline (bench/kernel_trace.cpp: build ms_kernel_trace into /tmp/b) of /tmp/$1's graphed
 # decode at B = $2, $3 keys, label $4, env after it; the median replay laid out in
-# $L/kts-<label>-<model>-<B>.txt (bench/kernel_layer_increments.py reads it), its summary in summary.log.
+# $L/kts-<label>-<model>-<B>.txt (bench/kernel_layer_increments.py reads it), its summary in summary.log;
+# $TRACE_FLAGS: more flags for bench-one-batch.
 trace() {
   local m=$1 b=$2 k=$3 tag=$4; shift 4
   env "$@" CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-$tag-$m-$b.tsv timeout 60 $B \
-    bench-one-batch --model-path /tmp/$m --device cuda --batch-size $b --input-len $k --output-len 16 > $L/kt-$tag-$m-$b.log 2>&1
+    bench-one-batch --model-path /tmp/$m --device cuda --batch-size $b --input-len $k --output-len 16 ${TRACE_FLAGS:-} \
+    > $L/kt-$tag-$m-$b.log 2>&1
   log "kernel trace $tag $m B=$b rc=$? $(grep -E 'Decode\.  median' $L/kt-$tag-$m-$b.log)"
   python3 $SRC/bench/kernel_trace_summary.py $L/kt-$tag-$m-$b.tsv --timeline 0 > $L/kts-$tag-$m-$b.txt 2>&1
   grep -E '^graph|median replay' $L/kts-$tag-$m-$b.txt | head -8 >> "$OUT/summary.log"

@@ -217,15 +217,67 @@ __device__ __forceinline__ void scan_expert_counts(const int32_t* counts, const 
   if (lane == 0) out.offsets[E] = base, *out.n_active = abase;
 }
 
+// Pairs and experts that sort_few_pairs_by_expert takes.
+constexpr int kFewPairs = 32, kFewPairsMaxExperts = 8 * 32;
+
+// sort_pairs_by_expert of at most kFewPairs pairs over at most 32 * CHUNKS experts, by one warp
+// (lane = its lane) in registers: lane i holds pair i, and as the pairs are handed round the warp
+// each lane counts, for itself, the pairs before its own in (expert, index) order (its row) and,
+// for its experts e = lane, lane + 32, ..., the pairs of lower experts (offsets[e]) and of e. No
+// shared memory and no barrier: at batch 1 (8 pairs) the block-wide sort's barriers and its scan
+// of every expert were ~0.8 us of the router's 5 (BENCHMARKS, session 21).
+template <int CHUNKS>
+__device__ __forceinline__ void sort_few_pairs_by_expert(const int32_t* ids, int pairs, int K, int first,
+                                                         const SortedPairs& out, int lane) {
+  constexpr uint32_t kAll = 0xffffffffu;
+  constexpr int kOther = 1 << 30;  // the key of another rank's expert: after every local one
+  const int E = out.experts;
+  const int e_mine = lane < pairs ? ids[lane] - first : -1;
+  const bool local = e_mine >= 0 && e_mine < E;
+  const int key = local ? e_mine : kOther;
+  int row = 0, below[CHUNKS] = {}, at[CHUNKS] = {};
+  for (int j = 0; j < pairs; ++j) {
+    const int kj = __shfl_sync(kAll, key, j);
+    row += kj < key || (kj == key && j < lane);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) below[c] += kj < c * 32 + lane, at[c] += kj == c * 32 + lane;
+  }
+  if (lane < pairs) {
+    out.row_of[lane] = local ? row : -1;
+    if (local) out.token_of_row[row] = lane / K;
+  }
+  int active = 0;
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int e = c * 32 + lane;
+    const bool has = e < E && at[c] > 0;
+    const unsigned mask = __ballot_sync(kAll, has);
+    if (e < E) out.offsets[e] = below[c];
+    if (has) out.active[active + __popc(mask & ((1u << lane) - 1))] = e;
+    active += __popc(mask);
+  }
+  const unsigned locals = __ballot_sync(kAll, lane < pairs && local);
+  if (lane == 0) out.offsets[E] = __popc(locals), *out.n_active = active;
+}
+
 // Called by every thread of one block (it has block-wide barriers): the pairs ids [pairs / K, K]
 // sorted by expert into `out` for experts [first, first + out.experts). Counts of each expert,
 // their scan by warp 0 (32 experts a step) into row offsets and the list of experts with rows,
 // then every pair placed at its expert's next row. Rows of one expert come in any order; each
 // row is computed on its own and the combine reads them through row_of, so the result does not
-// depend on that order. counts: sort_pairs_smem(out.experts) bytes of shared memory.
+// depend on that order. counts: sort_pairs_smem(out.experts) bytes of shared memory. A few pairs
+// are sorted by the first warp alone (sort_few_pairs_by_expert).
 __device__ __forceinline__ void sort_pairs_by_expert(const int32_t* ids, int pairs, int K, int first,
                                                      const SortedPairs& out, int32_t* counts) {
   const int E = out.experts;
+  if (pairs <= kFewPairs && E <= kFewPairsMaxExperts) {
+    const int lane = int(threadIdx.x);
+    if (lane >= 32) return;
+    if (E <= 64) sort_few_pairs_by_expert<2>(ids, pairs, K, first, out, lane);
+    else if (E <= 128) sort_few_pairs_by_expert<4>(ids, pairs, K, first, out, lane);
+    else sort_few_pairs_by_expert<8>(ids, pairs, K, first, out, lane);
+    return;
+  }
   int32_t* cursor = counts + E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
@@ -261,28 +313,41 @@ __device__ __forceinline__ void route_tail(const RouteTail& r, const float* part
   const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32;
   const int64_t T = r.tp.T, E = r.tp.E;
   for (int64_t t = warp; t < T; t += warps) {
-    // Every part of the lane's NV logits requested before the first is added: one round trip.
-    float v[NV][kRouteMaxParts];
+    float sum[NV] = {};  // each logit's parts summed in order from 0.f
+    if constexpr (SHARED) {
+      // A part in shared memory is a few cycles away: a loop over the parts. (Unrolled, with a
+      // predicate for every part and expert of the lane, it cost the top-k warp ~500 of its ~1400
+      // instructions: BENCHMARKS, session 24.)
+#pragma unroll 1
+      for (int s = 0; s < parts; ++s)
 #pragma unroll
-    for (int i = 0; i < NV; ++i)
+        for (int i = 0; i < NV; ++i)
+          if (i * 32 + lane < E) sum[i] += part[(s * T + t) * E + i * 32 + lane];
+    } else {
+      // Every part of the lane's NV logits requested before the first is added: one round trip.
+      float v[NV][kRouteMaxParts];
 #pragma unroll
-      for (int s = 0; s < kRouteMaxParts; ++s) {
-        const int64_t e = i * 32 + lane, at = (s * T + t) * E + e;
-        // Global parts past L1: other blocks wrote them.
-        v[i][s] = s < parts && e < E ? (SHARED ? part[at] : __ldcg(part + at)) : 0.f;
-      }
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int s = 0; s < kRouteMaxParts; ++s) {
+          const int64_t e = i * 32 + lane, at = (s * T + t) * E + e;
+          // Past L1: other blocks wrote them.
+          v[i][s] = s < parts && e < E ? __ldcg(part + at) : 0.f;
+        }
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int s = 0; s < kRouteMaxParts; ++s)
+          if (s < parts) sum[i] += v[i][s];
+    }
     float x[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int e = i * 32 + lane;
       x[i] = -INFINITY;
       if (e >= E) continue;
-      float sum = 0.f;
-#pragma unroll
-      for (int s = 0; s < kRouteMaxParts; ++s)
-        if (s < parts) sum += v[i][s];
-      if (bias) sum += bias[e];
-      logits[t * r.tp.ls + e] = x[i] = sum;
+      if (bias) sum[i] += bias[e];
+      logits[t * r.tp.ls + e] = x[i] = sum[i];
     }
     topk_select<NV>(x, r.tp, t, smem + warp * E, r.ids, r.weights);
   }
