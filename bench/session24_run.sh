@@ -25,7 +25,18 @@ router_samples() {
   grep -E 'Duration|Stall|Warp Cycles|Issued' $L/router.txt | head -30 >> "$OUT/summary.log"
 }
 
-# PHASE=1 ($SRC = branch s24; $BEFORE_SRC = main, bc4845d). Two changes to the batch-1 experts:
+# Phases 1-2: main's moeserve (/tmp/before) and $SRC's with the kernel tracer and the test programs
+# $1, both random models, and those tests run.
+before_and_after() {
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace $1
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $1
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+}
+
+# PHASE=1 ($SRC = branch s24 at 014dc65; $BEFORE_SRC = main, bc4845d). Two changes to the batch-1 experts:
 #   the ring kernel at 88 registers and the slab norm at 80, so a norm block fits beside an
 #   experts block (V2-Lite's 132 experts blocks took every multiprocessor and the norm took
 #   6.9 us after them, Qwen3's 3.7); and a ring block making two slabs where one a block would not
@@ -33,13 +44,7 @@ router_samples() {
 #   kernel (side fused: --n-share-experts-fusion=1). Tests; B = 1 rotating; B = 64 fused or not;
 #   timelines; the router's samples.
 if [ $PHASE = 1 ]; then
-  build_before 5
-  T="test_cuda_moe_one_token test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_ops test_cuda_fused test_cuda_graphs"
-  JOBS=11 build_after ms_kernel_trace $T
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b $T
-  wait
-  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  before_and_after "test_cuda_moe_one_token test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_ops test_cuda_fused test_cuda_graphs"
   FUSED=fused:--n-share-experts-fusion=1
   local_q="before after" local_v="before after $FUSED"
   for r in 0 1 2; do
@@ -53,19 +58,13 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2 ($SRC = branch s24, the first call's kernels reverted; $BEFORE_SRC = main, bc4845d): the
+# PHASE=2 ($SRC = branch s24 at 82fd47d, the first call's kernels reverted; $BEFORE_SRC = main, bc4845d): the
 #   first call's samples put the router's top-k warp at ~1400 instructions, ~500 of them the
 #   predicated, unrolled sum of its parts. Now: the cluster's parts summed in a loop, and a few
 #   pairs (at most 32) sorted by one warp in registers. Tests; B = 1 rotating before / after; B =
 #   8; timelines; the router's samples again.
 if [ $PHASE = 2 ]; then
-  build_before 5
-  T="test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_combine_norm test_cuda_attention_moe test_cuda_fused"
-  JOBS=11 build_after ms_kernel_trace $T
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b $T
-  wait
-  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  before_and_after "test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_combine_norm test_cuda_attention_moe test_cuda_fused"
   for r in 0 1 2; do
     SIDES="$(SIDES="before after" rotated $r)" bench_sides qwen3 "1 4096 16"
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v2lite "1 4096 16"
