@@ -36,8 +36,8 @@ before_and_after() {
   [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
 }
 
-# PHASE=1 ($SRC = branch s24 at 014dc65; $BEFORE_SRC = main, bc4845d). Two changes to the batch-1 experts:
-#   the ring kernel at 88 registers and the slab norm at 80, so a norm block fits beside an
+# PHASE=1 ($SRC = branch s24 at 014dc65; $BEFORE_SRC = main, bc4845d). Two changes to the batch-1
+#   experts: the ring kernel at 88 registers and the slab norm at 80, so a norm block fits beside an
 #   experts block (V2-Lite's 132 experts blocks took every multiprocessor and the norm took
 #   6.9 us after them, Qwen3's 3.7); and a ring block making two slabs where one a block would not
 #   fit, so that V2-Lite with its shared expert fused (8 slots, 176 slabs) runs the one-token
@@ -58,11 +58,11 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2 ($SRC = branch s24 at 82fd47d, the first call's kernels reverted; $BEFORE_SRC = main, bc4845d): the
-#   first call's samples put the router's top-k warp at ~1400 instructions, ~500 of them the
-#   predicated, unrolled sum of its parts. Now: the cluster's parts summed in a loop, and a few
-#   pairs (at most 32) sorted by one warp in registers. Tests; B = 1 rotating before / after; B =
-#   8; timelines; the router's samples again.
+# PHASE=2 ($SRC = branch s24 at 82fd47d, the first call's kernels reverted; $BEFORE_SRC = main,
+#   bc4845d): the first call's samples put the router's top-k warp at ~1400 instructions, ~500 of
+#   them the predicated, unrolled sum of its parts. Now: the cluster's parts summed in a loop, and
+#   a few pairs (at most 32) sorted by one warp in registers. Tests; B = 1 rotating before / after;
+#   B = 8; timelines; the router's samples again.
 if [ $PHASE = 2 ]; then
   before_and_after "test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_combine_norm test_cuda_attention_moe test_cuda_fused"
   for r in 0 1 2; do
