@@ -9,6 +9,15 @@ snapshots_ready $SRC
 
 # The sides of $SIDES turned left by $1 (rounds rotate them, so that no side always runs first).
 rotated() { local a=($SIDES) n; n=${#a[@]}; for ((k = 0; k < n; ++k)); do echo -n "${a[$(( (k + $1) % n ))]} "; done; }
+# B = 1 at 4096 keys, three rounds: the sides $1 for /tmp/qwen3 and $2 for /tmp/v2lite (bench_sides'
+# syntax), both turned left by the round.
+b1_rounds() {
+  local r
+  for r in 0 1 2; do
+    SIDES="$(SIDES="$1" rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(SIDES="$2" rotated $r)" bench_sides v2lite "1 4096 16"
+  done
+}
 
 # Nsight Compute's warp-state samples by SASS instruction of one batch-1 router launch (the
 # cluster's top-k and sort: session 21 timed them at 3.3 us for a few hundred instructions) in
@@ -46,11 +55,7 @@ before_and_after() {
 if [ $PHASE = 1 ]; then
   before_and_after "test_cuda_moe_one_token test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_ops test_cuda_fused test_cuda_graphs"
   FUSED=fused:--n-share-experts-fusion=1
-  local_q="before after" local_v="before after $FUSED"
-  for r in 0 1 2; do
-    SIDES="$(SIDES=$local_q rotated $r)" bench_sides qwen3 "1 4096 16"
-    SIDES="$(SIDES=$local_v rotated $r)" bench_sides v2lite "1 4096 16"
-  done
+  b1_rounds "before after" "before after $FUSED"
   SIDES="after $FUSED" bench_sides v2lite "64 256 16"
   trace qwen3 1 4096 after; trace v2lite 1 4096 after
   TRACE_FLAGS=--n-share-experts-fusion=1 trace v2lite 1 4096 fused
@@ -65,10 +70,7 @@ fi
 #   B = 8; timelines; the router's samples again.
 if [ $PHASE = 2 ]; then
   before_and_after "test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_combine_norm test_cuda_attention_moe test_cuda_fused"
-  for r in 0 1 2; do
-    SIDES="$(SIDES="before after" rotated $r)" bench_sides qwen3 "1 4096 16"
-    SIDES="$(SIDES="after before" rotated $r)" bench_sides v2lite "1 4096 16"
-  done
+  b1_rounds "before after" "after before"
   SIDES="before after" bench_sides qwen3 "8 4096 16"; SIDES="after before" bench_sides v2lite "8 4096 16"
   trace qwen3 1 4096 after; trace v2lite 1 4096 after
   B=/tmp/before/moeserve trace qwen3 1 4096 before
@@ -90,10 +92,7 @@ if [ $PHASE = 3 ]; then
   MOESERVE_QKVA_NOT_EARLY=1 gtest fixtures-qkva 120 /tmp/b/tests/test_cuda_fixtures
   wait
   LATE=late:MOESERVE_SLAB_NORM_LATE=1 QKVA=qkva:MOESERVE_QKVA_NOT_EARLY=1
-  for r in 0 1 2; do
-    SIDES="$(SIDES="after $LATE" rotated $r)" bench_sides qwen3 "1 4096 16"
-    SIDES="$(SIDES="after $LATE $QKVA" rotated $r)" bench_sides v2lite "1 4096 16"
-  done
+  b1_rounds "after $LATE" "after $LATE $QKVA"
   trace v2lite 1 4096 after; trace v2lite 1 4096 late MOESERVE_SLAB_NORM_LATE=1
   trace v2lite 1 4096 qkva MOESERVE_QKVA_NOT_EARLY=1; trace qwen3 1 4096 late MOESERVE_SLAB_NORM_LATE=1
   trace qwen3 1 4096 after
