@@ -39,3 +39,31 @@ if [ $PHASE = 1 ]; then
   for m in qwen3 v2lite; do trace $m 1 4096 full; trace $m 1 4096 off MOESERVE_L2_AHEAD=0; done
   log done
 fi
+
+# The engine's own decode (bench-offline, one 4096-token prompt, $2 new tokens) of /tmp/$1 under the
+# kernel tracer, label $3: the median replay and the gaps between replays in $L/kts-offline-<label>-<model>.txt.
+trace_offline() {
+  local m=$1 o=$2 tag=$3
+  CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-offline-$tag-$m.tsv offline $m $o trace-$tag
+  python3 $SRC/bench/kernel_trace_summary.py $L/kt-offline-$tag-$m.tsv --timeline 0 > $L/kts-offline-$tag-$m.txt 2>&1
+  grep -E '^graph|median replay' $L/kts-offline-$tag-$m.txt | head -4 >> "$OUT/summary.log"
+}
+
+# PHASE=2 ($SRC = main with the L2 ahead off by default and a one-launch argmax; $BEFORE_SRC = the
+#   session's start, f253c99). Sides: before; off (the new argmax); p24: the ahead asked for as
+#   evict_last into 24 MB of L2 set aside for persisting lines (MOESERVE_L2_AHEAD=1,
+#   MOESERVE_L2_AHEAD_PERSIST=24), which the experts' evict-first stream cannot take. Tests (the
+#   slabs test with the ahead on both ways); B = 1 rotating; timelines; the engine's decode traced.
+if [ $PHASE = 2 ]; then
+  build_before 5
+  build_and_test "test_cuda_engine_graphs test_cuda_sampling test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_graphs"
+  MOESERVE_L2_AHEAD=1 gtest slabs-ahead 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Slabs*'
+  MOESERVE_L2_AHEAD=1 MOESERVE_L2_AHEAD_PERSIST=24 gtest slabs-p24 60 /tmp/b/tests/test_cuda_moe_combine_norm --gtest_filter='*Slabs*'
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  P24=p24:MOESERVE_L2_AHEAD=1,MOESERVE_L2_AHEAD_PERSIST=24
+  b1_rounds "before off $P24" "before off $P24"
+  trace qwen3 1 4096 off; trace qwen3 1 4096 p24 MOESERVE_L2_AHEAD=1 MOESERVE_L2_AHEAD_PERSIST=24
+  trace_offline qwen3 64 off
+  log done
+fi

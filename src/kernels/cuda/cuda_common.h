@@ -59,9 +59,12 @@ struct L2Ahead {
   const char* base = nullptr;
   int64_t rows = 0, ld = 0;
   int lines = 0;
+  bool last = false;  // asked for as evict_last (MOESERVE_L2_AHEAD_PERSIST)
 };
-// The leading MOESERVE_L2_AHEAD fraction (0 to 1, read once; 0: nothing) of each row of w's
-// weight (its FP8 scales are left out); empty for null.
+// The leading MOESERVE_L2_AHEAD fraction (0 to 1, read once; 0, the default: nothing) of each row of w's
+// weight (its FP8 scales are left out); empty for null. MOESERVE_L2_AHEAD_PERSIST=MB (0: off)
+// sets aside that much L2 for persisting lines (once, outside a capture) and asks for the lines
+// as evict_last, which that set-aside keeps.
 L2Ahead l2_ahead(const ops::Weight* w);
 
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
@@ -187,8 +190,11 @@ __device__ __forceinline__ uint4 ldg16(const void* p, uint64_t policy) {
 // Thread i of n's share of the L2 prefetches of `a`: lines in row order, consecutive threads on
 // consecutive lines of a row.
 __device__ __forceinline__ void prefetch_l2(const L2Ahead& a, int64_t i, int64_t n) {
-  for (int64_t t = i; t < a.rows * a.lines; t += n)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.base + t / a.lines * a.ld + t % a.lines * 128));
+  for (int64_t t = i; t < a.rows * a.lines; t += n) {
+    const char* p = a.base + t / a.lines * a.ld + t % a.lines * 128;
+    if (a.last) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
+    else asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  }
 }
 // Closes the group of copies issued since the last commit (an empty group when none were).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -3,9 +3,11 @@
 // lower index, as std::max_element on the host does (the sampler's greedy rule).
 //
 // A row of 152k logits is too much for one block (batch-1 decode had a single block scan it), so
-// a row is cut into chunks: a first kernel reduces each chunk to its (value, index) with one
-// block, a second merges a row's chunk results with one warp. Chunk counts depend only on the
-// shape, so the scratch and the launches are the same at every replay of a captured step.
+// a row is cut into chunks: each block reduces a chunk to its (value, index), and the last block
+// of a row to store its result (counted at a device counter) merges the row's results with one
+// warp, so a decode step's argmax is one launch (a second one, a merge kernel, took 2-3 us more of
+// a batch-1 step on the H200). Chunk counts depend only on the shape, so the scratch and the launches are the same at every
+// replay of a captured step.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -28,11 +30,17 @@ __device__ __forceinline__ void warp_keep_better(float& v, int& i) {
   for (int o = 16; o > 0; o >>= 1) keep_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
 }
 
-// Block (r, c) reduces logits [c * chunk, (c + 1) * chunk) of row r into part_v/part_i[r * chunks + c];
-// with one chunk a row (part_v null) it writes the row's answer to part_i[r] directly.
+// The blocks of row r that have stored their chunk's result; the row's last block resets it
+// (one stream a GPU runs these launches one after another).
+constexpr int kCountedRows = 1024;
+__device__ unsigned g_chunks_done[kCountedRows];
+
+// Block (r, c) reduces logits [c * chunk, (c + 1) * chunk) of row r into part_v/part_i[r * chunks + c],
+// and the row's last block to store its result merges them into out[r]; with one chunk a row the
+// block writes out[r] directly.
 template <class T>
 __global__ void argmax_chunks_kernel(const T* logits, int64_t stride, int vocab, int chunk, float* part_v,
-                                     int32_t* part_i) {
+                                     int32_t* part_i, int32_t* out) {
   const T* row = logits + int64_t(blockIdx.x) * stride;
   const int begin = int(blockIdx.y) * chunk, end = min(vocab, begin + chunk);
   float v = -FLT_MAX;
@@ -49,21 +57,25 @@ __global__ void argmax_chunks_kernel(const T* logits, int64_t stride, int vocab,
   v = lane < kThreads / 32 ? sv[lane] : -FLT_MAX;
   idx = lane < kThreads / 32 ? si[lane] : -1;
   warp_keep_better(v, idx);
-  if (lane != 0) return;
-  const int64_t at = int64_t(blockIdx.x) * gridDim.y + blockIdx.y;
-  if (part_v) part_v[at] = v, part_i[at] = idx;
-  else part_i[at] = idx < 0 ? 0 : idx;  // a row of NaNs has no larger value: index 0, as max_element gives
+  const int chunks = int(gridDim.y);
+  if (chunks > 1) {
+    const int64_t base = int64_t(blockIdx.x) * chunks;
+    unsigned stored = 0;
+    if (lane == 0) {
+      part_v[base + blockIdx.y] = v, part_i[base + blockIdx.y] = idx;
+      __threadfence();
+      stored = atomicAdd(&g_chunks_done[blockIdx.x], 1u) + 1;
+    }
+    if (__shfl_sync(0xffffffffu, stored, 0) != unsigned(chunks)) return;
+    __threadfence();  // every other block's result, stored before it counted itself, is visible
+    v = -FLT_MAX, idx = -1;
+    for (int c = lane; c < chunks; c += 32) keep_better(v, idx, __ldcg(part_v + base + c), __ldcg(part_i + base + c));
+    warp_keep_better(v, idx);
+    if (lane == 0) g_chunks_done[blockIdx.x] = 0;
+  }
+  if (lane == 0) out[blockIdx.x] = idx < 0 ? 0 : idx;  // a row of NaNs has no larger value: index 0, as max_element gives
 }
 
-// One warp a row merges the row's `chunks` partial results.
-__global__ void argmax_merge_kernel(const float* part_v, const int32_t* part_i, int chunks, int32_t* out) {
-  const int64_t base = int64_t(blockIdx.x) * chunks;
-  float v = -FLT_MAX;
-  int idx = -1;
-  for (int c = int(threadIdx.x); c < chunks; c += 32) keep_better(v, idx, part_v[base + c], part_i[base + c]);
-  warp_keep_better(v, idx);
-  if (threadIdx.x == 0) out[blockIdx.x] = idx < 0 ? 0 : idx;
-}
 
 }  // namespace
 
@@ -82,17 +94,14 @@ void argmax_rows_into(const Tensor& logits, Tensor& ids) {
   chunks = int((vocab + chunk - 1) / chunk);  // every chunk non-empty
   Tensor part_v, part_i;
   if (chunks > 1) part_v = scratch(DType::F32, {rows, chunks}), part_i = scratch(DType::I32, {rows, chunks});
+  // Several chunks a row only below 2 x sm_count() rows: within the counters on any GPU of up to 512 SMs.
+  MS_CHECK(chunks == 1 || rows <= kCountedRows, "argmax_rows: ", rows, " rows of ", chunks, " chunks");
   MS_FLOAT_DISPATCH(logits.dtype(), T, {
     argmax_chunks_kernel<T><<<dim3(unsigned(rows), unsigned(chunks)), kThreads, 0, stream()>>>(
         logits.data<T>(), logits.strides()[0], int(vocab), chunk, chunks > 1 ? part_v.data<float>() : nullptr,
-        chunks > 1 ? part_i.data<int32_t>() : ids.data<int32_t>());
+        chunks > 1 ? part_i.data<int32_t>() : nullptr, ids.data<int32_t>());
   });
   MS_CUDA_LAUNCHED("argmax_chunks_kernel");
-  if (chunks > 1) {
-    argmax_merge_kernel<<<unsigned(rows), 32, 0, stream()>>>(part_v.data<float>(), part_i.data<int32_t>(), chunks,
-                                                             ids.data<int32_t>());
-    MS_CUDA_LAUNCHED("argmax_merge_kernel");
-  }
 }
 
 std::vector<int32_t> argmax_rows(const Tensor& logits) {
