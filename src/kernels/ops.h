@@ -196,11 +196,7 @@ struct ExpertRows {
   Tensor weights;  // F32 [T, K]
   int slabs = 0;
 };
-// ahead: a weight the step reads soon after the experts (the next layer's first product), or null.
-// The CUDA backend's one-token experts kernel asks L2 for part of it while it waits for the
-// routing (cuda::l2_ahead); the result does not depend on it.
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                           const Weight* ahead = nullptr);
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts);
 // A MoE block's output added to the residual stream, fused with the norm after it: f = the
 // weighted sum of `routed` in residual's dtype; with a shared expert's output, f += shared
 // (f += sigmoid(shared_gate[t]) * shared[t] with Qwen2-MoE's gate [T, 1]), rounded again; then

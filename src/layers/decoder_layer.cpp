@@ -4,8 +4,8 @@
 
 namespace ms {
 
-void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx, const RmsNorm& next_norm,
-                           const ops::Weight* next_weight) const {
+void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx,
+                           const RmsNorm& next_norm) const {
   Tensor a = std::visit([&](const auto& attn) { return attn.forward(h, layer, ctx); }, attention);
   if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
   h = ctx.empty(hidden.shape());
@@ -17,7 +17,7 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
   if (const auto* moe = std::get_if<SparseMoe>(&ffn); moe && local) {
     // Nothing comes between the block's output and the residual add (no reduction), so the
     // experts' rows are summed inside the next norm's kernel: one launch fewer a layer.
-    moe->forward_add_norm(x, ctx, hidden, next_norm, h, next_weight);
+    moe->forward_add_norm(x, ctx, hidden, next_norm, h);
   } else {
     Tensor f;
     if (local) {
@@ -38,16 +38,9 @@ Tensor forward_layers(std::span<const DecoderLayer> layers, Tensor& hidden, cons
   MS_CHECK(!layers.empty(), "forward_layers: no layers");
   Tensor h = layers[0].input_norm(hidden);
   ctx.round(h);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const bool last = i + 1 == layers.size();
-    layers[i].forward(hidden, h, int(i), ctx, last ? final_norm : layers[i + 1].input_norm,
-                      last ? nullptr : &layers[i + 1].input_weight());
-  }
+  for (size_t i = 0; i < layers.size(); ++i)
+    layers[i].forward(hidden, h, int(i), ctx, i + 1 < layers.size() ? layers[i + 1].input_norm : final_norm);
   return h;
-}
-
-const ops::Weight& DecoderLayer::input_weight() const {
-  return std::visit([](const auto& attn) -> const ops::Weight& { return attn.input_weight(); }, attention);
 }
 
 Tensor DecoderLayer::feed_forward(const Tensor& h, const ForwardContext& ctx) const {

@@ -31,13 +31,8 @@ struct DecoderLayer {
   FfnMode ffn_mode = FfnMode::Local;
 
   // hidden [T, H] is the residual stream, updated in place; h = input_norm(hidden) on entry,
-  // next_norm(hidden) on return (a new tensor). `layer` picks this layer's KV buffers. next_weight:
-  // the first weight the next block reads (or null), a cache hint for the experts
-  // (ops::moe_expert_rows' ahead).
-  void forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx, const RmsNorm& next_norm,
-               const ops::Weight* next_weight = nullptr) const;
-  // The weight of the block's first product (its attention's).
-  const ops::Weight& input_weight() const;
+  // next_norm(hidden) on return (a new tensor). `layer` picks this layer's KV buffers.
+  void forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx, const RmsNorm& next_norm) const;
 
  private:
   Tensor feed_forward(const Tensor& h, const ForwardContext& ctx) const;

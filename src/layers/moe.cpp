@@ -72,7 +72,7 @@ Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
 }
 
 void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
-                                 Tensor& out, const ops::Weight* ahead) const {
+                                 Tensor& out) const {
   Tensor ids, weights;
   route_traced(x, ctx, ids, weights);
   // The shared expert does not need the routing: launched right after the router, its products
@@ -81,7 +81,7 @@ void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Ten
   Tensor shared, gate;
   if (w_.shared.defined()) shared = w_.shared.forward(x, ctx);
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
-  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts, ahead);
+  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
   ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
                                 ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);
 }

@@ -49,24 +49,6 @@ bool pdl_enabled();
 // the normal policy.
 bool weights_evict_first();
 
-// Part of a weight that a kernel asks L2 for while it waits for its inputs, for a product later
-// in the step: the first `lines` 128-byte lines of each of `rows` rows, `ld` bytes apart. At
-// batch 1 the one-token experts kernel waits ~3 us for the router's top-k, a time when HBM idles,
-// and asks for the next layer's first product (ops::moe_expert_rows' ahead). The weights it
-// streams itself go in evict-first (weights_evict_first), so lines asked for at the normal
-// priority outlive them.
-struct L2Ahead {
-  const char* base = nullptr;
-  int64_t rows = 0, ld = 0;
-  int lines = 0;
-  bool last = false;  // asked for as evict_last (MOESERVE_L2_AHEAD_PERSIST)
-};
-// The leading MOESERVE_L2_AHEAD fraction (0 to 1, read once; 0, the default: nothing) of each row of w's
-// weight (its FP8 scales are left out); empty for null. MOESERVE_L2_AHEAD_PERSIST=MB (0: off)
-// sets aside that much L2 for persisting lines (once, outside a capture) and asks for the lines
-// as evict_last, which that set-aside keeps.
-L2Ahead l2_ahead(const ops::Weight* w);
-
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
 // dynamic shared-memory limit (cudaFuncSetAttribute) belongs to one device.
 class PerDeviceOnce {
@@ -186,15 +168,6 @@ __device__ __forceinline__ uint4 ldg16(const void* p, uint64_t policy) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p), "l"(policy));
   return v;
-}
-// Thread i of n's share of the L2 prefetches of `a`: lines in row order, consecutive threads on
-// consecutive lines of a row.
-__device__ __forceinline__ void prefetch_l2(const L2Ahead& a, int64_t i, int64_t n) {
-  for (int64_t t = i; t < a.rows * a.lines; t += n) {
-    const char* p = a.base + t / a.lines * a.ld + t % a.lines * 128;
-    if (a.last) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-    else asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-  }
 }
 // Closes the group of copies issued since the last commit (an empty group when none were).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

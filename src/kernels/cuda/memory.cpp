@@ -4,10 +4,8 @@
 // core's Device::CUDA memory forwards to that device's runtime. Every op is stream-ordered on
 // its device's stream, so a freed block can be handed to the next allocation at once: any later
 // use is queued after the earlier ones.
-#include <algorithm>
 #include <array>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -315,27 +313,6 @@ bool weights_evict_first() {
     return !env || std::string(env) != "0";
   }();
   return on;
-}
-
-L2Ahead l2_ahead(const ops::Weight* w) {
-  static const double fraction = [] {
-    const char* env = std::getenv("MOESERVE_L2_AHEAD");
-    const double f = env ? std::atof(env) : 0.0;
-    MS_CHECK(f >= 0.0 && f <= 1.0, "MOESERVE_L2_AHEAD=", env, ": expected a fraction from 0 to 1");
-    return f;
-  }();
-  static const size_t persist = [] {
-    const char* env = std::getenv("MOESERVE_L2_AHEAD_PERSIST");
-    return env ? size_t(std::atoll(env)) << 20 : size_t(0);
-  }();
-  static PerDeviceOnce set_aside;
-  if (!w || !w->w.defined() || fraction == 0.0) return {};
-  if (persist && !capturing())
-    set_aside([] { MS_CUDA(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, persist)); });
-  const int64_t row_bytes = w->in_features() * int64_t(dtype_size(w->w.dtype()));
-  const int lines = int(std::ceil(double(row_bytes) * fraction / 128.0));
-  return {static_cast<const char*>(w->w.raw()), w->out_features(), w->w.strides()[0] * int64_t(dtype_size(w->w.dtype())),
-          std::min(lines, int((row_bytes + 127) / 128)), persist > 0};
 }
 
 void* lt_workspace(size_t bytes) {

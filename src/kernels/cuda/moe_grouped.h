@@ -56,10 +56,9 @@ bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of,
 // here), which added in slab order from 0 give one_token_experts' row bit for bit (rows of a slot
 // whose row_of is -1 are not written). Its blocks then need not meet at a counter, and whoever
 // reads the parts (moe_combine_add_rms_norm) does the sum on its way. Returns slabs; 0, with
-// nothing launched, where one_token_experts would decline. Its blocks ask L2 for `ahead` before
-// they wait for the routing.
+// nothing launched, where one_token_experts would decline.
 int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                           Tensor& parts, const L2Ahead& ahead);
+                           Tensor& parts);
 
 // Whether moe_combine_add_rms_norm takes one token's rows of hidden size H over K slots as the
 // one-token kernel's slabs in its own launch (so moe_expert_rows leaves them unsummed): H a

@@ -51,14 +51,7 @@ struct Params {
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]; null: the parts are the result (one_token_expert_parts), no sum_slot
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
-  L2Ahead ahead;     // asked for before pdl_wait, while the router ends
 };
-
-// Every thread's share of p.ahead, before the kernel waits for the routing.
-__device__ __forceinline__ void prefetch_ahead(const Params& p) {
-  const int64_t threads = int64_t(blockDim.x) * gridDim.x * gridDim.y;
-  prefetch_l2(p.ahead, (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x, threads);
-}
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -164,7 +157,6 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   extern __shared__ uint4 xs[];  // [H / 8] the token's row
   __shared__ float hs[F];
   const int j = blockIdx.x, s = blockIdx.y;
-  prefetch_ahead(p);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;  // another rank's expert: the slot's every block leaves
@@ -222,7 +214,6 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
   extern __shared__ uint4 smem[];  // [H / 8] the token's row, then the ring [D][kPieces][kThreads]
   __shared__ float hs[64];
   const int j = blockIdx.x, s = blockIdx.y;
-  prefetch_ahead(p);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;
@@ -321,7 +312,7 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
 // unset or 1 the first shape that fits; a shape's name, ring, 64 or 32, that shape only), its
 // partials into `parts` and, with ye, their sums into ye. Returns slabs (0: nothing launched).
 int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                     float* ye, Tensor& parts, const L2Ahead& ahead) {
+                     float* ye, Tensor& parts) {
   const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN");
   const std::string_view mode = env ? env : "1";
   if (mode == "0") return 0;
@@ -338,7 +329,7 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
     parts = scratch(DType::F32, {K * slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
              t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-             parts.data<float>(), ye, weights_evict_first(), ahead};
+             parts.data<float>(), ye, weights_evict_first()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return slabs;
   }
@@ -350,12 +341,12 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
 bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
                        Tensor& ye) {
   Tensor parts;
-  return launch_one_token(x, ids, row_of, t, first, ye.data<float>(), parts, {}) > 0;
+  return launch_one_token(x, ids, row_of, t, first, ye.data<float>(), parts) > 0;
 }
 
 int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                           Tensor& parts, const L2Ahead& ahead) {
-  return launch_one_token(x, ids, row_of, t, first, nullptr, parts, ahead);
+                           Tensor& parts) {
+  return launch_one_token(x, ids, row_of, t, first, nullptr, parts);
 }
 
 }  // namespace ms::cuda
