@@ -67,3 +67,24 @@ if [ $PHASE = 2 ]; then
   trace_offline qwen3 64 off
   log done
 fi
+
+# PHASE=3 ($SRC = main with the step's copies as kernels, MOESERVE_COPY_KERNELS=0 the copy engine;
+#   bench-one-batch reads its ids back as the engine does): every single-GPU test program, the
+#   ceilings; the engine's decode with the copies by kernels or by the copy engine (bench-offline,
+#   16 and 528 new tokens: the steady step), traced once each; B = 1 rotating; B = 64.
+if [ $PHASE = 3 ]; then
+  JOBS=14 build_after ms_cuda_ceilings ms_kernel_trace $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  MOESERVE_COPY_KERNELS=0 gtest engine-graphs-copyeng 120 /tmp/b/tests/test_cuda_engine_graphs
+  wait
+  for m in qwen3 v2lite; do
+    for o in 16 528; do offline $m $o kern; MOESERVE_COPY_KERNELS=0 offline $m $o copyeng; done
+  done
+  CE=copyeng:MOESERVE_COPY_KERNELS=0
+  b1_rounds "$CE kern" "kern $CE"
+  SIDES="kern $CE" bench_sides qwen3 "64 256 16"; SIDES="$CE kern" bench_sides v2lite "64 256 16"
+  trace_offline qwen3 64 kern; MOESERVE_COPY_KERNELS=0 trace_offline qwen3 64 copyeng
+  log done
+fi

@@ -83,16 +83,21 @@ StaticBatchTimes run_single(const BenchArgs& a, const CausalLM& model, const Loa
   *graphed = graphs != nullptr;
   auto ids = random_prompts(a, model.config.vocab_size);
   std::vector<int> cached(static_cast<size_t>(B), 0);
+  // The ids reach the host as the engine's do (ops::HostReadback), then the host waits for them.
+  Tensor ids_dev = Tensor::empty(DType::I32, {B}, o.device);
+  auto readback = ops::make_host_readback(o.device, B);
   using clock = std::chrono::steady_clock;
   auto step = [&](const std::vector<std::vector<int32_t>>& step_ids) {
     ForwardBatch fb = Generator::static_batch(step_ids, cached, cap);
     std::optional<Tensor> replayed = graphs ? graphs->decode(fb) : std::nullopt;
     ForwardContext ctx{fb, kv};
     ctx.device = model.device, ctx.act_dtype = model.act_dtype;
-    // argmax_rows copies only the ids to the host (and waits for the device).
     Tensor logits = replayed ? *replayed : model.forward(ctx);
     for (int b = 0; b < B; ++b) cached[b] += int(step_ids[b].size());
-    return ops::argmax_rows(logits);
+    ops::argmax_rows_into(logits, ids_dev);
+    readback->start(ids_dev);
+    const std::span<const int32_t> got = readback->wait();
+    return std::vector<int32_t>(got.begin(), got.end());
   };
   if (o.device == Device::CUDA) {  // as SGLang's warm-up: plans and allocations stay out of the timing
     step(ids);

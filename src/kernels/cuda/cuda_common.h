@@ -73,6 +73,19 @@ bool capturing();
 // Copies `bytes` from device memory to host memory and waits for it.
 void download(void* host, const void* device, size_t bytes);
 
+// Between one step's graph and the next, a decode step's ids go to the host and its metadata to
+// the device. Done by the copy engine, each transfer started several microseconds after the
+// work before it (the engine's overlapped decode: 7-8 us from the argmax's end to its ids' copy,
+// then as long to the next graph; BENCHMARKS, session 25). So they are kernels instead, reading
+// or writing pinned host memory mapped into the device's address space: a kernel follows a
+// kernel within about a microsecond. MOESERVE_COPY_KERNELS=0 (read once): the copy engine.
+bool copy_kernels();
+// Pinned host memory of `bytes`, mapped for the device (cudaHostAllocMapped); its device address.
+void* alloc_mapped(size_t bytes);
+void* mapped_device_ptr(void* host);
+// Stream-ordered copy of `words` 4-byte words by a kernel; either side may be mapped host memory.
+void copy_words(const void* src, void* dst, int64_t words);
+
 // Checks that a tensor is on the GPU with one of the dtypes the kernel supports.
 void check_device_tensor(const Tensor& t, std::initializer_list<DType> allowed, const char* op, const char* what);
 

@@ -372,6 +372,26 @@ bool capturing() {
   return status != cudaStreamCaptureStatusNone;
 }
 
+bool copy_kernels() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_COPY_KERNELS");
+    return !env || std::string(env) != "0";
+  }();
+  return on;
+}
+
+void* alloc_mapped(size_t bytes) {
+  void* p = nullptr;
+  MS_CUDA(cudaHostAlloc(&p, std::max<size_t>(bytes, 16), cudaHostAllocMapped));
+  return p;
+}
+
+void* mapped_device_ptr(void* host) {
+  void* d = nullptr;
+  MS_CUDA(cudaHostGetDevicePointer(&d, host, 0));
+  return d;
+}
+
 void download(void* host, const void* device, size_t bytes) {
   if (bytes == 0) return;
   MS_CUDA(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream()));

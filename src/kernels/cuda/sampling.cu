@@ -604,11 +604,13 @@ void sample_rows_into(const Tensor& logits, std::span<const ops::RowSampling> ro
 }
 
 namespace {
-// Pinned host memory the copy lands in, and an event the host waits on instead of the stream.
+// Pinned host memory the copy lands in (mapped: copy_kernels), and an event the host waits on
+// instead of the stream.
 class CudaReadback final : public ops::HostReadback {
  public:
   explicit CudaReadback(int64_t capacity) : capacity_(capacity) {
-    MS_CUDA(cudaMallocHost(&host_, size_t(std::max<int64_t>(capacity, 1)) * sizeof(int32_t)));
+    host_ = static_cast<int32_t*>(alloc_mapped(size_t(std::max<int64_t>(capacity, 1)) * sizeof(int32_t)));
+    mapped_ = mapped_device_ptr(host_);
     MS_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
   ~CudaReadback() override {
@@ -621,7 +623,8 @@ class CudaReadback final : public ops::HostReadback {
     MS_CHECK(ids.numel() <= capacity_ && ids.is_contiguous(), "readback of ", ids.describe(), ", capacity ", capacity_);
     MS_CUDA(cudaEventSynchronize(done_));  // the previous copy's values were read
     count_ = size_t(ids.numel());
-    MS_CUDA(cudaMemcpyAsync(host_, ids.raw(), count_ * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
+    if (copy_kernels()) copy_words(ids.raw(), mapped_, int64_t(count_));
+    else MS_CUDA(cudaMemcpyAsync(host_, ids.raw(), count_ * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
     MS_CUDA(cudaEventRecord(done_, stream()));
   }
   std::span<const int32_t> wait() override {
@@ -632,6 +635,7 @@ class CudaReadback final : public ops::HostReadback {
  private:
   int64_t capacity_;
   int32_t* host_ = nullptr;
+  void* mapped_ = nullptr;  // host_'s device address
   cudaEvent_t done_ = nullptr;
   size_t count_ = 0;
 };

@@ -32,7 +32,8 @@ class CudaStepGraph final : public ops::StepGraph {
              " slots, ", a.layout->kv_slots.size(), " kv slots for a capacity of ", capacity_);
     const int64_t n = 5 * tokens_ + capacity_;
     arena_ = scratch(DType::I32, {n});
-    MS_CUDA(cudaMallocHost(&host_, size_t(n) * sizeof(int32_t)));
+    host_ = static_cast<int32_t*>(alloc_mapped(size_t(n) * sizeof(int32_t)));
+    mapped_ = mapped_device_ptr(host_);
     MS_CUDA(cudaMallocHost(&staged_.pinned, kPinnedConstants));
     staged_.pinned_capacity = kPinnedConstants;
     MS_CUDA(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
@@ -98,8 +99,9 @@ class CudaStepGraph final : public ops::StepGraph {
     query_ranges(*a.layout, host_ + 3 * tokens_, host_ + 4 * tokens_);
     const auto& slots = a.layout->kv_slots;
     std::memcpy(host_ + 5 * tokens_, slots.data(), slots.size() * 4);
-    const size_t bytes = (size_t(5 * tokens_) + slots.size()) * 4;
-    MS_CUDA(cudaMemcpyAsync(arena_.raw(), host_, bytes, cudaMemcpyHostToDevice, stream()));
+    const size_t words = size_t(5 * tokens_) + slots.size();
+    if (copy_kernels()) copy_words(mapped_, arena_.raw(), int64_t(words));  // (copy_kernels: why)
+    else MS_CUDA(cudaMemcpyAsync(arena_.raw(), host_, words * 4, cudaMemcpyHostToDevice, stream()));
     MS_CUDA(cudaEventRecord(copied_, stream()));
   }
 
@@ -107,7 +109,8 @@ class CudaStepGraph final : public ops::StepGraph {
   int seqs_;
   int64_t capacity_;
   Tensor arena_;
-  int32_t* host_ = nullptr;
+  int32_t* host_ = nullptr;  // pinned, mapped
+  void* mapped_ = nullptr;    // host_'s device address
   cudaEvent_t copied_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   StagedStep staged_;
