@@ -88,3 +88,23 @@ if [ $PHASE = 3 ]; then
   trace_offline qwen3 64 kern; MOESERVE_COPY_KERNELS=0 trace_offline qwen3 64 copyeng
   log done
 fi
+
+# PHASE=4 ($SRC as in phase 3): the third call's single samples again — the engine's decode and
+#   B = 64, each side three times, rotating; V2-Lite's B = 1 three more rounds.
+if [ $PHASE = 4 ]; then
+  JOBS=14 build_after
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  wait
+  CE=copyeng:MOESERVE_COPY_KERNELS=0
+  for r in 0 1 2; do
+    for m in qwen3 v2lite; do
+      for side in $(SIDES="kern copyeng" rotated $r); do
+        env=""; [ $side = copyeng ] && env=MOESERVE_COPY_KERNELS=0
+        for o in 16 528; do env $env true; [ -n "$env" ] && export MOESERVE_COPY_KERNELS=0; offline $m $o $side-$r; unset MOESERVE_COPY_KERNELS; done
+      done
+    done
+    SIDES="$(SIDES="kern $CE" rotated $r)" bench_sides qwen3 "64 256 16"
+    SIDES="$(SIDES="kern $CE" rotated $r)" bench_sides v2lite "64 256 16" "1 4096 16"
+  done
+  log done
+fi
