@@ -99,8 +99,9 @@ if [ $PHASE = 4 ]; then
   for r in 0 1 2; do
     for m in qwen3 v2lite; do
       for side in $(SIDES="kern copyeng" rotated $r); do
-        env=""; [ $side = copyeng ] && env=MOESERVE_COPY_KERNELS=0
-        for o in 16 528; do env $env true; [ -n "$env" ] && export MOESERVE_COPY_KERNELS=0; offline $m $o $side-$r; unset MOESERVE_COPY_KERNELS; done
+        for o in 16 528; do
+          if [ $side = copyeng ]; then MOESERVE_COPY_KERNELS=0 offline $m $o $side-$r; else offline $m $o $side-$r; fi
+        done
       done
     done
     SIDES="$(SIDES="kern $CE" rotated $r)" bench_sides qwen3 "64 256 16"
