@@ -146,6 +146,17 @@ alternate_b1() {
   local r
   for r in 1 2 3; do SIDES="$1 $2" bench_sides qwen3 "1 4096 16"; SIDES="$2 $1" bench_sides v2lite "1 4096 16"; done
 }
+# The sides of $SIDES turned left by $1 (rounds rotate them, so that no side always runs first).
+rotated() { local a=($SIDES) n; n=${#a[@]}; for ((k = 0; k < n; ++k)); do echo -n "${a[$(( (k + $1) % n ))]} "; done; }
+# B = 1 at 4096 keys, three rounds: the sides $1 for /tmp/qwen3 and $2 for /tmp/v2lite (bench_sides'
+# syntax), both turned left by the round.
+b1_rounds() {
+  local r
+  for r in 0 1 2; do
+    SIDES="$(SIDES="$1" rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(SIDES="$2" rotated $r)" bench_sides v2lite "1 4096 16"
+  done
+}
 # The engine's own decode of one 4096-token prompt (bench-offline: overlap scheduling, CUDA
 # graphs), $2 new tokens, label $3, flags after it; the total time in summary.log
 # (the exact durations: output tokens over output_throughput in the result file). Two lengths

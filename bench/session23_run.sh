@@ -7,8 +7,6 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# The sides of $SIDES turned left by $1 (rounds rotate them, so that no side always runs first).
-rotated() { local a=($SIDES) n; n=${#a[@]}; for ((k = 0; k < n; ++k)); do echo -n "${a[$(( (k + $1) % n ))]} "; done; }
 # REDUX instructions in each route_cluster_kernel of snapshot $1's gemv.cu (one copy of the top-k
 # per kernel: one count of it), into summary.log as label $2.
 route_sass() {

@@ -7,18 +7,6 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# The sides of $SIDES turned left by $1 (rounds rotate them, so that no side always runs first).
-rotated() { local a=($SIDES) n; n=${#a[@]}; for ((k = 0; k < n; ++k)); do echo -n "${a[$(( (k + $1) % n ))]} "; done; }
-# B = 1 at 4096 keys, three rounds: the sides $1 for /tmp/qwen3 and $2 for /tmp/v2lite (bench_sides'
-# syntax), both turned left by the round.
-b1_rounds() {
-  local r
-  for r in 0 1 2; do
-    SIDES="$(SIDES="$1" rotated $r)" bench_sides qwen3 "1 4096 16"
-    SIDES="$(SIDES="$2" rotated $r)" bench_sides v2lite "1 4096 16"
-  done
-}
-
 # Nsight Compute's warp-state samples by SASS instruction of one batch-1 router launch (the
 # cluster's top-k and sort: session 21 timed them at 3.3 us for a few hundred instructions) in
 # /tmp/qwen3's graphed decode, as CSV into $L/router-sass.csv, the details page into $L/router.txt.

@@ -299,19 +299,19 @@ cublasLtHandle_t lt_handle() { return runtime().lt; }
 int sm_count() { return runtime().sms; }
 bool hopper() { return runtime().hopper; }
 
+// A switch that is on unless the variable is "0".
+static bool unless_zero(const char* variable) {
+  const char* env = std::getenv(variable);
+  return !env || std::string(env) != "0";
+}
+
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_PDL");
-    return !env || std::string(env) != "0";
-  }();
+  static const bool on = unless_zero("MOESERVE_PDL");
   return on;
 }
 
 bool weights_evict_first() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_L2_STREAM");
-    return !env || std::string(env) != "0";
-  }();
+  static const bool on = unless_zero("MOESERVE_L2_STREAM");
   return on;
 }
 
@@ -373,10 +373,7 @@ bool capturing() {
 }
 
 bool copy_kernels() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_COPY_KERNELS");
-    return !env || std::string(env) != "0";
-  }();
+  static const bool on = unless_zero("MOESERVE_COPY_KERNELS");
   return on;
 }
 
