@@ -175,7 +175,8 @@ void copy_words(const void* src, void* dst, int64_t words) {
   if (words == 0) return;
   const int64_t n4 = aligned16(src, 0) && aligned16(dst, 0) ? words / 4 : 0;
   const int threads = 256;
-  const unsigned blocks = std::min<unsigned>(blocks_for(std::max<int64_t>(n4, words - 4 * n4), threads), 4 * sm_count());
+  const int64_t items = std::max<int64_t>(n4, words - 4 * n4);  // of the longer loop
+  const unsigned blocks = std::min<unsigned>(blocks_for(items, threads), 4 * sm_count());
   copy_words_kernel<<<blocks, threads, 0, stream()>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst),
                                                      words, n4);
   MS_CUDA_LAUNCHED("copy_words_kernel");

@@ -5,9 +5,9 @@
 // A row of 152k logits is too much for one block (batch-1 decode had a single block scan it), so
 // a row is cut into chunks: each block reduces a chunk to its (value, index), and the last block
 // of a row to store its result (counted at a device counter) merges the row's results with one
-// warp, so a decode step's argmax is one launch (a second one, a merge kernel, took 2-3 us more of
-// a batch-1 step on the H200). Chunk counts depend only on the shape, so the scratch and the launches are the same at every
-// replay of a captured step.
+// warp, so a decode step's argmax is one launch (a merge kernel after it started 1-2 us after the
+// chunks ended). Chunk counts depend only on the shape, so the scratch and the launches are the
+// same at every replay of a captured step.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -73,9 +73,9 @@ __global__ void argmax_chunks_kernel(const T* logits, int64_t stride, int vocab,
     warp_keep_better(v, idx);
     if (lane == 0) g_chunks_done[blockIdx.x] = 0;
   }
-  if (lane == 0) out[blockIdx.x] = idx < 0 ? 0 : idx;  // a row of NaNs has no larger value: index 0, as max_element gives
+  // A row of NaNs has no larger value: index 0, as max_element gives.
+  if (lane == 0) out[blockIdx.x] = idx < 0 ? 0 : idx;
 }
-
 
 }  // namespace
 
