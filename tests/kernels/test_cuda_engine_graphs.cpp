@@ -3,11 +3,13 @@
 // decoding with the MTP draft's chain steps replayed. Ids are compared up to the first step
 // whose margin between the top two logits of the op-by-op run is below 5e-2 (bf16 cannot
 // resolve smaller ones; the graph's attention splits its keys differently), as the fixture
-// tests do. Also: the GPU argmax against the host's, ties included.
+// tests do. Also: the GPU argmax against the host's, ties included, and the copy kernel that
+// moves a step's ids and metadata between the device and mapped host memory.
 #include <algorithm>
 
 #include "cuda_test_util.h"
 #include "io/safetensors.h"
+#include "kernels/cuda/cuda_common.h"
 #include "runtime/engine.h"
 #include "runtime/spec_mtp_draft.h"
 
@@ -73,6 +75,32 @@ TEST(CudaOverlap, ArgmaxIdsFeedTheNextEmbeddingOnTheDevice) {
   for (int t = 0; t < 4; ++t)
     for (int i = 0; i < 64; ++i)
       ASSERT_EQ(got[size_t(t * 64 + i)], rows[size_t(source[t] * 64 + i)]) << "token " << t << " dim " << i;
+}
+
+// cuda::copy_words, as the graphs' upload and the readback use it: words from mapped host memory to
+// the device and back, at 16-byte-aligned starts (the vector loop and its tail) and at a start one
+// word in (the word loop alone), the words around the copied range untouched.
+TEST(CudaOverlap, CopyWordsMovesWordsToAndFromMappedHostMemory) {
+  MS_REQUIRE_CUDA();
+  constexpr int64_t kMax = 70001, kRoom = kMax + 8;
+  auto* in = static_cast<int32_t*>(cuda::alloc_mapped(kRoom * 4));
+  auto* out = static_cast<int32_t*>(cuda::alloc_mapped(kRoom * 4));
+  auto* in_dev = static_cast<int32_t*>(cuda::mapped_device_ptr(in));
+  auto* out_dev = static_cast<int32_t*>(cuda::mapped_device_ptr(out));
+  Tensor dev = Tensor::empty(DType::I32, {kRoom}, Device::CUDA);
+  for (const int64_t n : {int64_t(1), int64_t(3), int64_t(4), int64_t(5), int64_t(4099), kMax})
+    for (const int64_t at : {int64_t(0), int64_t(1)}) {
+      for (int64_t i = 0; i < kRoom; ++i) in[i] = int32_t(i * 7 + n), out[i] = -1;
+      cuda::copy_words(in_dev + at, dev.data<int32_t>() + at, n);
+      cuda::copy_words(dev.data<int32_t>() + at, out_dev + at, n);
+      ASSERT_EQ(cudaStreamSynchronize(cuda::stream()), cudaSuccess);
+      for (int64_t i = 0; i < kRoom; ++i) {
+        const int32_t want = i >= at && i < at + n ? int32_t(i * 7 + n) : -1;
+        ASSERT_EQ(out[i], want) << n << " words at " << at << ": word " << i;
+      }
+    }
+  cudaFreeHost(in);
+  cudaFreeHost(out);
 }
 
 std::unique_ptr<CausalLM> load_gpu(const std::string& fixture) {
