@@ -100,7 +100,7 @@ class CudaStepGraph final : public ops::StepGraph {
     const auto& slots = a.layout->kv_slots;
     std::memcpy(host_ + 5 * tokens_, slots.data(), slots.size() * 4);
     const size_t words = size_t(5 * tokens_) + slots.size();
-    if (copy_kernels()) copy_words(mapped_, arena_.raw(), int64_t(words));  // (copy_kernels: why)
+    if (copy_kernels()) copy_words(mapped_, arena_.raw(), int64_t(words));  // why a kernel: copy_kernels
     else MS_CUDA(cudaMemcpyAsync(arena_.raw(), host_, words * 4, cudaMemcpyHostToDevice, stream()));
     MS_CUDA(cudaEventRecord(copied_, stream()));
   }
