@@ -106,6 +106,12 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
                Tensor& out) {
   MS_DISPATCH(q, attention(q, k_cache, v_cache, layout, scale, out));
 }
+void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope,
+                             std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                             const HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out) {
+  MS_DISPATCH(q, rope_store_kv_attention(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm, layout, scale,
+                                         out));
+}
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
                    float scale, Tensor& out) {
   MS_DISPATCH(q_latent, mla_attention(q_latent, q_rope, kv_cache, layout, scale, out));

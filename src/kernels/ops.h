@@ -119,6 +119,13 @@ struct AttentionLayout {
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                float scale, Tensor& out);
 
+// rope_store_kv, then attention over the caches it wrote, as one op: on the GPU a decode step
+// (a query a sequence, whose new key is its last) of 128-dim BF16 heads roped whole (Qwen3)
+// runs both in the attention kernel. q is scratch afterwards (roped, or as it was).
+void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope,
+                             std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                             const HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out);
+
 // MLA in the absorbed form over the latent cache [slots, L + R] (L = kv_lora_rank, the
 // normalised latent; R = roped key part). q_latent [T, H, L], q_rope [T, H, R]; out [T, H, L]
 // is the attention-weighted latent (the caller applies W_uv).

@@ -41,10 +41,10 @@ Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
     q3 = q.view({T, heads_, head_dim_}), k3 = k.view({T, kv_heads_, head_dim_}), v3 = v.view({T, kv_heads_, head_dim_});
   }
   const ops::HeadNorm qk_norm{w_.q_norm.weight(), w_.k_norm.weight(), w_.q_norm.eps()};
-  ops::rope_store_kv(q3, k3, v3, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations,
-                     ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr);
   Tensor o = ctx.empty({T, heads_, head_dim_});
-  ops::attention(q3, ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), b.attn, 1.0f / std::sqrt(float(head_dim_)), o);
+  ops::rope_store_kv_attention(q3, k3, v3, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations,
+                               ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr,
+                               b.attn, 1.0f / std::sqrt(float(head_dim_)), o);
   ctx.round(o);
   Tensor out = w_.o_proj(o.view({T, int64_t(heads_) * head_dim_}));
   ctx.round(out);

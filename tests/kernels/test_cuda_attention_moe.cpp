@@ -253,6 +253,97 @@ TEST(CudaOps, DecodeRightAfterRopeReadsTheNewKeys) {
   }
 }
 
+// rope_store_kv_attention against its two ops in turn (rope_store_kv, then attention), both on
+// the GPU: a decode step takes the attention kernel that norms and ropes its queries and writes
+// the new keys and values itself, which must leave the same caches and the same output, bit for
+// bit (the same rope functions, the same attention); a step with a prefill in it falls back to
+// the two ops. Qwen3's 32/4 heads as head slices of one projection, with per-head norms and
+// without; eager, and replayed from a captured decode step with other lengths and positions.
+TEST(CudaOps, DecodeRopeInsideAttentionMatchesTheTwoOps) {
+  MS_REQUIRE_CUDA();
+  const int64_t pool = 13000, Hq = 32, Hkv = 4, D = 128;
+  const RopeTable table = RopeTable::build(int(D), 1e6, 8192, false).to(Device::CUDA);
+  Tensor c0 = gpu(randn({pool, Hkv, D})), wq = gpu(randn({D}, 0.5f)), wk = gpu(randn({D}, 0.5f));
+  const ops::HeadNorm norms{wq, wk, 1e-6f};
+  // Each sequence's new tokens: its last nq keys, at positions nk - nq ...
+  auto new_tokens = [](const ops::AttentionLayout& l, std::vector<int32_t>& positions, std::vector<int32_t>& locs) {
+    positions.clear(), locs.clear();
+    for (int s = 0; s < l.num_seqs(); ++s) {
+      const int nq = l.q_start[s + 1] - l.q_start[s], nk = l.kv_start[s + 1] - l.kv_start[s];
+      for (int i = 0; i < nq; ++i)
+        positions.push_back(nk - nq + i), locs.push_back(l.kv_slots[size_t(l.kv_start[s] + nk - nq + i)]);
+    }
+  };
+  struct Side {
+    Tensor qkv, kc, vc, out;
+  };
+  auto side = [&](const Tensor& qkv_host, int64_t T) {
+    Side s{gpu(qkv_host).view({T, Hq + 2 * Hkv, D}), c0.clone(), c0.clone(), poisoned(DType::BF16, {T, Hq, D})};
+    return s;
+  };
+  auto fused = [&](Side& s, const ops::AttentionLayout& l, std::span<const int32_t> pos, std::span<const int32_t> locs,
+                   const ops::HeadNorm* n) {
+    Tensor q = s.qkv.slice(1, 0, Hq);
+    cuda::rope_store_kv_attention(q, s.qkv.slice(1, Hq, Hq + Hkv), s.qkv.slice(1, Hq + Hkv, Hq + 2 * Hkv),
+                                  table.at(pos), locs, false, s.kc, s.vc, n, l, 0.088f, s.out);
+  };
+  auto two_ops = [&](Side& s, const ops::AttentionLayout& l, std::span<const int32_t> pos, std::span<const int32_t> locs,
+                     const ops::HeadNorm* n) {
+    Tensor q = s.qkv.slice(1, 0, Hq);
+    cuda::rope_store_kv(q, s.qkv.slice(1, Hq, Hq + Hkv), s.qkv.slice(1, Hq + Hkv, Hq + 2 * Hkv), table.at(pos), locs,
+                        false, s.kc, s.vc, n);
+    cuda::attention(q, s.kc, s.vc, l, 0.088f, s.out);
+  };
+  auto expect_same = [](const Side& a, const Side& b, const std::string& name) {
+    EXPECT_EQ(bit_mismatches(a.kc, b.kc), 0) << name << ": key cache";
+    EXPECT_EQ(bit_mismatches(a.vc, b.vc), 0) << name << ": value cache";
+    EXPECT_EQ(bit_mismatches(a.out, b.out), 0) << name << ": output";
+  };
+  using Seqs = std::vector<std::pair<int, int>>;
+  for (const ops::HeadNorm* n : {&norms, static_cast<const ops::HeadNorm*>(nullptr)}) {
+    for (const Seqs& seqs : std::vector<Seqs>{{{1, 4096}}, {{1, 33}}, {{1, 1}}, {{1, 4096}, {1, 1000}, {1, 33}},
+                                              batch_of(8, 2000, 250), {{1, 900}, {64, 64}}}) {
+      const auto layout = make_layout(seqs, int(pool));
+      std::vector<int32_t> pos, locs;
+      new_tokens(layout, pos, locs);
+      const int64_t T = int64_t(locs.size());
+      const Tensor qkv = randn({T, (Hq + 2 * Hkv) * D});
+      Side a = side(qkv, T), b = side(qkv, T);
+      fused(a, layout, pos, locs, n);
+      two_ops(b, layout, pos, locs, n);
+      expect_same(a, b, std::string(n ? "norms, " : "") + std::to_string(seqs.size()) + " sequences, first of " +
+                            std::to_string(seqs[0].second) + " keys");
+    }
+    // Captured at 4096 keys for 3 decodes, each side in its own graph (a replay's splits come
+    // from the capture's max_kv), replayed with other lengths (a split of its own for the single
+    // key, some splits empty) and so other positions and new slots.
+    const auto captured = make_layout({{1, 4096}, {1, 1024}, {1, 33}}, int(pool));
+    std::vector<int32_t> pos, locs;
+    new_tokens(captured, pos, locs);
+    const std::vector<int32_t> ids(3, 0);
+    const Tensor qkv = randn({3, (Hq + 2 * Hkv) * D});
+    Side a = side(qkv, 3), b = side(qkv, 3);
+    fused(a, captured, pos, locs, n);  // eagerly first, as the runner does
+    two_ops(b, captured, pos, locs, n);
+    auto graph_pool = ops::make_graph_pool(Device::CUDA);
+    const ops::StepArrays arrays{ids, pos, locs, &captured};
+    auto graph_a = ops::capture_step(Device::CUDA, arrays, 3 * 4096, 4096, *graph_pool,
+                                     [&] { fused(a, captured, pos, locs, n); });
+    auto graph_b = ops::capture_step(Device::CUDA, arrays, 3 * 4096, 4096, *graph_pool,
+                                     [&] { two_ops(b, captured, pos, locs, n); });
+    for (const Seqs& seqs : std::vector<Seqs>{{{1, 50}, {1, 4096}, {1, 2048}}, {{1, 1}, {1, 17}, {1, 4000}}}) {
+      const auto layout = make_layout(seqs, int(pool));
+      std::vector<int32_t> p2, l2;
+      new_tokens(layout, p2, l2);
+      for (Side* s : {&a, &b}) s->kc.copy_from(c0), s->vc.copy_from(c0), s->qkv.copy_from(gpu(qkv).view(s->qkv.shape()));
+      graph_a->replay(ops::StepArrays{ids, p2, l2, &layout});
+      graph_b->replay(ops::StepArrays{ids, p2, l2, &layout});
+      expect_same(a, b, std::string(n ? "norms, " : "") + "replayed at " + std::to_string(seqs[0].second) + " " +
+                            std::to_string(seqs[1].second) + " " + std::to_string(seqs[2].second) + " keys");
+    }
+  }
+}
+
 // Decode attention: µs a call (split-KV kernel and merge) and the KV bytes it streams per µs,
 // GQA 32/4 heads (Qwen3-30B-A3B) and MLA 16 heads (DeepSeek-V2-Lite): batch 1 and 8 at 4096 keys
 // a query, and batch 64 at 256 (V2-Lite's 2-split MLA decode, where the merge's cost shows).

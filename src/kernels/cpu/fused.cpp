@@ -93,4 +93,13 @@ void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float ep
   scatter_rows(row, slots, cache);
 }
 
+// The two ops in turn: the CPU has no launch to save.
+void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                             std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                             const ops::HeadNorm* qk_norm, const ops::AttentionLayout& layout, float scale,
+                             Tensor& out) {
+  cpu::rope_store_kv(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm);
+  cpu::attention(q, k_cache, v_cache, layout, scale, out);
+}
+
 }  // namespace ms::cpu

@@ -7,11 +7,14 @@
 // the tensor cores instead (flash_prefill.h): prefill (16 queries or more per sequence) in
 // flash-attention kernels, decode as split-KV partials merged here; this kernel takes the rest.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_prefill.h"
+#include "kernels/cuda/rope_head.cuh"
 #include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
@@ -34,6 +37,8 @@ struct AttnParams {
   bool mla_tc;                                   // MLA on the tensor cores (flash_mla.cu)
   bool mla_wgmma;                                // ... on Hopper's warpgroup MMAs (flash_mla_wgmma.cu)
   bool gqa_tc;                                   // GQA decode on the tensor cores (flash_decode.cu)
+  bool with_rope;                                // ... roping q and the new keys itself (rope)
+  GqaDecodeRope rope;
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -360,7 +365,7 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   } else if (p.gqa_tc) {
     flash_decode(GqaDecodeLaunch{p.qa, p.qa_s0, p.qa_s1, p.k, p.k_s0, p.k_s1, p.v, p.v_s0, p.v_s1, p.out, p.o_s0,
                                  p.o_s1, p.slots, p.q_kv_begin, p.q_visible, p.part_acc, p.part_ml, p.T, p.hq,
-                                 kv_heads, p.splits, p.split_len, p.scale, p.fresh});
+                                 kv_heads, p.splits, p.split_len, p.scale, p.fresh, p.with_rope, p.rope});
   } else {
     launch_kernel(p, kv_heads, op);
   }
@@ -395,6 +400,54 @@ void check_pairs(const Tensor& t, const char* op, const char* what) {
 
 }  // namespace
 
+// The GQA launch over the split-KV kernels (the layout's part filled by run).
+AttnParams gqa_params(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, float scale, Tensor& out) {
+  const int64_t D = q.size(2), Dv = v_cache.size(2);
+  AttnParams p{};
+  p.qa = q.data<bf16>(), p.qa_s0 = q.strides()[0], p.qa_s1 = q.strides()[1], p.da = int(D);
+  p.k = k_cache.data<bf16>(), p.k_s0 = k_cache.strides()[0], p.k_s1 = k_cache.strides()[1];
+  p.v = v_cache.data<bf16>(), p.v_s0 = v_cache.strides()[0], p.v_s1 = v_cache.strides()[1], p.dv = int(Dv);
+  p.k_wide = wide_rows(k_cache, D), p.v_wide = wide_rows(v_cache, Dv);
+  p.gqa_tc = flash_decode_supported(q, k_cache, v_cache);
+  p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
+  p.T = int(q.size(0)), p.hq = int(q.size(1)), p.group = int(q.size(1) / k_cache.size(1)), p.scale = scale;
+  return p;
+}
+
+// Whether the decode kernel ropes this step itself (rope_store_kv_attention): a query a
+// sequence whose new key is its last one, BF16 heads of 128 dims all roped NeoX-style (Qwen3),
+// on the tensor-core decode kernel; MOESERVE_DECODE_ROPE=0 (read once): never.
+bool rope_in_decode(const Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& r,
+                    std::span<const int32_t> slots, const Tensor& k_cache, const Tensor& v_cache,
+                    const ops::HeadNorm* qk_norm, const AttentionLayout& layout) {
+  static const bool allowed = [] {
+    const char* env = std::getenv("MOESERVE_DECODE_ROPE");
+    return !(env && std::string_view(env) == "0");
+  }();
+  const int64_t T = q.size(0);
+  if (!allowed || T == 0 || T != layout.num_seqs() || int64_t(slots.size()) != T) return false;
+  auto bf16_heads = [](const Tensor& t) {
+    return t.device() == Device::CUDA && t.dtype() == DType::BF16 && t.dim() == 3 && t.size(2) == 128 &&
+           t.strides()[2] == 1;
+  };
+  if (!bf16_heads(q) || !bf16_heads(k) || !bf16_heads(v) || r.rot_dim != 128 || r.interleaved ||
+      k.size(0) != T || v.size(0) != T || k.size(1) != k_cache.size(1) || v.size(1) != k_cache.size(1) ||
+      !flash_decode_supported(q, k_cache, v_cache) || k_cache.dtype() != DType::BF16 || v_cache.dtype() != DType::BF16)
+    return false;
+  if (r.cos.dim() != 2 || r.cos.size(1) != 64 || !r.cos.is_contiguous() || !r.sin.is_contiguous() ||
+      r.cos.dtype() != DType::F32 || r.sin.dtype() != DType::F32)
+    return false;
+  if (qk_norm)
+    for (const Tensor* w : {&qk_norm->q, &qk_norm->k})
+      if (w->dtype() != DType::BF16 || !w->is_contiguous() || w->numel() != 128) return false;
+  // Each sequence's one query writes its last key (decode).
+  for (int s = 0; s < layout.num_seqs(); ++s)
+    if (layout.q_start[s + 1] - layout.q_start[s] != 1 || layout.kv_start[s + 1] == layout.kv_start[s] ||
+        layout.kv_slots[size_t(layout.kv_start[s + 1] - 1)] != slots[size_t(s)])
+      return false;
+  return true;
+}
+
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                float scale, Tensor& out) {
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(1), Dv = v_cache.size(2);
@@ -411,15 +464,29 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
   // decode keeps the split-KV kernel, and captured steps never have a host layout to tile.
   if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_prefill_supported(q, k_cache, v_cache, out))
     return flash_prefill(q, k_cache, v_cache, layout, scale, out);
-  AttnParams p{};
-  p.qa = q.data<bf16>(), p.qa_s0 = q.strides()[0], p.qa_s1 = q.strides()[1], p.da = int(D);
-  p.k = k_cache.data<bf16>(), p.k_s0 = k_cache.strides()[0], p.k_s1 = k_cache.strides()[1];
-  p.v = v_cache.data<bf16>(), p.v_s0 = v_cache.strides()[0], p.v_s1 = v_cache.strides()[1], p.dv = int(Dv);
-  p.k_wide = wide_rows(k_cache, D), p.v_wide = wide_rows(v_cache, Dv);
-  p.gqa_tc = flash_decode_supported(q, k_cache, v_cache);
-  p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
-  p.T = int(T), p.hq = int(Hq), p.group = int(Hq / Hkv), p.scale = scale;
-  run(p, int(Hkv), k_cache.size(0), layout, "attention");
+  run(gqa_params(q, k_cache, v_cache, scale, out), int(Hkv), k_cache.size(0), layout, "attention");
+}
+
+void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                             std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                             const ops::HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out) {
+  if (!rope_in_decode(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout)) {
+    cuda::rope_store_kv(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm);
+    return cuda::attention(q, k_cache, v_cache, layout, scale, out);
+  }
+  MS_CHECK(out.dtype() == DType::BF16 && out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+               out.size(2) == 128,
+           "rope_store_kv_attention: output ", out.describe(), " for q ", q.describe());
+  check_pairs(out, "rope_store_kv_attention", "output");
+  check_rope("rope_store_kv_attention", rope, q.size(0), 128, slots, k_cache.size(0));
+  AttnParams p = gqa_params(q, k_cache, v_cache, scale, out);
+  const Tensor positions = upload_i32(rope.positions), new_slots = upload_i32(slots);
+  p.with_rope = true;
+  p.rope = GqaDecodeRope{k.data<bf16>(), k.strides()[0], k.strides()[1], v.data<bf16>(), v.strides()[0],
+                         v.strides()[1], positions.data<int32_t>(), new_slots.data<int32_t>(), rope.cos.data<float>(),
+                         rope.sin.data<float>(), qk_norm ? qk_norm->q.data<bf16>() : nullptr,
+                         qk_norm ? qk_norm->k.data<bf16>() : nullptr, qk_norm ? qk_norm->eps : 0.f};
+  run(p, int(k_cache.size(1)), k_cache.size(0), layout, "rope_store_kv_attention");
 }
 
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,

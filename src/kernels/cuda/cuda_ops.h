@@ -38,6 +38,9 @@ void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float ep
                     std::span<const int32_t> slots, bool round_bf16, Tensor& cache);
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                float scale, Tensor& out);
+void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                             std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
+                             const ops::HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out);
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
                    float scale, Tensor& out);
 void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);

@@ -13,8 +13,16 @@
 // and pieces scattered over half-used sectors took twice as many. Rows are padded to 272 bytes,
 // which makes ldmatrix's 8 rows of a matrix hit 8 different bank quads. A lane reads rows other
 // lanes copied, so the warp synchronises after its wait; no other warp touches its ring.
+//
+// With the step's rope (GqaDecodeRope, ROPE): every block norms and ropes its KV head's query
+// heads itself into shared memory, a warp a head with rope_head.cuh's functions (the bits
+// rope_store_kv_kernel stores), and the block whose split holds a query's new key writes it and
+// its value into the caches before any of its warps copies that key. A decode step so loses the
+// rope kernel before the attention: the small chain of round trips a launch of its own cost
+// (~2 us a Qwen3 layer) becomes one more round trip inside the attention's wait.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/rope_head.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +35,9 @@ constexpr int kRow = kD + 8;                            // bf16 a row in shared 
 constexpr int kStage = 2 * kStep * kRow;                // bf16 a stage: the step's K rows, then its V rows
 constexpr int kRing = kStages * kStage;                 // bf16 a warp
 constexpr size_t kSmem = size_t(kWarps) * kRing * 2;    // 102 KB: two blocks a multiprocessor
+constexpr int kRopeHalf = kD / 2;                       // NeoX rope over the whole head
+constexpr size_t kQSmem = size_t(16) * kRow * 2;        // ROPE: the roped query heads, 4 KB
+using RopeHead = HeadRegs<2, 2>;                        // rope_store_kv_kernel's registers for 128 dims
 constexpr int kAccStride = kD + 8;                      // merge rows: a warp's float2 stores hit 32 banks
 static_assert(size_t(16) * kAccStride * 4 + 16 * 8 <= size_t(kRing) * 2, "a warp's merge rows fit its ring");
 
@@ -97,8 +108,56 @@ __device__ void merge_warps(bf16* ring, const GqaDecodeLaunch& p, int t, int kvh
   }
 }
 
+// What the rope needs that no kernel of the step writes (the position's cos/sin, the norm
+// weights, the new key's slot), loaded before the wait for the projection.
+struct RopeInputs {
+  RopeRegs<2> cs;
+  RopeHead wq, wk;
+  int64_t slot;
+};
+
+__device__ __forceinline__ void load_rope_inputs(const GqaDecodeRope& r, int t, bool holds_new, int lane,
+                                                 RopeInputs& in) {
+  const int pos = r.positions[t];
+  load_cos_sin(r.cos + int64_t(pos) * kRopeHalf, r.sin + int64_t(pos) * kRopeHalf, kRopeHalf, lane, in.cs);
+  if (r.q_norm) load_head(r.q_norm, kD, kRopeHalf, false, lane, in.wq);
+  if (r.k_norm && holds_new) load_head(r.k_norm, kD, kRopeHalf, false, lane, in.wk);
+  in.slot = holds_new ? r.new_slots[t] : 0;
+}
+
+// The block's query heads normed and roped into q_s ([group][kRow]), a warp a head, and, in the
+// block whose split holds the query's new key, that key roped into the key cache and its value
+// copied, by the last warp; then a barrier, after which the block's copies see the new key.
+__device__ void rope_queries_and_new_key(const GqaDecodeLaunch& p, int t, int kvh, bool holds_new,
+                                         const RopeInputs& in, bf16* q_s) {
+  const GqaDecodeRope& r = p.rope;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = p.Hq / p.Hkv;
+  for (int row = warp; row < group; row += kWarps) {
+    RopeHead x;
+    load_head(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group + row) * p.q_s1, kD, kRopeHalf, false, lane, x);
+    if (r.q_norm) norm_head<bf16>(x, in.wq, r.eps, kD, false);
+    store_head(q_s + row * kRow, x, in.cs, kD, kRopeHalf, false, false, lane);
+  }
+  if (holds_new && warp == kWarps - 1) {  // p.k / p.v are the caches it reads: written here first
+    RopeHead x;
+    load_head(r.k_new + int64_t(t) * r.kn_s0 + int64_t(kvh) * r.kn_s1, kD, kRopeHalf, false, lane, x);
+    const bf16* vsrc = r.v_new + int64_t(t) * r.vn_s0 + int64_t(kvh) * r.vn_s1;
+    float v[kD / 32];
+#pragma unroll
+    for (int j = 0; j < kD / 32; ++j) v[j] = load_f(vsrc + lane + 32 * j);
+    if (r.k_norm) norm_head<bf16>(x, in.wk, r.eps, kD, false);
+    store_head(const_cast<bf16*>(p.k) + in.slot * p.k_s0 + int64_t(kvh) * p.k_s1, x, in.cs, kD, kRopeHalf, true,
+               false, lane);
+    bf16* vdst = const_cast<bf16*>(p.v) + in.slot * p.v_s0 + int64_t(kvh) * p.v_s1;
+#pragma unroll
+    for (int j = 0; j < kD / 32; ++j) store_f(vdst + lane + 32 * j, v[j]);
+  }
+  __syncthreads();
+}
+
+template <bool ROPE>
 __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeLaunch p) {
-  extern __shared__ uint4 smem[];  // [kWarps][kStages][2 kStep][kRow] bf16
+  extern __shared__ uint4 smem[];  // [kWarps][kStages][2 kStep][kRow] bf16, then (ROPE) [16][kRow] q
   pdl_trigger();  // the merge after this may launch: it waits for these partials
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x, kvh = blockIdx.y, group = p.Hq / p.Hkv;
@@ -132,11 +191,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   const int last_first_key = min(ke, first + (kStages - 2) * stride + kStep);  // past the first steps' keys
   const bool old_keys = last_first_key <= visible - p.fresh;
   if (old_keys) issue_first();
+  const bool holds_new = ke == visible && kb < ke;  // ROPE: this query's new key is in this split
+  RopeInputs rope_in;
+  if constexpr (ROPE) load_rope_inputs(p.rope, t, holds_new, lane, rope_in);
   pdl_wait();
+  bf16* q_s = ring + kWarps * kRing;
+  if constexpr (ROPE) rope_queries_and_new_key(p, t, kvh, holds_new, rope_in, q_s);
   if (!old_keys) issue_first();
   uint32_t qf[kD / 16][4];  // rows: the KV head's query heads (zero past the group)
-  flash_load_q<kD>(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group) * p.q_s1, p.q_s1, 0, 0, 0,
-                   {lane / 4, lane / 4 + 8}, group, lane % 4, qf);
+  if constexpr (ROPE)
+    flash_load_q<kD>(q_s, kRow, 0, 0, 0, {lane / 4, lane / 4 + 8}, group, lane % 4, qf);
+  else
+    flash_load_q<kD>(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group) * p.q_s1, p.q_s1, 0, 0, 0,
+                     {lane / 4, lane / 4 + 8}, group, lane % 4, qf);
   float o[kD / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float scale_log2 = p.scale * float(M_LOG2E);
@@ -201,10 +268,14 @@ int flash_decode_splits(int64_t T, int64_t Hkv, int max_visible) {
 void flash_decode(const GqaDecodeLaunch& l) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(flash_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    MS_CUDA(cudaFuncSetAttribute(flash_decode_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    MS_CUDA(cudaFuncSetAttribute(flash_decode_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kSmem + kQSmem)));
   });
+  MS_CHECK(!l.with_rope || l.fresh == 1, "flash_decode: the rope inside takes one new key a query, not ", l.fresh);
   dim3 grid(unsigned(l.T), unsigned(l.Hkv), unsigned(l.splits));
-  launch_pdl(flash_decode_kernel, grid, dim3(kWarps * 32), kSmem, l);
+  if (l.with_rope) launch_pdl(flash_decode_kernel<true>, grid, dim3(kWarps * 32), kSmem + kQSmem, l);
+  else launch_pdl(flash_decode_kernel<false>, grid, dim3(kWarps * 32), kSmem, l);
   MS_CUDA_LAUNCHED("flash_decode_kernel");
 }
 

@@ -84,6 +84,19 @@ int flash_mla_wgmma_decode_splits(int64_t T, int64_t H, int max_visible);
 
 // GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the same split
 // and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
+// The rope of a decode step done inside the attention kernel (rope_store_kv_attention): the
+// query heads are the projection's, not yet normed nor roped, and each query's new key and value
+// heads (rows t of k_new / v_new) go into the caches at new_slots[t] from the kernel. NeoX rope
+// over all 128 dims of a head; q_norm / k_norm: Qwen3's per-head RMSNorm weights, or null.
+struct GqaDecodeRope {
+  const bf16* k_new; int64_t kn_s0, kn_s1;
+  const bf16* v_new; int64_t vn_s0, vn_s1;
+  const int32_t* positions; const int32_t* new_slots;
+  const float* cos; const float* sin;  // [positions, 64]
+  const bf16* q_norm; const bf16* k_norm;
+  float eps;
+};
+
 struct GqaDecodeLaunch {
   const bf16* q; int64_t q_s0, q_s1;
   const bf16* k; int64_t k_s0, k_s1;
@@ -96,6 +109,9 @@ struct GqaDecodeLaunch {
   // At most how many of a query's last visible keys this step wrote (its sequence's queries);
   // the keys before them are read before the kernel waits for the one before it.
   int fresh;
+  // With the rope (fresh is then 1: a query a sequence, whose last key is its new one).
+  bool with_rope;
+  GqaDecodeRope rope;
 };
 bool flash_decode_supported(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache);
 // Splits of the keys for T queries: two blocks a multiprocessor, at least 64 keys each.

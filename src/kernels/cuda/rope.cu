@@ -14,10 +14,7 @@
 // the value head, the cos/sin row once the position is in) into registers first, and then only
 // computes and stores. Loads placed after a store to memory that may alias them (in place, or
 // through a second pointer) would each wait a round trip of their own.
-// A rope lane owns pairs i = lane + 32p: (2i, 2i + 1) interleaved, else (i, i + half); the
-// interleaved form writes its result de-interleaved (i, i + half), as the CPU op and the
-// reference do. With F32 tensors and `round`, what a bf16 store would round is rounded (the
-// CPU's bf16 emulation); BF16 stores round by themselves.
+// A head's registers, its norm and its roped stores: rope_head.cuh.
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
@@ -25,109 +22,15 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
+#include "kernels/cuda/rope_head.cuh"
 
 namespace ms::cuda {
 namespace {
 
-constexpr int kMaxPairsPerLane = 8;   // rot_dim up to 512
-constexpr int kMaxTailPerLane = 8;    // unrotated dims of a GQA head up to 256
 constexpr int kMaxValuePerLane = 8;   // value dims loaded with the key (the rest, if any, after)
 constexpr int kHeadWarps = 4;         // warps a block of the GQA kernel: 36 heads are 9 blocks
 constexpr int kWarps = 8;             // warps a block of the MLA kernel
 constexpr int kMaxLatentPerThread = 4;  // latent width up to 1024
-
-__device__ __forceinline__ float rounded(float v, bool round) {
-  return round ? __bfloat162float(__float2bfloat16_rn(v)) : v;
-}
-
-// The value a store into T keeps: what the rope after a norm reads, as when the norm was its
-// own op.
-template <class T>
-__device__ __forceinline__ float as_stored(float v, bool round) {
-  if constexpr (std::is_same_v<T, bf16>) return __bfloat162float(__float2bfloat16_rn(v));
-  else return rounded(v, round);
-}
-
-// A head in a lane's registers: its rope pairs and its unrotated dims 2 * half + lane + 32j
-// (zeros past the head).
-// P pairs and TL unrotated dims a lane at most: the kernels are instantiated per capacity, since
-// unused slots still cost registers (the loops' bounds are run-time) and registers bound how many
-// warps, i.e. how many memory round trips, an SM keeps in flight.
-template <int P = kMaxPairsPerLane, int TL = kMaxTailPerLane>
-struct HeadRegs {
-  static constexpr int kPairs = P, kTail = TL;
-  float a[P], b[P], tail[TL];
-};
-
-template <class T, class H>
-__device__ __forceinline__ void load_head(const T* src, int D, int half, bool interleaved, int lane, H& r) {
-#pragma unroll
-  for (int p = 0; p < H::kPairs; ++p) {
-    const int i = lane + 32 * p;
-    r.a[p] = i < half ? load_f(src + (interleaved ? 2 * i : i)) : 0.f;
-    r.b[p] = i < half ? load_f(src + (interleaved ? 2 * i + 1 : i + half)) : 0.f;
-  }
-#pragma unroll
-  for (int j = 0; j < H::kTail; ++j) {
-    const int e = 2 * half + lane + 32 * j;
-    r.tail[j] = e < D ? load_f(src + e) : 0.f;
-  }
-}
-
-// The cos/sin of a lane's pairs at one position.
-template <int P = kMaxPairsPerLane>
-struct RopeRegs {
-  static constexpr int kPairs = P;
-  float c[P], s[P];
-};
-
-template <class R>
-__device__ __forceinline__ void load_cos_sin(const float* c, const float* s, int half, int lane, R& r) {
-#pragma unroll
-  for (int p = 0; p < R::kPairs; ++p) {
-    const int i = lane + 32 * p;
-    r.c[p] = i < half ? c[i] : 0.f;
-    r.s[p] = i < half ? s[i] : 0.f;
-  }
-}
-
-// RMSNorm of a head held by a warp (weights w in the same layout), each value as stored.
-template <class T, class H>
-__device__ __forceinline__ void norm_head(H& x, const H& w, float eps, int D, bool round) {
-  float ss = 0.f;
-#pragma unroll
-  for (int p = 0; p < H::kPairs; ++p) ss += x.a[p] * x.a[p] + x.b[p] * x.b[p];
-#pragma unroll
-  for (int j = 0; j < H::kTail; ++j) ss += x.tail[j] * x.tail[j];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float inv = 1.0f / sqrtf(ss / float(D) + eps);
-#pragma unroll
-  for (int p = 0; p < H::kPairs; ++p)
-    x.a[p] = as_stored<T>(x.a[p] * inv * w.a[p], round), x.b[p] = as_stored<T>(x.b[p] * inv * w.b[p], round);
-#pragma unroll
-  for (int j = 0; j < H::kTail; ++j) x.tail[j] = as_stored<T>(x.tail[j] * inv * w.tail[j], round);
-}
-
-// Stores the roped pairs at dst[i], dst[i + half], and the unrotated dims when asked.
-template <class T, class H, class R>
-__device__ __forceinline__ void store_head(T* dst, const H& x, const R& cs, int D, int half, bool tail, bool round,
-                                           int lane) {
-  static_assert(H::kPairs == R::kPairs);
-#pragma unroll
-  for (int p = 0; p < H::kPairs; ++p) {
-    const int i = lane + 32 * p;
-    if (i < half) {
-      store_f(dst + i, rounded(x.a[p] * cs.c[p] - x.b[p] * cs.s[p], round));
-      store_f(dst + i + half, rounded(x.b[p] * cs.c[p] + x.a[p] * cs.s[p], round));
-    }
-  }
-  if (!tail) return;
-#pragma unroll
-  for (int j = 0; j < H::kTail; ++j) {
-    const int e = 2 * half + lane + 32 * j;
-    if (e < D) store_f(dst + e, rounded(x.tail[j], round));
-  }
-}
 
 // Copies n elements by the lanes of a warp (rounded as above when asked): a load a lane and
 // iteration, each after the previous store; for the rare widths past the register batches.
@@ -368,7 +271,8 @@ Strided3 strided3(const Tensor& t, const char* op, const char* what) {
   return {t.strides()[0], t.strides()[1]};
 }
 
-// The table, positions and slots every fused rope checks on the host (the kernels trust them).
+}  // namespace
+
 void check_rope(const char* op, const ops::RopeArgs& r, int64_t tokens, int64_t width,
                 std::span<const int32_t> slots, int64_t num_slots) {
   const int half = r.rot_dim / 2;
@@ -386,6 +290,8 @@ void check_rope(const char* op, const ops::RopeArgs& r, int64_t tokens, int64_t 
              r.cos.size(0), ")");
   for (int32_t s : slots) MS_CHECK(s >= 0 && s < num_slots, "KV slot ", s, " outside 0..", num_slots - 1);
 }
+
+namespace {
 
 // Whether rope_store_kv_x8_kernel takes the call: BF16 heads of 128 dims with a NeoX rope over all
 // of them, values of 128, 16-byte aligned rows and heads, a batch of more than a few tokens (at

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Session 26's device calls (bench/BENCHMARKS.md, "Session 26"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+snapshots_ready $SRC
+
+# Greedy ids of /tmp/$1 for three prompts (CUDA graphs, overlap), env $2 ("VAR=v" or "-"), into $L/gen-$3.txt.
+gen_ids() {
+  printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":48,"ignore_eos":true}' \
+    '{"input_ids":[11,12,13],"max_new_tokens":40,"ignore_eos":true}' \
+    '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":32,"ignore_eos":true}' > /tmp/p.jsonl
+  local e=$2; [ "$e" = - ] && e=""
+  env $e timeout 120 $B generate --device cuda --model-path /tmp/$1 --max-total-tokens 8192 --input-file /tmp/p.jsonl \
+    > $L/gen-$3.txt 2> $L/gen-$3.err
+  log "generate $1 $3 rc=$? $(md5sum < $L/gen-$3.txt | cut -c1-12) $(wc -c < $L/gen-$3.txt) bytes"
+}
+
+# PHASE=1 ($SRC = main with the decode rope inside the GQA attention kernel; MOESERVE_DECODE_ROPE=0
+#   the rope kernel before it): the tests that run the op and the models; greedy ids with and
+#   without; B = 1 rotating (Qwen3: the only model with GQA); B = 64; the engine's decode; timelines.
+if [ $PHASE = 1 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_attention_moe test_cuda_fused test_cuda_fixtures test_cuda_engine_graphs test_cuda_graphs
+  model qwen3 qwen3-30b-a3b 12 &
+  gtest decode-rope 120 /tmp/b/tests/test_cuda_attention_moe --gtest_filter='*DecodeRope*'
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_fused test_cuda_fixtures test_cuda_engine_graphs test_cuda_graphs
+  wait
+  gen_ids qwen3 - on; gen_ids qwen3 MOESERVE_DECODE_ROPE=0 off
+  cmp -s $L/gen-on.txt $L/gen-off.txt && log "generate ids equal" || log "generate ids DIFFER"
+  OFF=off:MOESERVE_DECODE_ROPE=0
+  for r in 0 1 2; do SIDES="$(SIDES="$OFF on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  SIDES="on $OFF" bench_sides qwen3 "64 256 16"; SIDES="$OFF on" bench_sides qwen3 "64 256 16"
+  for o in 16 528; do offline qwen3 $o on; MOESERVE_DECODE_ROPE=0 offline qwen3 $o off; done
+  trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_DECODE_ROPE=0
+  log done
+fi
