@@ -41,21 +41,25 @@ using RopeHead = HeadRegs<2, 2>;                        // rope_store_kv_kernel'
 constexpr int kAccStride = kD + 8;                      // merge rows: a warp's float2 stores hit 32 banks
 static_assert(size_t(16) * kAccStride * 4 + 16 * 8 <= size_t(kRing) * 2, "a warp's merge rows fit its ring");
 
-// The cache slot of key k0 + lane % 16 (-1: past the split's end); issue_step hands them around.
-__device__ __forceinline__ int lane_slot(const int32_t* slots, int k0, int ke, int lane) {
+constexpr int kNoCopy = -2;  // a slot issue_step leaves alone: the row is written by st.shared (ROPE)
+
+// The cache slot of key k0 + lane % 16 (-1: past the split's end; kNoCopy: the key `own`);
+// issue_step hands them around.
+__device__ __forceinline__ int lane_slot(const int32_t* slots, int k0, int ke, int own, int lane) {
   const int key = k0 + lane % kStep;
-  return key < ke ? slots[key] : -1;
+  return key == own ? kNoCopy : key < ke ? slots[key] : -1;
 }
 
 // Issues the copies of one step into the stage `st`: row r (K at st + r kRow, V kStep rows on)
 // from lanes 16 (r % 2) .. + 15, 16 bytes each, at the slot lane r holds. Keys past the split's
-// end are zero-filled.
+// end are zero-filled; a kNoCopy row is not touched.
 __device__ __forceinline__ void issue_step(bf16* st, int slot, int lane, const bf16* kbase, int64_t k_s0,
                                            const bf16* vbase, int64_t v_s0) {
   const int c = 8 * (lane % 16);
 #pragma unroll
   for (int i = 0; i < kStep / 2; ++i) {
     const int row = 2 * i + lane / 16, s = __shfl_sync(0xffffffffu, slot, row);
+    if (s == kNoCopy) continue;
     const int64_t at = s >= 0 ? s : 0;
     cp_async16(st + row * kRow + c, kbase + at * k_s0 + c, s >= 0);
     cp_async16(st + (kStep + row) * kRow + c, vbase + at * v_s0 + c, s >= 0);
@@ -116,41 +120,61 @@ struct RopeInputs {
   int64_t slot;
 };
 
-__device__ __forceinline__ void load_rope_inputs(const GqaDecodeRope& r, int t, bool holds_new, int lane,
+__device__ __forceinline__ void load_rope_inputs(const GqaDecodeRope& r, int t, bool new_key, int lane,
                                                  RopeInputs& in) {
   const int pos = r.positions[t];
   load_cos_sin(r.cos + int64_t(pos) * kRopeHalf, r.sin + int64_t(pos) * kRopeHalf, kRopeHalf, lane, in.cs);
   if (r.q_norm) load_head(r.q_norm, kD, kRopeHalf, false, lane, in.wq);
-  if (r.k_norm && holds_new) load_head(r.k_norm, kD, kRopeHalf, false, lane, in.wk);
-  in.slot = holds_new ? r.new_slots[t] : 0;
+  if (r.k_norm && new_key) load_head(r.k_norm, kD, kRopeHalf, false, lane, in.wk);
+  in.slot = new_key ? r.new_slots[t] : 0;
 }
 
-// The block's query heads normed and roped into q_s ([group][kRow]), a warp a head, and, in the
-// block whose split holds the query's new key, that key roped into the key cache and its value
-// copied, by the last warp; then a barrier, after which the block's copies see the new key.
-__device__ void rope_queries_and_new_key(const GqaDecodeLaunch& p, int t, int kvh, bool holds_new,
-                                         const RopeInputs& in, bf16* q_s) {
+constexpr int kQHeadsPerWarp = 16 / kWarps;  // query heads a warp ropes (a KV head's group: at most 16)
+
+// The block's query heads normed and roped into q_s ([group][kRow]), a warp a head; and, when
+// `new_key` (the warp whose steps hold the query's new key), that key roped into the key cache
+// and its value copied into the value cache, and also into `new_row` ([2 kStep][kRow] from the
+// key's row of its stage; null when the stage is issued later, from the cache). Every load is
+// issued before any value is used (one round trip); a barrier follows, after which q_s is the
+// block's and the caches hold the new key for the copies issued from here on.
+__device__ void rope_queries_and_new_key(const GqaDecodeLaunch& p, int t, int kvh, bool new_key, const RopeInputs& in,
+                                         bf16* q_s, bf16* new_row) {
   const GqaDecodeRope& r = p.rope;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = p.Hq / p.Hkv;
-  for (int row = warp; row < group; row += kWarps) {
-    RopeHead x;
-    load_head(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group + row) * p.q_s1, kD, kRopeHalf, false, lane, x);
-    if (r.q_norm) norm_head<bf16>(x, in.wq, r.eps, kD, false);
-    store_head(q_s + row * kRow, x, in.cs, kD, kRopeHalf, false, false, lane);
+  RopeHead x[kQHeadsPerWarp], k;
+  float v[kD / 32];
+#pragma unroll
+  for (int i = 0; i < kQHeadsPerWarp; ++i) {
+    const int row = warp + kWarps * i;
+    if (row < group)
+      load_head(p.q + int64_t(t) * p.q_s0 + int64_t(kvh * group + row) * p.q_s1, kD, kRopeHalf, false, lane, x[i]);
   }
-  if (holds_new && warp == kWarps - 1) {  // p.k / p.v are the caches it reads: written here first
-    RopeHead x;
-    load_head(r.k_new + int64_t(t) * r.kn_s0 + int64_t(kvh) * r.kn_s1, kD, kRopeHalf, false, lane, x);
+  if (new_key) {
+    load_head(r.k_new + int64_t(t) * r.kn_s0 + int64_t(kvh) * r.kn_s1, kD, kRopeHalf, false, lane, k);
     const bf16* vsrc = r.v_new + int64_t(t) * r.vn_s0 + int64_t(kvh) * r.vn_s1;
-    float v[kD / 32];
 #pragma unroll
     for (int j = 0; j < kD / 32; ++j) v[j] = load_f(vsrc + lane + 32 * j);
-    if (r.k_norm) norm_head<bf16>(x, in.wk, r.eps, kD, false);
-    store_head(const_cast<bf16*>(p.k) + in.slot * p.k_s0 + int64_t(kvh) * p.k_s1, x, in.cs, kD, kRopeHalf, true,
-               false, lane);
+  }
+#pragma unroll
+  for (int i = 0; i < kQHeadsPerWarp; ++i) {
+    const int row = warp + kWarps * i;
+    if (row >= group) continue;
+    if (r.q_norm) norm_head<bf16>(x[i], in.wq, r.eps, kD, false);
+    store_head(q_s + row * kRow, x[i], in.cs, kD, kRopeHalf, false, false, lane);
+  }
+  if (new_key) {
+    if (r.k_norm) norm_head<bf16>(k, in.wk, r.eps, kD, false);
+    // p.k / p.v are the caches the kernel reads: written here, before any copy of this key.
+    bf16* kdst = const_cast<bf16*>(p.k) + in.slot * p.k_s0 + int64_t(kvh) * p.k_s1;
     bf16* vdst = const_cast<bf16*>(p.v) + in.slot * p.v_s0 + int64_t(kvh) * p.v_s1;
+    store_head(kdst, k, in.cs, kD, kRopeHalf, true, false, lane);
 #pragma unroll
     for (int j = 0; j < kD / 32; ++j) store_f(vdst + lane + 32 * j, v[j]);
+    if (new_row) {
+      store_head(new_row, k, in.cs, kD, kRopeHalf, true, false, lane);
+#pragma unroll
+      for (int j = 0; j < kD / 32; ++j) store_f(new_row + kStep * kRow + lane + 32 * j, v[j]);
+    }
   }
   __syncthreads();
 }
@@ -174,9 +198,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
   // before this one (launched early: launch_pdl), which wrote the query and the step's new keys.
   // Keys older than those were written by earlier steps: a warp whose first steps hold none of
   // the new ones copies them before the wait too, while the projection and rope finish.
+  // ROPE: the query's new key (its last) is the kernel's to write. The block whose split holds it
+  // finds it in step new_step of its steps; when that step is among the warp's first copies, the
+  // warp writes the key's row into the stage itself (no copy of it), so that every first copy
+  // may go before the wait; a later step copies it from the cache, written before the loop.
+  const int new_step = ROPE && ke == visible && kb < ke ? (visible - 1 - kb) / kStep : -1;
+  const bool new_key = new_step >= 0 && new_step % kWarps == warp;
+  const bool new_in_ring = new_key && new_step / kWarps < kStages - 1;
+  const int own = new_in_ring ? visible - 1 : -1;
   int sl[kStages];
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) sl[s] = lane_slot(slots, first + s * stride, ke, lane);
+  for (int s = 0; s < kStages; ++s) sl[s] = lane_slot(slots, first + s * stride, ke, own, lane);
   const bf16* kbase = p.k + int64_t(kvh) * p.k_s1;
   const bf16* vbase = p.v + int64_t(kvh) * p.v_s1;
   bf16* ring = reinterpret_cast<bf16*>(smem);
@@ -189,14 +221,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
     }
   };
   const int last_first_key = min(ke, first + (kStages - 2) * stride + kStep);  // past the first steps' keys
-  const bool old_keys = last_first_key <= visible - p.fresh;
+  const bool old_keys = ROPE || last_first_key <= visible - p.fresh;
   if (old_keys) issue_first();
-  const bool holds_new = ke == visible && kb < ke;  // ROPE: this query's new key is in this split
   RopeInputs rope_in;
-  if constexpr (ROPE) load_rope_inputs(p.rope, t, holds_new, lane, rope_in);
+  if constexpr (ROPE) load_rope_inputs(p.rope, t, new_key, lane, rope_in);
   pdl_wait();
   bf16* q_s = ring + kWarps * kRing;
-  if constexpr (ROPE) rope_queries_and_new_key(p, t, kvh, holds_new, rope_in, q_s);
+  if constexpr (ROPE) {
+    const int row = (visible - 1 - kb) % kStep;
+    bf16* new_row = new_in_ring ? mine + (new_step / kWarps) * kStage + row * kRow : nullptr;
+    rope_queries_and_new_key(p, t, kvh, new_key, rope_in, q_s, new_row);
+  }
   if (!old_keys) issue_first();
   uint32_t qf[kD / 16][4];  // rows: the KV head's query heads (zero past the group)
   if constexpr (ROPE)
@@ -218,7 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) flash_decode_kernel(GqaDecodeL
     const int ahead_stage = stage == 0 ? kStages - 1 : stage - 1;
     if (ahead < steps) issue_step(mine + ahead_stage * kStage, pending, lane, kbase, p.k_s0, vbase, p.v_s0);
     cp_async_commit();
-    pending = lane_slot(slots, first + (ahead + 1) * stride, ke, lane);
+    pending = lane_slot(slots, first + (ahead + 1) * stride, ke, own, lane);
     cp_async_wait<kStages - 1>();  // this lane's copies of step j have landed
     __syncwarp();                  // and every other lane's
     const bf16* st = mine + stage * kStage;
