@@ -35,3 +35,25 @@ if [ $PHASE = 1 ]; then
   trace qwen3 1 4096 on; trace qwen3 1 4096 off MOESERVE_DECODE_ROPE=0
   log done
 fi
+
+# PHASE=2 ($SRC = main, the session's final src/): every single-GPU test program, the ceilings;
+#   more rounds of the first calls' sides: B = 1 five rotated rounds, the engine's decode three,
+#   B = 64 three.
+if [ $PHASE = 2 ]; then
+  JOBS=14 build_after ms_cuda_ceilings $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  OFF=off:MOESERVE_DECODE_ROPE=0
+  for r in 0 1 2 3 4; do SIDES="$(SIDES="$OFF on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  for r in 0 1 2; do
+    for side in $(SIDES="on off" rotated $r); do
+      for o in 16 528; do
+        if [ $side = off ]; then MOESERVE_DECODE_ROPE=0 offline qwen3 $o $side-$r; else offline qwen3 $o $side-$r; fi
+      done
+    done
+    SIDES="$(SIDES="on $OFF" rotated $r)" bench_sides qwen3 "64 256 16"
+  done
+  log done
+fi
