@@ -398,7 +398,18 @@ void check_pairs(const Tensor& t, const char* op, const char* what) {
   MS_CHECK(reinterpret_cast<uintptr_t>(t.raw()) % 4 == 0, op, ": ", what, " must be 4-byte aligned");
 }
 
-}  // namespace
+// What every GQA call checks on the host (the kernels trust it).
+void check_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out) {
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(1), Dv = v_cache.size(2);
+  MS_CHECK(k_cache.size(2) == D && Hq % Hkv == 0 && out.size(2) == Dv && out.size(0) == T && out.size(1) == Hq &&
+               v_cache.size(1) == Hkv && D % 2 == 0 && Dv % 2 == 0,
+           "attention: shapes ", q.describe(), " ", k_cache.describe(), " ", v_cache.describe(), " ", out.describe());
+  check_device_tensor(q, {DType::BF16}, "attention", "q");
+  MS_CHECK(q.strides()[2] == 1, "attention: q head dims must be contiguous");
+  check_pairs(k_cache, "attention", "key cache");
+  check_pairs(v_cache, "attention", "value cache");
+  check_pairs(out, "attention", "output");
+}
 
 // The GQA launch over the split-KV kernels (the layout's part filled by run).
 AttnParams gqa_params(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, float scale, Tensor& out) {
@@ -448,23 +459,18 @@ bool rope_in_decode(const Tensor& q, const Tensor& k, const Tensor& v, const ops
   return true;
 }
 
+}  // namespace
+
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                float scale, Tensor& out) {
-  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(1), Dv = v_cache.size(2);
-  MS_CHECK(k_cache.size(2) == D && Hq % Hkv == 0 && out.size(2) == Dv && out.size(0) == T && out.size(1) == Hq &&
-               v_cache.size(1) == Hkv && D % 2 == 0 && Dv % 2 == 0,
-           "attention: shapes ", q.describe(), " ", k_cache.describe(), " ", v_cache.describe(), " ", out.describe());
-  check_device_tensor(q, {DType::BF16}, "attention", "q");
-  MS_CHECK(q.strides()[2] == 1, "attention: q head dims must be contiguous");
-  check_pairs(k_cache, "attention", "key cache");
-  check_pairs(v_cache, "attention", "value cache");
-  check_pairs(out, "attention", "output");
+  check_gqa(q, k_cache, v_cache, out);
+  const int64_t T = q.size(0);
   if (T == 0) return;  // an IDLE batch (a DP rank without work)
   // Steps whose sequences bring 16 queries or more each (prefill, extend) go to the tensor cores;
   // decode keeps the split-KV kernel, and captured steps never have a host layout to tile.
   if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_prefill_supported(q, k_cache, v_cache, out))
     return flash_prefill(q, k_cache, v_cache, layout, scale, out);
-  run(gqa_params(q, k_cache, v_cache, scale, out), int(Hkv), k_cache.size(0), layout, "attention");
+  run(gqa_params(q, k_cache, v_cache, scale, out), int(k_cache.size(1)), k_cache.size(0), layout, "attention");
 }
 
 void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
@@ -474,10 +480,7 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
     cuda::rope_store_kv(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm);
     return cuda::attention(q, k_cache, v_cache, layout, scale, out);
   }
-  MS_CHECK(out.dtype() == DType::BF16 && out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
-               out.size(2) == 128,
-           "rope_store_kv_attention: output ", out.describe(), " for q ", q.describe());
-  check_pairs(out, "rope_store_kv_attention", "output");
+  check_gqa(q, k_cache, v_cache, out);
   check_rope("rope_store_kv_attention", rope, q.size(0), 128, slots, k_cache.size(0));
   AttnParams p = gqa_params(q, k_cache, v_cache, scale, out);
   const Tensor positions = upload_i32(rope.positions), new_slots = upload_i32(slots);

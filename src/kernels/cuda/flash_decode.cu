@@ -17,9 +17,10 @@
 // With the step's rope (GqaDecodeRope, ROPE): every block norms and ropes its KV head's query
 // heads itself into shared memory, a warp a head with rope_head.cuh's functions (the bits
 // rope_store_kv_kernel stores), and the block whose split holds a query's new key writes it and
-// its value into the caches before any of its warps copies that key. A decode step so loses the
-// rope kernel before the attention: the small chain of round trips a launch of its own cost
-// (~2 us a Qwen3 layer) becomes one more round trip inside the attention's wait.
+// its value into the caches before any of its warps copies that key. A decode step so has one
+// kernel fewer; the rope's round trip after the wait is the kernel's own now (from the end of
+// the projection to the end of this kernel took ~5.7 us a Qwen3 layer either way at batch 1;
+// batch 64 gained 1.4 %: BENCHMARKS, session 26).
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/rope_head.cuh"

@@ -82,8 +82,6 @@ void flash_mla_wgmma(const MlaLaunch& l);
 // Its splits: one block a multiprocessor, at least 128 keys each.
 int flash_mla_wgmma_decode_splits(int64_t T, int64_t H, int max_visible);
 
-// GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the same split
-// and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
 // The rope of a decode step done inside the attention kernel (rope_store_kv_attention): the
 // query heads are the projection's, not yet normed nor roped, and each query's new key and value
 // heads (rows t of k_new / v_new) go into the caches at new_slots[t] from the kernel. NeoX rope
@@ -97,6 +95,8 @@ struct GqaDecodeRope {
   float eps;
 };
 
+// GQA decode (flash_decode.cu), one block of warps per query, KV head and split; the same split
+// and partial conventions as MlaLaunch (partials [splits, T, Hq, 128]).
 struct GqaDecodeLaunch {
   const bf16* q; int64_t q_s0, q_s1;
   const bf16* k; int64_t k_s0, k_s1;
