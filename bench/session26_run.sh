@@ -57,3 +57,15 @@ if [ $PHASE = 2 ]; then
   done
   log done
 fi
+
+# PHASE=3 ($SRC = the final tree, whose src/ differs from the second call's in host checks and
+#   comments): the tests that run the decode rope, and the greedy ids with and without it.
+if [ $PHASE = 3 ]; then
+  JOBS=14 build_after test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_fused
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs test_cuda_fused
+  wait
+  gen_ids qwen3 - on; gen_ids qwen3 MOESERVE_DECODE_ROPE=0 off
+  cmp -s $L/gen-on.txt $L/gen-off.txt && log "generate ids equal" || log "generate ids DIFFER"
+  log done
+fi
