@@ -69,3 +69,17 @@ if [ $PHASE = 3 ]; then
   cmp -s $L/gen-on.txt $L/gen-off.txt && log "generate ids equal" || log "generate ids DIFFER"
   log done
 fi
+
+# PHASE=4 ($SRC = main with a step's upload copying only the slots that changed): the tests of
+#   the copies and of captured steps; the engine's decode traced (the gap between replays and the
+#   upload's kernel) and timed twice.
+if [ $PHASE = 4 ]; then
+  JOBS=16 build_after ms_kernel_trace test_cuda_engine_graphs test_cuda_attention_moe test_cuda_fixtures
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b test_cuda_engine_graphs test_cuda_attention_moe test_cuda_fixtures
+  wait
+  trace_offline qwen3 64 ranges
+  grep -E 'copy_ranges_kernel|copy_words_kernel' $L/kts-offline-ranges-qwen3.txt | head -4 >> "$OUT/summary.log"
+  for r in 0 1; do for o in 16 528; do offline qwen3 $o ranges-$r; done; done
+  log done
+fi

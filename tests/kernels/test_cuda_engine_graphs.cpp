@@ -103,6 +103,35 @@ TEST(CudaOverlap, CopyWordsMovesWordsToAndFromMappedHostMemory) {
   cudaFreeHost(out);
 }
 
+// copy_word_ranges (a captured step's upload: the per-token words, then the kv slots from the
+// first that changed) copies exactly the words of its two ranges, empty ones included, from
+// mapped host memory to the device.
+TEST(CudaOverlap, CopyWordRangesMovesOnlyItsRanges) {
+  MS_REQUIRE_CUDA();
+  constexpr int64_t kRoom = 70010;
+  auto* in = static_cast<int32_t*>(cuda::alloc_mapped(kRoom * 4));
+  auto* out = static_cast<int32_t*>(cuda::alloc_mapped(kRoom * 4));
+  auto* in_dev = static_cast<int32_t*>(cuda::mapped_device_ptr(in));
+  auto* out_dev = static_cast<int32_t*>(cuda::mapped_device_ptr(out));
+  Tensor dev = Tensor::empty(DType::I32, {kRoom}, Device::CUDA);
+  using R = cuda::WordRange;
+  for (const auto& [a, b] : std::vector<std::pair<R, R>>{
+           {{0, 5}, {100, 3}}, {{0, 0}, {7, 1}}, {{0, 5}, {5, 0}}, {{0, 70001}, {70001, 0}}, {{3, 4}, {9, 4099}}}) {
+    for (int64_t i = 0; i < kRoom; ++i) in[i] = int32_t(i * 7 + 1), out[i] = -1;
+    cuda::copy_words(out_dev, dev.data<int32_t>(), kRoom);
+    cuda::copy_word_ranges(in_dev, dev.data<int32_t>(), a, b);
+    cuda::copy_words(dev.data<int32_t>(), out_dev, kRoom);
+    ASSERT_EQ(cudaStreamSynchronize(cuda::stream()), cudaSuccess);
+    for (int64_t i = 0; i < kRoom; ++i) {
+      const bool in_range = (i >= a.at && i < a.at + a.n) || (i >= b.at && i < b.at + b.n);
+      ASSERT_EQ(out[i], in_range ? int32_t(i * 7 + 1) : -1)
+          << "ranges " << a.at << "+" << a.n << ", " << b.at << "+" << b.n << ": word " << i;
+    }
+  }
+  cudaFreeHost(in);
+  cudaFreeHost(out);
+}
+
 std::unique_ptr<CausalLM> load_gpu(const std::string& fixture) {
   LoadOptions o;
   o.device = Device::CUDA;

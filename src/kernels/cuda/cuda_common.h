@@ -85,6 +85,11 @@ void* alloc_mapped(size_t bytes);
 void* mapped_device_ptr(void* host);
 // Stream-ordered copy of `words` 4-byte words by a kernel; either side may be mapped host memory.
 void copy_words(const void* src, void* dst, int64_t words);
+// The same for words [at, at + n) of each of two ranges, by one kernel (a word a thread).
+struct WordRange {
+  int64_t at, n;
+};
+void copy_word_ranges(const void* src, void* dst, WordRange a, WordRange b);
 
 // Checks that a tensor is on the GPU with one of the dtypes the kernel supports.
 void check_device_tensor(const Tensor& t, std::initializer_list<DType> allowed, const char* op, const char* what);

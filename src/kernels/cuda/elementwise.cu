@@ -169,7 +169,25 @@ __global__ void copy_words_kernel(const uint32_t* src, uint32_t* dst, int64_t n,
   for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) dst[i] = src[i];
 }
 
+// dst[w] = src[w] for the words w of ranges a then b.
+__global__ void copy_ranges_kernel(const uint32_t* src, uint32_t* dst, WordRange a, WordRange b) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < a.n + b.n; i += stride) {
+    const int64_t w = i < a.n ? a.at + i : b.at + (i - a.n);
+    dst[w] = src[w];
+  }
+}
+
 }  // namespace
+
+void copy_word_ranges(const void* src, void* dst, WordRange a, WordRange b) {
+  if (a.n + b.n == 0) return;
+  const int threads = 256;
+  const unsigned blocks = std::min<unsigned>(blocks_for(a.n + b.n, threads), 4 * sm_count());
+  copy_ranges_kernel<<<blocks, threads, 0, stream()>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst),
+                                                       a, b);
+  MS_CUDA_LAUNCHED("copy_ranges_kernel");
+}
 
 void copy_words(const void* src, void* dst, int64_t words) {
   if (words == 0) return;

@@ -1,6 +1,7 @@
 // Captured steps on the GPU. The arena holds one step's metadata at fixed addresses
 // (ids, positions, slots, per-query kv begin and visible count, then the kv slots); a replay
 // writes the new step into pinned memory, copies it over in one upload and launches the graph.
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cuda/step_graph_cuda.h"
@@ -90,7 +91,10 @@ class CudaStepGraph final : public ops::StepGraph {
 
  private:
   // One copy of the step's metadata into the arena, through pinned memory that the previous
-  // copy has finished reading.
+  // copy has finished reading. host_ keeps what the arena holds, so the kv slots the last upload
+  // brought and this step keeps (a decode step's sequences only grow: at batch 1 all but the
+  // new one) are not copied again: the copy is the per-token words and the slots from the first
+  // that changed.
   void upload(const ops::StepArrays& a) {
     MS_CUDA(cudaEventSynchronize(copied_));
     std::memcpy(host_, a.input_ids.data(), size_t(tokens_) * 4);
@@ -98,10 +102,16 @@ class CudaStepGraph final : public ops::StepGraph {
     std::memcpy(host_ + 2 * tokens_, a.out_cache_loc.data(), size_t(tokens_) * 4);
     query_ranges(*a.layout, host_ + 3 * tokens_, host_ + 4 * tokens_);
     const auto& slots = a.layout->kv_slots;
-    std::memcpy(host_ + 5 * tokens_, slots.data(), slots.size() * 4);
-    const size_t words = size_t(5 * tokens_) + slots.size();
-    if (copy_kernels()) copy_words(mapped_, arena_.raw(), int64_t(words));  // why a kernel: copy_kernels
-    else MS_CUDA(cudaMemcpyAsync(arena_.raw(), host_, words * 4, cudaMemcpyHostToDevice, stream()));
+    int32_t* held = host_ + 5 * tokens_;
+    size_t same = 0;
+    for (const size_t n = std::min(slots.size(), uploaded_slots_); same < n && held[same] == slots[same];) ++same;
+    std::memcpy(held + same, slots.data() + same, (slots.size() - same) * 4);
+    uploaded_slots_ = slots.size();
+    const int64_t head = 5 * tokens_;
+    if (copy_kernels())  // why a kernel: copy_kernels
+      copy_word_ranges(mapped_, arena_.raw(), {0, head}, {head + int64_t(same), int64_t(slots.size() - same)});
+    else
+      MS_CUDA(cudaMemcpyAsync(arena_.raw(), host_, (size_t(head) + slots.size()) * 4, cudaMemcpyHostToDevice, stream()));
     MS_CUDA(cudaEventRecord(copied_, stream()));
   }
 
@@ -109,7 +119,8 @@ class CudaStepGraph final : public ops::StepGraph {
   int seqs_;
   int64_t capacity_;
   Tensor arena_;
-  int32_t* host_ = nullptr;  // pinned, mapped
+  int32_t* host_ = nullptr;  // pinned, mapped: the arena's contents as last uploaded
+  size_t uploaded_slots_ = 0;  // kv slots of the last upload
   void* mapped_ = nullptr;    // host_'s device address
   cudaEvent_t copied_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
