@@ -181,3 +181,12 @@ trace() {
   python3 $SRC/bench/kernel_trace_summary.py $L/kt-$tag-$m-$b.tsv --timeline 0 > $L/kts-$tag-$m-$b.txt 2>&1
   grep -E '^graph|median replay' $L/kts-$tag-$m-$b.txt | head -8 >> "$OUT/summary.log"
 }
+# The engine's own decode (bench-offline, one 4096-token prompt, $2 new tokens) of /tmp/$1 under the
+# kernel tracer (ms_kernel_trace built into /tmp/b), label $3: the median replay and the gaps
+# between replays in $L/kts-offline-<label>-<model>.txt.
+trace_offline() {
+  local m=$1 o=$2 tag=$3
+  CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-offline-$tag-$m.tsv offline $m $o trace-$tag
+  python3 $SRC/bench/kernel_trace_summary.py $L/kt-offline-$tag-$m.tsv --timeline 0 > $L/kts-offline-$tag-$m.txt 2>&1
+  grep -E '^graph|median replay' $L/kts-offline-$tag-$m.txt | head -4 >> "$OUT/summary.log"
+}

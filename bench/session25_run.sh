@@ -28,15 +28,6 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# The engine's own decode (bench-offline, one 4096-token prompt, $2 new tokens) of /tmp/$1 under the
-# kernel tracer, label $3: the median replay and the gaps between replays in $L/kts-offline-<label>-<model>.txt.
-trace_offline() {
-  local m=$1 o=$2 tag=$3
-  CUDA_INJECTION64_PATH=/tmp/b/libms_kernel_trace.so MS_KERNEL_TRACE=$L/kt-offline-$tag-$m.tsv offline $m $o trace-$tag
-  python3 $SRC/bench/kernel_trace_summary.py $L/kt-offline-$tag-$m.tsv --timeline 0 > $L/kts-offline-$tag-$m.txt 2>&1
-  grep -E '^graph|median replay' $L/kts-offline-$tag-$m.txt | head -4 >> "$OUT/summary.log"
-}
-
 # PHASE=2 ($SRC = main with the L2 ahead off by default and a one-launch argmax; $BEFORE_SRC = the
 #   session's start, f253c99). Sides: before; off (the new argmax); p24: the ahead asked for as
 #   evict_last into 24 MB of L2 set aside for persisting lines (MOESERVE_L2_AHEAD=1,
