@@ -83,3 +83,18 @@ if [ $PHASE = 4 ]; then
   for r in 0 1; do for o in 16 528; do offline qwen3 $o ranges-$r; done; done
   log done
 fi
+
+# PHASE=5 (a snapshot of main with `patch -p1 < bench/gpu_pending.patch` applied, as $SRC: dense
+#   products of one row tile in half slabs where that spreads their blocks more evenly,
+#   MOESERVE_GEMV_HALF=0 the whole slabs): the GEMV tests (the bits of both), the models' tests;
+#   B = 1 rotating, both models; timelines of Qwen3 both ways.
+if [ $PHASE = 5 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs
+  wait
+  FULL=full:MOESERVE_GEMV_HALF=0
+  b1_rounds "$FULL half" "$FULL half"
+  trace qwen3 1 4096 half; trace qwen3 1 4096 full MOESERVE_GEMV_HALF=0
+  log done
+fi
