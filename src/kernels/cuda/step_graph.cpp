@@ -103,8 +103,9 @@ class CudaStepGraph final : public ops::StepGraph {
     query_ranges(*a.layout, host_ + 3 * tokens_, host_ + 4 * tokens_);
     const auto& slots = a.layout->kv_slots;
     int32_t* held = host_ + 5 * tokens_;
+    const size_t kept = std::min(slots.size(), uploaded_slots_);
     size_t same = 0;
-    for (const size_t n = std::min(slots.size(), uploaded_slots_); same < n && held[same] == slots[same];) ++same;
+    while (same < kept && held[same] == slots[same]) ++same;
     std::memcpy(held + same, slots.data() + same, (slots.size() - same) * 4);
     uploaded_slots_ = slots.size();
     const int64_t head = 5 * tokens_;
