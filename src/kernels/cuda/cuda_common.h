@@ -83,13 +83,13 @@ bool copy_kernels();
 // Pinned host memory of `bytes`, mapped for the device (cudaHostAllocMapped); its device address.
 void* alloc_mapped(size_t bytes);
 void* mapped_device_ptr(void* host);
-// Stream-ordered copy of `words` 4-byte words by a kernel; either side may be mapped host memory.
-void copy_words(const void* src, void* dst, int64_t words);
-// The same for words [at, at + n) of each of two ranges, by one kernel (a word a thread).
+// Stream-ordered copy of words [at, at + n) of each of two ranges (4-byte words) by one kernel,
+// a word a thread; either side may be mapped host memory. copy_words: the first `words`.
 struct WordRange {
   int64_t at, n;
 };
 void copy_word_ranges(const void* src, void* dst, WordRange a, WordRange b);
+void copy_words(const void* src, void* dst, int64_t words);
 
 // Checks that a tensor is on the GPU with one of the dtypes the kernel supports.
 void check_device_tensor(const Tensor& t, std::initializer_list<DType> allowed, const char* op, const char* what);

@@ -161,14 +161,6 @@ constexpr int kThreads = 256;
 // Whether rows starting at `p`, `stride` elements of 2 bytes apart, are all 16-byte aligned.
 bool wide(const void* p, int64_t stride) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride % 8 == 0; }
 
-// dst[i] = src[i] for n words, 16 bytes a thread where both are aligned (n4 of them), then the rest.
-__global__ void copy_words_kernel(const uint32_t* src, uint32_t* dst, int64_t n, int64_t n4) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += stride)
-    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-  for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) dst[i] = src[i];
-}
-
 // dst[w] = src[w] for the words w of ranges a then b.
 __global__ void copy_ranges_kernel(const uint32_t* src, uint32_t* dst, WordRange a, WordRange b) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -189,16 +181,7 @@ void copy_word_ranges(const void* src, void* dst, WordRange a, WordRange b) {
   MS_CUDA_LAUNCHED("copy_ranges_kernel");
 }
 
-void copy_words(const void* src, void* dst, int64_t words) {
-  if (words == 0) return;
-  const int64_t n4 = aligned16(src, 0) && aligned16(dst, 0) ? words / 4 : 0;
-  const int threads = 256;
-  const int64_t items = std::max<int64_t>(n4, words - 4 * n4);  // of the longer loop
-  const unsigned blocks = std::min<unsigned>(blocks_for(items, threads), 4 * sm_count());
-  copy_words_kernel<<<blocks, threads, 0, stream()>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst),
-                                                     words, n4);
-  MS_CUDA_LAUNCHED("copy_words_kernel");
-}
+void copy_words(const void* src, void* dst, int64_t words) { copy_word_ranges(src, dst, {0, words}, {words, 0}); }
 
 void add_inplace(Tensor& x, const Tensor& y) {
   MS_CHECK(x.shape() == y.shape(), "add: ", x.describe(), " vs ", y.describe());
