@@ -6,6 +6,17 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
+# Greedy ids of /tmp/$1 for three prompts (CUDA graphs, overlap), env $2 ("VAR=v" or "-"), into $L/gen-$3.txt.
+gen_ids() {
+  printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":48,"ignore_eos":true}' \
+    '{"input_ids":[11,12,13],"max_new_tokens":40,"ignore_eos":true}' \
+    '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":32,"ignore_eos":true}' > /tmp/p.jsonl
+  local e=$2; [ "$e" = - ] && e=""
+  env $e timeout 120 $B generate --device cuda --model-path /tmp/$1 --max-total-tokens 8192 --input-file /tmp/p.jsonl \
+    > $L/gen-$3.txt 2> $L/gen-$3.err
+  log "generate $1 $3 rc=$? $(md5sum < $L/gen-$3.txt | cut -c1-12) $(wc -c < $L/gen-$3.txt) bytes"
+}
+
 # PHASE=1 (a snapshot of main with `git apply bench/gpu_pending.patch` (session 26's), as $SRC:
 #   dense products of one row tile in half slabs where that spreads their blocks more evenly,
 #   MOESERVE_GEMV_HALF=0 the whole slabs): the ceilings; the GEMV tests (the bits of both) and the
@@ -22,5 +33,31 @@ if [ $PHASE = 1 ]; then
   b1_rounds "$FULL half" "$FULL half"
   trace qwen3 1 4096 half; trace qwen3 1 4096 full MOESERVE_GEMV_HALF=0
   trace v2lite 1 4096 half; trace v2lite 1 4096 full MOESERVE_GEMV_HALF=0
+  log done
+fi
+
+# PHASE=2 ($SRC = main with the shared expert's gate|up product beside the router,
+#   MOESERVE_BESIDE=0 after it): the tests that run it (its bit-for-bit test in moe_route) and the
+#   models'; greedy ids of V2-Lite both ways; B = 1 rotating and B = 8, V2-Lite (Qwen3 has no
+#   shared expert); the engine's decode; timelines both ways.
+if [ $PHASE = 2 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
+  model v2lite deepseek-v2-lite 9 &
+  gtest beside 120 /tmp/b/tests/test_cuda_moe_route --gtest_filter='*Beside*'
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
+  wait
+  gen_ids v2lite - on; gen_ids v2lite MOESERVE_BESIDE=0 off
+  cmp -s $L/gen-on.txt $L/gen-off.txt && log "generate ids equal" || log "generate ids DIFFER"
+  OFF=off:MOESERVE_BESIDE=0
+  for r in 0 1 2 3; do SIDES="$(SIDES="$OFF on" rotated $r)" bench_sides v2lite "1 4096 16"; done
+  SIDES="on $OFF" bench_sides v2lite "8 4096 16"
+  for r in 0 1; do
+    for side in $(SIDES="on off" rotated $r); do
+      for o in 16 528; do
+        if [ $side = off ]; then MOESERVE_BESIDE=0 offline v2lite $o $side-$r; else offline v2lite $o $side-$r; fi
+      done
+    done
+  done
+  trace v2lite 1 4096 on; trace v2lite 1 4096 off MOESERVE_BESIDE=0
   log done
 fi

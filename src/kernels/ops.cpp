@@ -73,11 +73,12 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { MS_DISPATCH(x, rms_norm(x, weight, eps, out)); }
 void add_inplace(Tensor& x, const Tensor& y) { MS_DISPATCH(x, add_inplace(x, y)); }
 void silu_and_mul(const Tensor& gate_up, Tensor& out) { MS_DISPATCH(out, silu_and_mul(gate_up, out)); }
-void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act) {
+void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
+                  Overlap overlap) {
   MS_CHECK(gate.out_features() == up.out_features() && gate.in_features() == up.in_features() && act.dim() == 2 &&
                act.size(0) == x.size(0) && act.size(1) == gate.out_features(),
            "gated_linear: gate ", gate.w.describe(), ", up ", up.w.describe(), " -> ", act.describe());
-  MS_DISPATCH(x, gated_linear(x, gate, up, round_bf16, act));
+  MS_DISPATCH(x, gated_linear(x, gate, up, round_bf16, act, overlap));
 }
 void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier) {
   MS_CHECK(!earlier || (earlier->dtype() == DType::I32 && earlier->device() == out.device() && earlier->dim() == 1),

@@ -52,10 +52,19 @@ void add_inplace(Tensor& x, const Tensor& y);
 void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
 // out[T, I] = silu(gate_up[T, :I]) * gate_up[T, I:].
 void silu_and_mul(const Tensor& gate_up, Tensor& out);
+// Whether an op's GPU work must wait for the kernel launched before it (AfterLast), or may run
+// beside it (BesideLast): the caller promises that the op's inputs were written before the op
+// that launched that kernel, and that its outputs were allocated before that op ran (so none of
+// them is a buffer that op freed while its kernel still uses it). The kernel after still follows
+// both. Ops run in order on the CPU.
+enum class Overlap { AfterLast, BesideLast };
+
 // A gated MLP's first half: act[T, I] = silu(x gate^T) * (x up^T), as two linears into [T, 2I]
 // (rounded to bf16 when `round_bf16`, as their storage would be) and silu_and_mul. The GPU
-// streams both weights in one product at decode batches and applies the SiLU to its f32 sums.
-void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act);
+// streams both weights in one product at decode batches and applies the SiLU to its f32 sums;
+// that product honours `overlap` (MOESERVE_BESIDE=0: never beside).
+void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
+                  Overlap overlap = Overlap::AfterLast);
 // out[t] = table[ids[t]] (table in its stored dtype). With `earlier` (I32 on out's device), an
 // id -(j + 1) stands for earlier[j]: a token an earlier step sampled that the host has not seen
 // yet (overlap scheduling).

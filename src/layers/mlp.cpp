@@ -13,8 +13,13 @@ GatedMlp::GatedMlp(Linear gate, Linear up, Linear down)
 }
 
 Tensor GatedMlp::forward(const Tensor& x, const ForwardContext& ctx) const {
-  Tensor act = ctx.empty({x.size(0), gate_.out_features()});
-  ops::gated_linear(x, gate_.weight(), up_.weight(), ctx.bf16_activations, act);
+  return forward(x, ctx, activations(x, ctx), ops::Overlap::AfterLast);
+}
+
+Tensor GatedMlp::forward(const Tensor& x, const ForwardContext& ctx, Tensor act, ops::Overlap overlap) const {
+  MS_CHECK(act.dim() == 2 && act.size(0) == x.size(0) && act.size(1) == gate_.out_features(), "gated MLP: activations ",
+           act.describe(), " for ", x.describe());
+  ops::gated_linear(x, gate_.weight(), up_.weight(), ctx.bf16_activations, act, overlap);
   ctx.round(act);
   Tensor out = down_(act);
   ctx.round(out);

@@ -430,6 +430,65 @@ TEST(CudaMoeRoute, FusedLayerReplayedFromCapturedStep) {
 }
 
 
+// A shared expert's first product run beside the router (ops::Overlap::BesideLast, as the MoE
+// layer runs it) against the same launched after it: the routing, the activations and the
+// down product after them bit for bit, eager and replayed from a captured step, with x remade
+// by a norm right before the router each time (a product that read x before that norm ended
+// would read the last round's). V2-Lite's shapes: 64 experts, top-6, a 2816-wide shared expert.
+TEST(CudaMoeRoute, SharedExpertBesideTheRouterGivesTheSameBits) {
+  MS_REQUIRE_CUDA();
+  const RouteCase& c = kCases[1];
+  const int64_t I = 2816, C = c.p.columns();
+  const Router r = make_router(c);
+  const ops::Weight gate{gpu(randn({I, c.H}, 0.03f))}, up{gpu(randn({I, c.H}, 0.03f))},
+      down{gpu(randn({c.H, I}, 0.03f))};
+  const Tensor norm_w = gpu(randn({c.H}, 0.2f));
+  struct Outputs {
+    Tensor ids, w, act, y;
+  };
+  auto outputs = [&](int64_t T) {
+    return Outputs{poisoned(DType::I32, {T, C}), poisoned(DType::F32, {T, C}), poisoned(DType::BF16, {T, I}),
+                   poisoned(DType::BF16, {T, c.H})};
+  };
+  for (const int64_t T : {1, 3}) {
+    Tensor h = make_inputs(c, T), x = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
+    // The layer's order: the activations exist before the router runs.
+    auto layer = [&](ops::Overlap overlap, Outputs& o) {
+      ops::rms_norm(h, norm_w, 1e-6f, x);
+      ops::moe_route(x, r.gate, nullptr, nullptr, c.p, o.ids, o.w);
+      ops::gated_linear(x, gate, up, false, o.act, overlap);
+      ops::linear(o.act, down, nullptr, o.y);
+    };
+    auto expect_same = [&](const Outputs& o, const Outputs& ref, const std::string& at) {
+      EXPECT_EQ(bit_mismatches(o.ids, ref.ids), 0) << at;
+      EXPECT_EQ(bit_mismatches(o.w, ref.w), 0) << at;
+      EXPECT_EQ(bit_mismatches(o.act, ref.act), 0) << at;
+      EXPECT_EQ(bit_mismatches(o.y, ref.y), 0) << at;
+    };
+    Outputs beside = outputs(T);
+    for (int rep = 0; rep < 4; ++rep) {
+      h.copy_from(make_inputs(c, T));
+      Outputs ref = outputs(T);
+      layer(ops::Overlap::AfterLast, ref);
+      layer(ops::Overlap::BesideLast, beside);
+      expect_same(beside, ref, "T=" + std::to_string(T) + " eager " + std::to_string(rep));
+      beside = outputs(T);
+    }
+    const StepShape step(T);
+    auto pool = ops::make_graph_pool(Device::CUDA);
+    auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool,
+                                   [&] { layer(ops::Overlap::BesideLast, beside); });
+    for (int rep = 0; rep < 4; ++rep) {
+      h.copy_from(make_inputs(c, T));
+      Outputs ref = outputs(T);
+      layer(ops::Overlap::AfterLast, ref);
+      poison(beside.ids), poison(beside.w), poison(beside.act), poison(beside.y);
+      graph->replay(step.arrays());
+      expect_same(beside, ref, "T=" + std::to_string(T) + " replay " + std::to_string(rep));
+    }
+  }
+}
+
 TEST(CudaMoeRoute, MoeRouteBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_ROUTE");

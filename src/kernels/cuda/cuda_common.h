@@ -48,6 +48,9 @@ bool pdl_enabled();
 // steps were 3 % faster with it, batch 64 2-3 % (BENCHMARKS.md, session 22). MOESERVE_L2_STREAM=0:
 // the normal policy.
 bool weights_evict_first();
+// Whether a product asked to run beside the kernel before it (ops::Overlap::BesideLast) does so.
+// MOESERVE_BESIDE=0 (read once): every product waits for the kernel before.
+bool beside_allowed();
 
 // Runs a callable the first time the calling thread's GPU reaches it: state such as a kernel's
 // dynamic shared-memory limit (cudaFuncSetAttribute) belongs to one device.

@@ -41,6 +41,11 @@ struct GemvParams {
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
 };
 
+// Where gemv_kernel waits for the kernel before (pdl_wait): at its start (Wait), after loading its
+// first round of weights (Early, early_fetch), or at its end (Beside, GemvInput::beside_last: its
+// input was written before that kernel, so all of it may run beside that kernel).
+enum class Start { Wait, Early, Beside };
+
 // 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K), read under L2 `policy`.
 template <bool FP8>
 __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W, const float* S, int n, int k0,
@@ -70,13 +75,16 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
   }
 }
 
-// 16 inputs of source row `src` (< 0: none) at k0 as 8 bf16 pairs.
+// 16 inputs of source row `src` (< 0: none) at k0 as 8 bf16 pairs. L2_ONLY: read past L1 (a
+// product running beside the kernel before reads what an earlier one wrote; no wait of its own
+// orders those writes with this SM's L1).
+template <bool L2_ONLY = false>
 __device__ __forceinline__ void load_inputs(const GemvParams& p, int src, int k0, uint32_t (&x)[8]) {
   uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
   if (src >= 0 && k0 < p.K) {
     const uint4* s = reinterpret_cast<const uint4*>(p.in.x + int64_t(src) * p.in.x_ld + k0);
-    lo = __ldg(s);
-    if (k0 + 8 < p.K) hi = __ldg(s + 1);
+    lo = L2_ONLY ? __ldcg(s) : __ldg(s);
+    if (k0 + 8 < p.K) hi = L2_ONLY ? __ldcg(s + 1) : __ldg(s + 1);
   }
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
@@ -104,11 +112,13 @@ __device__ __forceinline__ void load_round(const GemvParams& p, const char* cons
 }
 
 // NT tiles of 8 rows per pass; U chunks loaded before the first mma (loads in flight per lane:
-// U x MATS x 2 rows x 32 bytes). EARLY (a dense weight, early_fetch): each warp's first round of
-// its block's first slab is loaded before pdl_wait, as no kernel of the step writes weights.
-template <bool FP8, class TO, bool SWIGLU, int NT, int U, bool EARLY>
+// U x MATS x 2 rows x 32 bytes). START Early (a dense weight, early_fetch): each warp's first
+// round of its block's first slab is loaded before pdl_wait, as no kernel of the step writes
+// weights. Beside (a dense product): the wait is at the end.
+template <bool FP8, class TO, bool SWIGLU, int NT, int U, Start START>
 __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
+  constexpr bool EARLY = START == Start::Early, BESIDE = START == Start::Beside;
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
   // weights arrive, each input load was one more L2 round trip per chunk, in series. Measured on
   // the H200: batch 1 gains; with two tiles (the experts at batch 64) the extra registers cost
@@ -129,7 +139,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       const float* SC1[2] = {p.w.s_one, p.w.s2_one};
       load_round<FP8, U, MATS>(p, W1, SC1, blockIdx.y * kSlab, warp, S, policy, held);
     }
-  pdl_wait();
+  if constexpr (!BESIDE) pdl_wait();
   pdl_trigger();
   int group = 0;
   if (p.rows.active) {
@@ -181,7 +191,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
             }
             if constexpr (kPrefetchX)
 #pragma unroll
-              for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
+              for (int t = 0; t < NT; ++t) load_inputs<BESIDE>(p, src[t], k0, xs[u][t]);
           }
         }
 #pragma unroll
@@ -195,7 +205,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 #pragma unroll
               for (int i = 0; i < 8; ++i) x[i] = xs[u][t][i];
             } else {
-              load_inputs(p, src[t], k0, x);
+              load_inputs<BESIDE>(p, src[t], k0, x);
             }
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
@@ -237,6 +247,9 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       __syncthreads();  // red is rewritten by the next slab
     }
   }
+  // Beside: this block ends only after the kernel before, so the kernel after, which waits for
+  // this one alone, also finds that one's writes.
+  if constexpr (BESIDE) pdl_wait();
 }
 
 // Blocks of the running router product that have finished; its last block resets it. One
@@ -363,18 +376,23 @@ template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
+  if constexpr (NT == 1 && SWIGLU)  // the gated products are the ones asked to (ops::Overlap)
+    if (p.in.beside_last) {
+      launch_pdl(gemv_kernel<FP8, TO, SWIGLU, 1, U, Start::Beside>, grid, dim3(warps * 32), smem, p);
+      return;
+    }
   if constexpr (!FP8 && !SWIGLU && NT == 1)
     if (one_round(p, grid, warps)) {
-      if (p.early) launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, true>, grid, dim3(warps * 32), smem, p);
-      else launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, false>, grid, dim3(warps * 32), smem, p);
+      if (p.early) launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, Start::Early>, grid, dim3(warps * 32), smem, p);
+      else launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, Start::Wait>, grid, dim3(warps * 32), smem, p);
       return;
     }
   if constexpr (NT == 1)
     if (p.early) {
-      launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, true>, grid, dim3(warps * 32), smem, p);
+      launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Early>, grid, dim3(warps * 32), smem, p);
       return;
     }
-  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, false>, grid, dim3(warps * 32), smem, p);
+  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Wait>, grid, dim3(warps * 32), smem, p);
 }
 
 template <bool FP8, class TO, bool SWIGLU>
@@ -498,6 +516,7 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
           const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
+  MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
                int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};

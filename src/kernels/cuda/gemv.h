@@ -43,6 +43,10 @@ struct GemvInput {
   const __nv_bfloat16* x;
   int64_t x_ld;
   const int32_t* x_rows = nullptr;
+  // x was written before the kernel launched last, and the product's output is not a buffer that
+  // kernel uses (ops::Overlap::BesideLast): a dense product then runs beside that kernel, waiting
+  // for it only at its end (so the kernel after still follows both).
+  bool beside_last = false;
 };
 
 // out[r, n] (row stride out_ld, BF16 or F32) = x_r . w[n] (+ bias[n]); with `swiglu`,

@@ -100,7 +100,8 @@ bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out
 
 // gate and up in one pass of the streaming product (its SwiGLU form: both weights' rows side by
 // side, the SiLU applied to the f32 sums), where each would take that product alone.
-bool try_gated_gemv(const Tensor& xb, const Weight& gate, const Weight& up, Tensor& act) {
+// beside: the product may run beside the kernel launched before it (ops::Overlap::BesideLast).
+bool try_gated_gemv(const Tensor& xb, const Weight& gate, const Weight& up, Tensor& act, bool beside) {
   const Fp8Mode mode = fp8_mode();
   if (mode != Fp8Mode::Dequant && fp8_gemm_all_rows(mode) && (fp8_gemm_supported(gate) || fp8_gemm_supported(up)))
     return false;
@@ -113,8 +114,9 @@ bool try_gated_gemv(const Tensor& xb, const Weight& gate, const Weight& up, Tens
   gw.w2_one = uw.w_one, gw.s2_one = uw.s_one;
   GemvRows rows;
   rows.rows = int(xb.size(0));
-  gemv(gate.out_features(), xb.size(1), gw, rows, GemvInput{xb.data<bf16>(), xb.strides()[0]},
-       GemvOutput{act.raw(), act.dtype(), act.strides()[0]}, true);
+  GemvInput in{xb.data<bf16>(), xb.strides()[0]};
+  in.beside_last = beside;
+  gemv(gate.out_features(), xb.size(1), gw, rows, in, GemvOutput{act.raw(), act.dtype(), act.strides()[0]}, true);
   return true;
 }
 
@@ -183,11 +185,15 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
 
 void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { linear_rows(x, w, bias, out, nullptr); }
 
-void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act) {
+void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
+                  ops::Overlap overlap) {
   check_device_tensor(act, {DType::BF16, DType::F32}, "gated_linear", "output");
   const int64_t T = x.size(0), I = gate.out_features();
   if (T == 0) return;
-  if (try_gated_gemv(rows_bf16(x), gate, up, act)) return;
+  const Tensor xb = rows_bf16(x);
+  // Beside the kernel before only when x is read as it is: a conversion would be that kernel.
+  const bool beside = overlap == ops::Overlap::BesideLast && beside_allowed() && xb.raw() == x.raw();
+  if (try_gated_gemv(xb, gate, up, act, beside)) return;
   Tensor gu = scratch(act.dtype(), {T, 2 * I});
   Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
   cuda::linear(x, gate, nullptr, g);

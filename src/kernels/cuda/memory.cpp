@@ -315,6 +315,11 @@ bool weights_evict_first() {
   return on;
 }
 
+bool beside_allowed() {
+  static const bool on = unless_zero("MOESERVE_BESIDE");
+  return on;
+}
+
 void* lt_workspace(size_t bytes) {
   Runtime& r = runtime();
   if (r.workspace_bytes < bytes) {
