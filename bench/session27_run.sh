@@ -40,11 +40,14 @@ fi
 #   MOESERVE_BESIDE=0 after it): the tests that run it (its bit-for-bit test in moe_route) and the
 #   models'; greedy ids of V2-Lite both ways; B = 1 rotating and B = 8, V2-Lite (Qwen3 has no
 #   shared expert); the engine's decode; timelines both ways.
-if [ $PHASE = 2 ]; then
-  JOBS=14 build_after ms_kernel_trace test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
+# PHASE=3: the same with the shared expert's down product also beside the routed experts.
+if [ $PHASE = 2 ] || [ $PHASE = 3 ]; then
+  T3="test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv"
+  [ $PHASE = 3 ] && T3="$T3 test_cuda_moe_one_token test_cuda_moe_combine_norm test_cuda_ops"
+  JOBS=14 build_after ms_kernel_trace $T3
   model v2lite deepseek-v2-lite 9 &
   gtest beside 120 /tmp/b/tests/test_cuda_moe_route --gtest_filter='*Beside*'
-  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
+  run_gpu_tests /tmp/b $T3
   wait
   gen_ids v2lite - on; gen_ids v2lite MOESERVE_BESIDE=0 off
   cmp -s $L/gen-on.txt $L/gen-off.txt && log "generate ids equal" || log "generate ids DIFFER"

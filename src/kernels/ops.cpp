@@ -69,7 +69,9 @@ void init_backend(Device device, int gpu) {
 #endif
 }
 
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { MS_DISPATCH(x, linear(x, w, bias, out)); }
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, Overlap overlap) {
+  MS_DISPATCH(x, linear(x, w, bias, out, overlap));
+}
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) { MS_DISPATCH(x, rms_norm(x, weight, eps, out)); }
 void add_inplace(Tensor& x, const Tensor& y) { MS_DISPATCH(x, add_inplace(x, y)); }
 void silu_and_mul(const Tensor& gate_up, Tensor& out) { MS_DISPATCH(out, silu_and_mul(gate_up, out)); }

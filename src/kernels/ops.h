@@ -39,8 +39,17 @@ struct Weight {
   bool is_fp8() const { return w.dtype() == DType::F8_E4M3; }
 };
 
-// out[T, N] = x[T, K] . w^T (+ bias[N]). x and out are F32, contiguous in the last dim.
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
+// Whether an op's GPU work must wait for the kernel launched before it (AfterLast), or may run
+// beside it (BesideLast): the caller promises that the op's inputs were written before the op
+// that launched that kernel, whose kernels let the next one start only once they have waited for
+// the work before them (moe_route's and moe_expert_rows' do), and that the op's outputs were
+// allocated before that op ran (so none is a buffer it freed while its kernel still uses it). The
+// kernel after still follows both. Ops run in order on the CPU. MOESERVE_BESIDE=0: never beside.
+enum class Overlap { AfterLast, BesideLast };
+
+// out[T, N] = x[T, K] . w^T (+ bias[N]). x and out are F32, contiguous in the last dim. The
+// GPU's streaming product (decode rows) honours `overlap`.
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, Overlap overlap = Overlap::AfterLast);
 
 // out = x * rsqrt(mean(x^2) + eps) * weight, row by row. out may be x.
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
@@ -52,17 +61,10 @@ void add_inplace(Tensor& x, const Tensor& y);
 void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, Tensor& out);
 // out[T, I] = silu(gate_up[T, :I]) * gate_up[T, I:].
 void silu_and_mul(const Tensor& gate_up, Tensor& out);
-// Whether an op's GPU work must wait for the kernel launched before it (AfterLast), or may run
-// beside it (BesideLast): the caller promises that the op's inputs were written before the op
-// that launched that kernel, and that its outputs were allocated before that op ran (so none of
-// them is a buffer that op freed while its kernel still uses it). The kernel after still follows
-// both. Ops run in order on the CPU.
-enum class Overlap { AfterLast, BesideLast };
-
 // A gated MLP's first half: act[T, I] = silu(x gate^T) * (x up^T), as two linears into [T, 2I]
 // (rounded to bf16 when `round_bf16`, as their storage would be) and silu_and_mul. The GPU
 // streams both weights in one product at decode batches and applies the SiLU to its f32 sums;
-// that product honours `overlap` (MOESERVE_BESIDE=0: never beside).
+// that product honours `overlap`.
 void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
                   Overlap overlap = Overlap::AfterLast);
 // out[t] = table[ids[t]] (table in its stored dtype). With `earlier` (I32 on out's device), an

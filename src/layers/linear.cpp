@@ -14,8 +14,8 @@ Tensor Linear::operator()(const Tensor& x) const {
   return out;
 }
 
-void Linear::forward(const Tensor& x, Tensor& out) const {
-  ops::linear(x, weight_, bias_.defined() ? &bias_ : nullptr, out);
+void Linear::forward(const Tensor& x, Tensor& out, ops::Overlap overlap) const {
+  ops::linear(x, weight_, bias_.defined() ? &bias_ : nullptr, out, overlap);
 }
 
 Linear Linear::concat_rows(std::initializer_list<const Linear*> parts) {

@@ -10,7 +10,8 @@ class Linear {
   Linear() = default;
   explicit Linear(ops::Weight w, Tensor bias = {});  // bias is kept as F32 on the weight's device
   Tensor operator()(const Tensor& x) const;           // [T, in] -> [T, out]
-  void forward(const Tensor& x, Tensor& out) const;   // into a preallocated output
+  // Into a preallocated output; `overlap` with the kernel before (ops::Overlap).
+  void forward(const Tensor& x, Tensor& out, ops::Overlap overlap = ops::Overlap::AfterLast) const;
   const ops::Weight& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   int64_t out_features() const { return weight_.out_features(); }

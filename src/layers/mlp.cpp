@@ -13,17 +13,23 @@ GatedMlp::GatedMlp(Linear gate, Linear up, Linear down)
 }
 
 Tensor GatedMlp::forward(const Tensor& x, const ForwardContext& ctx) const {
-  return forward(x, ctx, activations(x, ctx), ops::Overlap::AfterLast);
+  Tensor act = activations(x, ctx);
+  gate_up(x, ctx, act, ops::Overlap::AfterLast);
+  Tensor out = ctx.empty({x.size(0), down_.out_features()}, act.dtype());
+  project_down(act, ctx, out, ops::Overlap::AfterLast);
+  return out;
 }
 
-Tensor GatedMlp::forward(const Tensor& x, const ForwardContext& ctx, Tensor act, ops::Overlap overlap) const {
+void GatedMlp::gate_up(const Tensor& x, const ForwardContext& ctx, Tensor& act, ops::Overlap overlap) const {
   MS_CHECK(act.dim() == 2 && act.size(0) == x.size(0) && act.size(1) == gate_.out_features(), "gated MLP: activations ",
            act.describe(), " for ", x.describe());
   ops::gated_linear(x, gate_.weight(), up_.weight(), ctx.bf16_activations, act, overlap);
   ctx.round(act);
-  Tensor out = down_(act);
+}
+
+void GatedMlp::project_down(const Tensor& act, const ForwardContext& ctx, Tensor& out, ops::Overlap overlap) const {
+  down_.forward(act, out, overlap);
   ctx.round(out);
-  return out;
 }
 
 }  // namespace ms

@@ -10,9 +10,12 @@ class GatedMlp {
   GatedMlp() = default;
   GatedMlp(Linear gate, Linear up, Linear down);
   Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
-  // forward with the first product's output `act` (activations(x, ctx)) allocated by the caller,
-  // and that product's `overlap` with the kernel before it (ops::Overlap).
-  Tensor forward(const Tensor& x, const ForwardContext& ctx, Tensor act, ops::Overlap overlap) const;
+  // forward's two products apart, for a caller that runs other work between them (the MoE layer
+  // at decode): act = silu(x gate^T) * (x up^T) (act: activations(x, ctx)), then out = act down^T
+  // (out: [T, hidden]), each into a buffer the caller allocated and each with its overlap with the
+  // kernel before it (ops::Overlap).
+  void gate_up(const Tensor& x, const ForwardContext& ctx, Tensor& act, ops::Overlap overlap) const;
+  void project_down(const Tensor& act, const ForwardContext& ctx, Tensor& out, ops::Overlap overlap) const;
   Tensor activations(const Tensor& x, const ForwardContext& ctx) const {
     return ctx.empty({x.size(0), gate_.out_features()});
   }

@@ -73,19 +73,19 @@ Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
 
 void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
                                  Tensor& out) const {
-  // The shared expert does not need the routing. Launched right after the router, its first
-  // product runs beside it (ops::Overlap::BesideLast): it streams its weights while the router's
-  // top-k leaves HBM idle, and before the routed experts, instead of beside their down product,
-  // whose bandwidth it would share. Its output is allocated before the router runs, so it cannot
-  // be a buffer the router frees while the router's kernel still writes it.
-  Tensor shared_act;
-  if (w_.shared.defined()) shared_act = w_.shared.activations(x, ctx);
+  // The shared expert does not need the routing: its products run beside the router's kernel
+  // and the routed experts' (ops::Overlap::BesideLast), its gate|up streaming its weights while
+  // the router's top-k leaves HBM idle, its down product in the experts' tail, as their
+  // multiprocessors come free. Its buffers are allocated before the router runs, so neither can
+  // be one that the router or the experts free while their kernels still write it.
+  Tensor shared_act, shared, gate;
+  if (w_.shared.defined()) shared_act = w_.shared.activations(x, ctx), shared = ctx.empty(x.shape());
   Tensor ids, weights;
   route_traced(x, ctx, ids, weights);
-  Tensor shared, gate;
-  if (w_.shared.defined()) shared = w_.shared.forward(x, ctx, shared_act, ops::Overlap::BesideLast);
+  if (w_.shared.defined()) w_.shared.gate_up(x, ctx, shared_act, ops::Overlap::BesideLast);
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
   const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
+  if (w_.shared.defined()) w_.shared.project_down(shared_act, ctx, shared, ops::Overlap::BesideLast);
   ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
                                 ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);
 }

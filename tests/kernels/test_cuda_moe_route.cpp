@@ -430,59 +430,72 @@ TEST(CudaMoeRoute, FusedLayerReplayedFromCapturedStep) {
 }
 
 
-// A shared expert's first product run beside the router (ops::Overlap::BesideLast, as the MoE
-// layer runs it) against the same launched after it: the routing, the activations and the
-// down product after them bit for bit, eager and replayed from a captured step, with x remade
-// by a norm right before the router each time (a product that read x before that norm ended
-// would read the last round's). V2-Lite's shapes: 64 experts, top-6, a 2816-wide shared expert.
-TEST(CudaMoeRoute, SharedExpertBesideTheRouterGivesTheSameBits) {
+// A shared expert's products run beside the router and the routed experts (ops::Overlap::
+// BesideLast, the MoE layer's decode order: norm, router, shared gate|up, routed experts, shared
+// down, combine + norm) against the same launched after them: routing, activations, the shared
+// down product and the layer's output and residual bit for bit, eager and replayed from a
+// captured step, with x remade by a norm right before the router each time (a product that read x
+// or the activations early would read the last round's). V2-Lite's shapes: 64 experts, top-6, a
+// 2816-wide shared expert; routed experts of 704 (half V2-Lite's, to keep the weights small).
+TEST(CudaMoeRoute, SharedExpertBesideTheRouterAndExpertsGivesTheSameBits) {
   MS_REQUIRE_CUDA();
   const RouteCase& c = kCases[1];
+  const LayerCase lc{c, 704};
   const int64_t I = 2816, C = c.p.columns();
   const Router r = make_router(c);
+  const ops::ExpertWeights ex = make_experts(lc);
   const ops::Weight gate{gpu(randn({I, c.H}, 0.03f))}, up{gpu(randn({I, c.H}, 0.03f))},
       down{gpu(randn({c.H, I}, 0.03f))};
-  const Tensor norm_w = gpu(randn({c.H}, 0.2f));
+  const Tensor norm_w = gpu(randn({c.H}, 0.2f)), next_w = gpu(randn({c.H}, 0.2f));
   struct Outputs {
-    Tensor ids, w, act, y;
-  };
-  auto outputs = [&](int64_t T) {
-    return Outputs{poisoned(DType::I32, {T, C}), poisoned(DType::F32, {T, C}), poisoned(DType::BF16, {T, I}),
-                   poisoned(DType::BF16, {T, c.H})};
+    Tensor ids, w, act, shared, residual, out;
   };
   for (const int64_t T : {1, 3}) {
+    auto outputs = [&] {
+      return Outputs{poisoned(DType::I32, {T, C}),     poisoned(DType::F32, {T, C}),
+                     poisoned(DType::BF16, {T, I}),    poisoned(DType::BF16, {T, c.H}),
+                     poisoned(DType::BF16, {T, c.H}), poisoned(DType::BF16, {T, c.H})};
+    };
     Tensor h = make_inputs(c, T), x = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
-    // The layer's order: the activations exist before the router runs.
+    Tensor h0 = Tensor::empty(DType::BF16, {T, c.H}, Device::CUDA);
+    // The layer's order, its buffers allocated before the router runs (o: poisoned but for the
+    // residual, which starts as h0).
     auto layer = [&](ops::Overlap overlap, Outputs& o) {
+      o.residual.copy_from(h0);
       ops::rms_norm(h, norm_w, 1e-6f, x);
       ops::moe_route(x, r.gate, nullptr, nullptr, c.p, o.ids, o.w);
       ops::gated_linear(x, gate, up, false, o.act, overlap);
-      ops::linear(o.act, down, nullptr, o.y);
+      const ops::ExpertRows routed = ops::moe_expert_rows(x, o.ids, o.w, ex);
+      ops::linear(o.act, down, nullptr, o.shared, overlap);
+      ops::moe_combine_add_rms_norm(routed, &o.shared, nullptr, false, o.residual, next_w, 1e-6f, o.out);
     };
     auto expect_same = [&](const Outputs& o, const Outputs& ref, const std::string& at) {
       EXPECT_EQ(bit_mismatches(o.ids, ref.ids), 0) << at;
       EXPECT_EQ(bit_mismatches(o.w, ref.w), 0) << at;
       EXPECT_EQ(bit_mismatches(o.act, ref.act), 0) << at;
-      EXPECT_EQ(bit_mismatches(o.y, ref.y), 0) << at;
+      EXPECT_EQ(bit_mismatches(o.shared, ref.shared), 0) << at;
+      EXPECT_EQ(bit_mismatches(o.residual, ref.residual), 0) << at;
+      EXPECT_EQ(bit_mismatches(o.out, ref.out), 0) << at;
     };
-    Outputs beside = outputs(T);
+    auto fresh_inputs = [&] { h.copy_from(make_inputs(c, T)), h0.copy_from(make_inputs(c, T)); };
+    Outputs beside = outputs();
     for (int rep = 0; rep < 4; ++rep) {
-      h.copy_from(make_inputs(c, T));
-      Outputs ref = outputs(T);
+      fresh_inputs();
+      Outputs ref = outputs();
       layer(ops::Overlap::AfterLast, ref);
       layer(ops::Overlap::BesideLast, beside);
       expect_same(beside, ref, "T=" + std::to_string(T) + " eager " + std::to_string(rep));
-      beside = outputs(T);
+      beside = outputs();
     }
     const StepShape step(T);
     auto pool = ops::make_graph_pool(Device::CUDA);
     auto graph = ops::capture_step(Device::CUDA, step.arrays(), T, 1, *pool,
                                    [&] { layer(ops::Overlap::BesideLast, beside); });
     for (int rep = 0; rep < 4; ++rep) {
-      h.copy_from(make_inputs(c, T));
-      Outputs ref = outputs(T);
+      fresh_inputs();
+      Outputs ref = outputs();
       layer(ops::Overlap::AfterLast, ref);
-      poison(beside.ids), poison(beside.w), poison(beside.act), poison(beside.y);
+      for (Tensor* t : {&beside.ids, &beside.w, &beside.act, &beside.shared, &beside.out}) poison(*t);
       graph->replay(step.arrays());
       expect_same(beside, ref, "T=" + std::to_string(T) + " replay " + std::to_string(rep));
     }

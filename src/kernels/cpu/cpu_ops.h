@@ -9,12 +9,13 @@ using ops::GroupRank;
 using ops::RouterParams;
 using ops::Scoring;
 using ops::Weight;
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out);
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out,
+            ops::Overlap overlap = ops::Overlap::AfterLast);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void add_inplace(Tensor& x, const Tensor& y);
 void silu_and_mul(const Tensor& gate_up, Tensor& out);
 void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
-                  ops::Overlap overlap);
+                  ops::Overlap overlap = ops::Overlap::AfterLast);
 void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out, const Tensor* earlier);
 void add_sigmoid_gated(Tensor& x, const Tensor& gate, const Tensor& y);
 void round_to_bf16(Tensor& x);

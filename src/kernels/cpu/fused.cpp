@@ -38,7 +38,7 @@ void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* share
 }
 
 void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
-                  ops::Overlap) {  // in order: nothing runs beside
+                  ops::Overlap) {  // in order
   const int64_t T = x.size(0), I = gate.out_features();
   Tensor gu = Tensor::empty(act.dtype(), {T, 2 * I});
   Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);

@@ -7,7 +7,7 @@
 
 namespace ms::cpu {
 
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, ops::Overlap) {  // in order
   const int64_t T = x.size(0), K = x.size(1), N = w.out_features();
   MS_CHECK(w.in_features() == K, "linear: input has ", K, " features, weight ", w.w.describe());
   MS_CHECK(out.size(0) == T && out.size(1) == N, "linear: output ", out.describe(), " for ", T, "x", N);

@@ -376,8 +376,13 @@ template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
-  if constexpr (NT == 1 && SWIGLU)  // the gated products are the ones asked to (ops::Overlap)
+  if constexpr (NT == 1)
     if (p.in.beside_last) {
+      if constexpr (!FP8 && !SWIGLU)
+        if (one_round(p, grid, warps)) {
+          launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, Start::Beside>, grid, dim3(warps * 32), smem, p);
+          return;
+        }
       launch_pdl(gemv_kernel<FP8, TO, SWIGLU, 1, U, Start::Beside>, grid, dim3(warps * 32), smem, p);
       return;
     }

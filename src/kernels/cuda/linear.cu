@@ -86,13 +86,21 @@ GemvWeights gemv_weights(const Weight& w) {
   return gw;
 }
 
-bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
+// Whether a product of x (as the bf16 rows xb) asked for `overlap` runs beside the kernel before
+// (GemvInput::beside_last): not when x had to be converted, as the conversion is that kernel.
+bool runs_beside(ops::Overlap overlap, const Tensor& x, const Tensor& xb) {
+  return overlap == ops::Overlap::BesideLast && beside_allowed() && xb.raw() == x.raw();
+}
+
+bool try_gemv(const Tensor& xb, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route,
+              bool beside) {
   const int64_t T = xb.size(0), K = xb.size(1), N = w.out_features();
   if (!gemv_takes(xb, w)) return false;
   const GemvWeights gw = gemv_weights(w);
   GemvRows rows;
   rows.rows = int(T);
   GemvInput in{xb.data<bf16>(), xb.strides()[0]};
+  in.beside_last = beside;
   GemvOutput o{out.raw(), out.dtype(), out.strides()[0], bias ? bias->data<float>() : nullptr};
   gemv(N, K, gw, rows, in, o, false, route);
   return true;
@@ -147,7 +155,8 @@ bool try_fp8_grouped(const Tensor& xb, const Weight& w, const Tensor* bias, Tens
 
 // linear(), and with `route` only its streaming product (returning false, with nothing
 // launched, where linear takes another path).
-bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route) {
+bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, const RouteTail* route,
+                 ops::Overlap overlap = ops::Overlap::AfterLast) {
   const int64_t T = x.size(0), K = x.size(1), N = w.out_features();
   MS_CHECK(w.in_features() == K, "linear: input has ", K, " features, weight ", w.w.describe());
   MS_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == N, "linear: output ", out.describe(), " for ", T, "x",
@@ -162,7 +171,8 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
   }
   const Fp8Mode mode = fp8_mode();
   const bool fp8_gemm = mode != Fp8Mode::Dequant && fp8_gemm_supported(w);
-  if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out, route)) return true;
+  if (!(fp8_gemm && fp8_gemm_all_rows(mode)) && try_gemv(xb, w, bias, out, route, runs_beside(overlap, x, xb)))
+    return true;
   if (route) return false;
   if (mode == Fp8Mode::Dequant && try_fp8_grouped(xb, w, bias, out)) return true;
   if (fp8_gemm) {
@@ -183,7 +193,9 @@ bool linear_rows(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& o
 
 }  // namespace
 
-void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) { linear_rows(x, w, bias, out, nullptr); }
+void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, ops::Overlap overlap) {
+  linear_rows(x, w, bias, out, nullptr, overlap);
+}
 
 void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
                   ops::Overlap overlap) {
@@ -191,9 +203,7 @@ void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool ro
   const int64_t T = x.size(0), I = gate.out_features();
   if (T == 0) return;
   const Tensor xb = rows_bf16(x);
-  // Beside the kernel before only when x is read as it is: a conversion would be that kernel.
-  const bool beside = overlap == ops::Overlap::BesideLast && beside_allowed() && xb.raw() == x.raw();
-  if (try_gated_gemv(xb, gate, up, act, beside)) return;
+  if (try_gated_gemv(xb, gate, up, act, runs_beside(overlap, x, xb))) return;
   Tensor gu = scratch(act.dtype(), {T, 2 * I});
   Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
   cuda::linear(x, gate, nullptr, g);
