@@ -40,14 +40,11 @@ fi
 #   MOESERVE_BESIDE=0 after it): the tests that run it (its bit-for-bit test in moe_route) and the
 #   models'; greedy ids of V2-Lite both ways; B = 1 rotating and B = 8, V2-Lite (Qwen3 has no
 #   shared expert); the engine's decode; timelines both ways.
-# PHASE=3: the same with the shared expert's down product also beside the routed experts.
-if [ $PHASE = 2 ] || [ $PHASE = 3 ]; then
-  T3="test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv"
-  [ $PHASE = 3 ] && T3="$T3 test_cuda_moe_one_token test_cuda_moe_combine_norm test_cuda_ops"
-  JOBS=14 build_after ms_kernel_trace $T3
+if [ $PHASE = 2 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
   model v2lite deepseek-v2-lite 9 &
   gtest beside 120 /tmp/b/tests/test_cuda_moe_route --gtest_filter='*Beside*'
-  run_gpu_tests /tmp/b $T3
+  run_gpu_tests /tmp/b test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
   wait
   gen_ids v2lite - on; gen_ids v2lite MOESERVE_BESIDE=0 off
   cmp -s $L/gen-on.txt $L/gen-off.txt && log "generate ids equal" || log "generate ids DIFFER"
@@ -62,5 +59,49 @@ if [ $PHASE = 2 ] || [ $PHASE = 3 ]; then
     done
   done
   trace v2lite 1 4096 on; trace v2lite 1 4096 off MOESERVE_BESIDE=0
+  log done
+fi
+
+# PHASE=3 ($SRC = main with the shared expert's down product also beside the routed experts):
+#   every single-GPU test program; greedy ids of V2-Lite both ways; B = 1 rotating (V2-Lite) and
+#   Qwen3's as a control (no shared expert); B = 64 both models; the engine's decode; timelines.
+if [ $PHASE = 3 ]; then
+  JOBS=15 build_after ms_kernel_trace $(gpu_tests_of $SRC)
+  model v2lite deepseek-v2-lite 9 & model qwen3 qwen3-30b-a3b 12 &
+  gtest beside 120 /tmp/b/tests/test_cuda_moe_route --gtest_filter='*Beside*'
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  gen_ids v2lite - on; gen_ids v2lite MOESERVE_BESIDE=0 off
+  cmp -s $L/gen-on.txt $L/gen-off.txt && log "generate ids equal" || log "generate ids DIFFER"
+  OFF=off:MOESERVE_BESIDE=0
+  for r in 0 1 2; do
+    SIDES="$(SIDES="$OFF on" rotated $r)" bench_sides v2lite "1 4096 16"
+    SIDES="on" bench_sides qwen3 "1 4096 16"
+  done
+  trace v2lite 1 4096 on; trace v2lite 1 4096 off MOESERVE_BESIDE=0
+  SIDES="on $OFF" bench_sides v2lite "64 256 16"; SIDES="on" bench_sides qwen3 "64 256 16"
+  for side in on off; do
+    for o in 16 528; do
+      if [ $side = off ]; then MOESERVE_BESIDE=0 offline v2lite $o $side; else offline v2lite $o $side; fi
+    done
+  done
+  log done
+fi
+
+# PHASE=4 ($SRC = main, the session's final src/): every single-GPU test program; the targets'
+#   decode figures on this tree (B = 1 both models, beside on and off for V2-Lite; B = 64 both;
+#   the engine's decode of V2-Lite).
+if [ $PHASE = 4 ]; then
+  JOBS=14 build_after $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  OFF=off:MOESERVE_BESIDE=0
+  for r in 0 1 2; do
+    SIDES="on" bench_sides qwen3 "1 4096 16"
+    SIDES="$(SIDES="$OFF on" rotated $r)" bench_sides v2lite "1 4096 16"
+  done
+  SIDES="on" bench_sides qwen3 "64 256 16"; SIDES="on $OFF" bench_sides v2lite "64 256 16"
+  for o in 16 528; do offline v2lite $o on; done
   log done
 fi
