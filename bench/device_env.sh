@@ -190,3 +190,14 @@ trace_offline() {
   python3 $SRC/bench/kernel_trace_summary.py $L/kt-offline-$tag-$m.tsv --timeline 0 > $L/kts-offline-$tag-$m.txt 2>&1
   grep -E '^graph|median replay' $L/kts-offline-$tag-$m.txt | head -4 >> "$OUT/summary.log"
 }
+# Greedy ids of /tmp/$1 for three prompts (CUDA graphs, overlap) with env $2 ("VAR=v" or "-"), by $B,
+# into $L/gen-$3.txt, its checksum in summary.log.
+gen_ids() {
+  printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":48,"ignore_eos":true}' \
+    '{"input_ids":[11,12,13],"max_new_tokens":40,"ignore_eos":true}' \
+    '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":32,"ignore_eos":true}' > /tmp/p.jsonl
+  local e=$2; [ "$e" = - ] && e=""
+  env $e timeout 120 $B generate --device cuda --model-path /tmp/$1 --max-total-tokens 8192 --input-file /tmp/p.jsonl \
+    > $L/gen-$3.txt 2> $L/gen-$3.err
+  log "generate $1 $3 rc=$? $(md5sum < $L/gen-$3.txt | cut -c1-12) $(wc -c < $L/gen-$3.txt) bytes"
+}

@@ -6,17 +6,6 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# Greedy ids of /tmp/$1 for three prompts (CUDA graphs, overlap), env $2 ("VAR=v" or "-"), into $L/gen-$3.txt.
-gen_ids() {
-  printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":48,"ignore_eos":true}' \
-    '{"input_ids":[11,12,13],"max_new_tokens":40,"ignore_eos":true}' \
-    '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":32,"ignore_eos":true}' > /tmp/p.jsonl
-  local e=$2; [ "$e" = - ] && e=""
-  env $e timeout 120 $B generate --device cuda --model-path /tmp/$1 --max-total-tokens 8192 --input-file /tmp/p.jsonl \
-    > $L/gen-$3.txt 2> $L/gen-$3.err
-  log "generate $1 $3 rc=$? $(md5sum < $L/gen-$3.txt | cut -c1-12) $(wc -c < $L/gen-$3.txt) bytes"
-}
-
 # PHASE=1 ($SRC = main with the decode rope inside the GQA attention kernel; MOESERVE_DECODE_ROPE=0
 #   the rope kernel before it): the tests that run the op and the models; greedy ids with and
 #   without; B = 1 rotating (Qwen3: the only model with GQA); B = 64; the engine's decode; timelines.

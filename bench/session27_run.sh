@@ -6,18 +6,7 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# Greedy ids of /tmp/$1 for three prompts (CUDA graphs, overlap), env $2 ("VAR=v" or "-"), into $L/gen-$3.txt.
-gen_ids() {
-  printf '%s\n' '{"input_ids":[5,17,3,99,410,7],"max_new_tokens":48,"ignore_eos":true}' \
-    '{"input_ids":[11,12,13],"max_new_tokens":40,"ignore_eos":true}' \
-    '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12],"max_new_tokens":32,"ignore_eos":true}' > /tmp/p.jsonl
-  local e=$2; [ "$e" = - ] && e=""
-  env $e timeout 120 $B generate --device cuda --model-path /tmp/$1 --max-total-tokens 8192 --input-file /tmp/p.jsonl \
-    > $L/gen-$3.txt 2> $L/gen-$3.err
-  log "generate $1 $3 rc=$? $(md5sum < $L/gen-$3.txt | cut -c1-12) $(wc -c < $L/gen-$3.txt) bytes"
-}
-
-# PHASE=1 (a snapshot of main with `git apply bench/gpu_pending.patch` (session 26's), as $SRC:
+# PHASE=1 (a snapshot of main with `patch -p1 < bench/gpu_pending.patch` (session 26's), as $SRC:
 #   dense products of one row tile in half slabs where that spreads their blocks more evenly,
 #   MOESERVE_GEMV_HALF=0 the whole slabs): the ceilings; the GEMV tests (the bits of both) and the
 #   models' tests; the GEMV bench both ways; B = 1 rotating, both models; timelines both ways.
@@ -85,23 +74,5 @@ if [ $PHASE = 3 ]; then
       if [ $side = off ]; then MOESERVE_BESIDE=0 offline v2lite $o $side; else offline v2lite $o $side; fi
     done
   done
-  log done
-fi
-
-# PHASE=4 ($SRC = main, the session's final src/): every single-GPU test program; the targets'
-#   decode figures on this tree (B = 1 both models, beside on and off for V2-Lite; B = 64 both;
-#   the engine's decode of V2-Lite).
-if [ $PHASE = 4 ]; then
-  JOBS=14 build_after $(gpu_tests_of $SRC)
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
-  wait
-  OFF=off:MOESERVE_BESIDE=0
-  for r in 0 1 2; do
-    SIDES="on" bench_sides qwen3 "1 4096 16"
-    SIDES="$(SIDES="$OFF on" rotated $r)" bench_sides v2lite "1 4096 16"
-  done
-  SIDES="on" bench_sides qwen3 "64 256 16"; SIDES="on $OFF" bench_sides v2lite "64 256 16"
-  for o in 16 528; do offline v2lite $o on; done
   log done
 fi
