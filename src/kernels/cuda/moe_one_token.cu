@@ -34,6 +34,7 @@ namespace {
 
 constexpr int kMaxSlots = 16;
 constexpr int kMaxHidden = 8192;  // the token's row in shared memory
+constexpr int kMaxExperts = 512;  // a rank's experts whose weight addresses shared memory holds
 
 // Blocks of slot s that stored their partial, and that finished their sum; the last to finish
 // resets both for the next launch (one stream a GPU runs these one after another).
@@ -51,7 +52,30 @@ struct Params {
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]; null: the parts are the result (one_token_expert_parts), no sum_slot
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
+  bool table_early;  // the addresses staged before the wait (MOESERVE_EXPERT_TABLE_EARLY=0: not)
 };
+
+// The slot's expert's gate, up and down addresses.
+struct ExpertWeightsAt {
+  const void *gate, *up, *down;
+};
+
+// Every local expert's weight addresses copied into shared memory `at` (3 * E pointers) before
+// the kernel waits: no kernel writes them, and read from global memory once the routing is known
+// they cost a round trip between the expert's id and its first weight load (L2 or, with the
+// weights streaming past, HBM). Null when not staged.
+__device__ __forceinline__ const void** stage_expert_table(const Params& p, void* at) {
+  if (!p.table_early) return nullptr;
+  auto** t = static_cast<const void**>(at);
+  for (int i = threadIdx.x; i < p.E; i += blockDim.x) t[i] = p.gate[i], t[p.E + i] = p.up[i], t[2 * p.E + i] = p.down[i];
+  __syncthreads();
+  return t;
+}
+
+__device__ __forceinline__ ExpertWeightsAt expert_weights(const Params& p, const void* const* table, int e) {
+  if (table) return {table[e], table[p.E + e], table[2 * p.E + e]};
+  return {p.gate[e], p.up[e], p.down[e]};
+}
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -139,12 +163,12 @@ struct Lanes {
   // columns, 16 bytes (8 features) each; warp w the groups w, w + W, ...
   const bf16* w_row[kRows];
   const bf16* down;
-  __device__ Lanes(const Params& p, int e, int j) {
+  __device__ Lanes(const Params& p, const ExpertWeightsAt& w, int j) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
-      w_row[r] = static_cast<const bf16*>((r % 2 ? p.up : p.gate)[e]) +
-                 int64_t(j * F + warp * (kRows / 2) + r / 2) * p.gu_ld + lane * 8;
-    down = static_cast<const bf16*>(p.down[e]) + j * F + q * 8;
+      w_row[r] = static_cast<const bf16*>(r % 2 ? w.up : w.gate) + int64_t(j * F + warp * (kRows / 2) + r / 2) * p.gu_ld +
+                 lane * 8;
+    down = static_cast<const bf16*>(w.down) + j * F + q * 8;
   }
   __device__ const bf16* down_row(const Params& p, int g) const { return down + int64_t(g * kRowsAtOnce + rr) * p.down_ld; }
 };
@@ -154,14 +178,15 @@ struct Lanes {
 template <int F, int W, int B>
 __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   using L = Lanes<F, W>;
-  extern __shared__ uint4 xs[];  // [H / 8] the token's row
+  extern __shared__ uint4 xs[];  // [H / 8] the token's row, then the experts' addresses
   __shared__ float hs[F];
   const int j = blockIdx.x, s = blockIdx.y;
+  const void* const* table = stage_expert_table(p, xs + p.H / 8);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;  // another rank's expert: the slot's every block leaves
   for (int i = threadIdx.x; i < p.H / 8; i += W * 32) xs[i] = reinterpret_cast<const uint4*>(p.x)[i];
-  const L l(p, e, j);
+  const L l(p, expert_weights(p, table, e), j);
   const uint64_t policy = l2_policy(p.evict_first);
   float acc[L::kRows] = {};
   const int chunks = p.H / 256;
@@ -211,15 +236,17 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
   using L = Lanes<64, W>;
   constexpr int kThreads = W * 32, kPieces = 8;
   static_assert(L::kRows == kPieces, "a gate|up step and a down step are both 8 pieces a lane");
-  extern __shared__ uint4 smem[];  // [H / 8] the token's row, then the ring [D][kPieces][kThreads]
+  // [H / 8] the token's row, the ring [D][kPieces][kThreads], then the experts' addresses
+  extern __shared__ uint4 smem[];
   __shared__ float hs[64];
   const int j = blockIdx.x, s = blockIdx.y;
+  const void* const* table = stage_expert_table(p, smem + p.H / 8 + D * kPieces * kThreads);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
   if (row < 0 || e < 0 || e >= p.E) return;
   uint4* xs = smem;
   uint4* ring = smem + p.H / 8 + threadIdx.x;  // this thread's slots: ring[(stage * kPieces + r) * kThreads]
-  const L l(p, e, j);
+  const L l(p, expert_weights(p, table, e), j);
   const uint64_t policy = l2_policy(p.evict_first);
   const int chunks = p.H / 256, steps = chunks + p.H / L::kRowsAtOnce / (W * 8);
   auto issue = [&](int t) {
@@ -285,6 +312,9 @@ constexpr Shape kShapes[] = {{"ring", 64, one_token_ring_kernel<16, kRingSteps>,
                              {"64", 64, one_token_kernel<64, 16, 1>, 16, 0, 256},
                              {"32", 32, one_token_kernel<32, 8, 2>, 8, 0, 256}};
 
+// The experts' addresses in shared memory (stage_expert_table).
+constexpr size_t table_bytes(int64_t experts) { return size_t(3) * experts * sizeof(void*); }
+
 // Blocks of shape i a multiprocessor holds, asked once a GPU with the largest row's shared memory
 // (every shape is bound by its registers or its ring, not by the row), its shared memory allowed
 // first: a decode step without graphs asks at every MoE layer.
@@ -294,7 +324,7 @@ int blocks_per_sm(size_t i) {
   const Shape& sh = kShapes[i];
   const int dev = current_device();
   once[i]([&] {
-    const size_t smem = kMaxHidden * sizeof(bf16) + sh.ring;
+    const size_t smem = kMaxHidden * sizeof(bf16) + sh.ring + table_bytes(kMaxExperts);
     if (sh.ring) MS_CUDA(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks[dev][i], sh.kernel, sh.warps * 32, smem));
   });
@@ -308,6 +338,14 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
   return I % sh.F == 0 && H % sh.h_step == 0 && int64_t(blocks_per_sm(i)) * sm_count() >= K * (I / sh.F);
 }
 
+bool expert_table_early() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_EXPERT_TABLE_EARLY");
+    return !env || std::string_view(env) != "0";
+  }();
+  return on;
+}
+
 // Both entry points: the first launch shape that takes the slots (MOESERVE_MOE_ONE_TOKEN: 0 off;
 // unset or 1 the first shape that fits; a shape's name, ring, 64 or 32, that shape only), its
 // partials into `parts` and, with ye, their sums into ye. Returns slabs (0: nothing launched).
@@ -319,17 +357,17 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
   const int64_t H = t.hidden, I = t.intermediate, K = ids.numel();
   if (t.fp8 || x.size(0) != 1 || x.size(1) != H || H % 256 != 0 || H > kMaxHidden || K > kMaxSlots ||
       t.gate_up.ld % 8 != 0 || t.down.ld % 8 != 0 || !aligned16(x.raw(), 0) || !t.gate_up.w || !t.gate_up.w2 ||
-      !t.down.w)
+      !t.down.w || t.experts > kMaxExperts)
     return 0;
   for (size_t i = 0; i < std::size(kShapes); ++i) {
     const Shape& sh = kShapes[i];
     if ((mode != "1" && mode != sh.name) || !fits(i, K, H, I)) continue;
-    const size_t smem = size_t(H) * sizeof(bf16) + sh.ring;
+    const size_t smem = size_t(H) * sizeof(bf16) + sh.ring + table_bytes(t.experts);
     const int slabs = int(I / sh.F);
     parts = scratch(DType::F32, {K * slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
              t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-             parts.data<float>(), ye, weights_evict_first()};
+             parts.data<float>(), ye, weights_evict_first(), expert_table_early()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return slabs;
   }

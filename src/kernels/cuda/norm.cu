@@ -7,6 +7,8 @@
 // sum, then the shared expert), which saves the combine's launch (~4 us at batch 1) and its
 // write and read of f. At batch 1 it starts further back still, from the one-token experts'
 // unsummed partials (moe_slabs_add_rms_norm_kernel).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
@@ -18,6 +20,8 @@
 
 namespace ms::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 struct Rows {
   int64_t n, width, stride;
@@ -255,22 +259,17 @@ __device__ unsigned g_slab_blocks_done = 0;
 
 __device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-template <class TW>
-__global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
-                                                                              float eps, int H, bf16* out) {
-  __shared__ float ys[8][kSlabCols];  // [slot][column]
-  __shared__ float warp_ss[kSlabThreads / 32];
-  __shared__ bool last;
-  const int j = int(threadIdx.x) / kSlabQuads, q = int(threadIdx.x) % kSlabQuads;
-  const int c0 = int(blockIdx.x) * kSlabCols, col = c0 + int(threadIdx.x), piece = int(threadIdx.x);
-  const bool mixes = threadIdx.x < kSlabCols, norms = piece < H / 8;
-  float wt[8];  // the norm's weights of this thread's piece, for the last block: no kernel writes them
-  if (norms) load8(w + piece * 8, wt);
-  pdl_wait();  // the parts are the experts kernel's
-  // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
-  // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
-  // took 3.4 us more).
-  pdl_trigger();
+// Block part of moe_slabs_add_rms_norm: columns [c0, c0 + 4 * QUADS) of the token's MoE output
+// (QUADS * 8 threads: thread (slot j, quad q) sums slot j's slabs of 4 columns in slab order,
+// sum_slot's sum, whole 32-byte sectors a warp), then a thread a column (the first 4 * QUADS)
+// takes the slots in order (MoeAddend's weighted sum), the shared expert and the residual add,
+// and stores the rounded sum into the residual x. Returns that stored value (0 for the others).
+// Called right after pdl_wait, by every thread; ys: [8][4 * QUADS] floats of shared memory.
+template <int QUADS>
+__device__ __forceinline__ float mix_slab_columns(const MoeSlabs& m, bf16* x, int H, int c0, float* ys) {
+  constexpr int kCols = 4 * QUADS;
+  const int j = int(threadIdx.x) / QUADS, q = int(threadIdx.x) % QUADS, col = c0 + int(threadIdx.x);
+  const bool mixes = threadIdx.x < kCols;
   // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
   // shared expert and its gate.
   int32_t rows[8];
@@ -297,21 +296,41 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
         if (k0 + u < m.slabs) v.x += part[u].x, v.y += part[u].y, v.z += part[u].z, v.w += part[u].w;
     }
   }
-  *reinterpret_cast<float4*>(&ys[j][4 * q]) = v;
+  *reinterpret_cast<float4*>(&ys[j * kCols + 4 * q]) = v;
   __syncthreads();
-  if (mixes) {  // column col: the slots in order (MoeAddend's combine), rounded; the shared expert
-    float a = 0.f;
+  if (!mixes) return 0.f;
+  // column col: the slots in order (MoeAddend's combine), rounded; the shared expert
+  float a = 0.f;
 #pragma unroll
-    for (int s = 0; s < 8; ++s)
-      if (rows[s] >= 0) a = fmaf(weights[s], ys[s][threadIdx.x], a);
+  for (int s = 0; s < 8; ++s)
+    if (rows[s] >= 0) a = fmaf(weights[s], ys[s * kCols + threadIdx.x], a);
+  a = bf16_rounded(a);
+  if (m.shared) {
+    if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
+    else a += sh;
     a = bf16_rounded(a);
-    if (m.shared) {
-      if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
-      else a += sh;
-      a = bf16_rounded(a);
-    }
-    x[col] = __float2bfloat16_rn(a + residual);  // the residual add, stored rounded: the norm's input
   }
+  const bf16 stored = __float2bfloat16_rn(a + residual);  // the residual add, stored rounded: the norm's input
+  x[col] = stored;
+  return __bfloat162float(stored);
+}
+
+template <class TW>
+__global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
+                                                                              float eps, int H, bf16* out) {
+  __shared__ float ys[8 * kSlabCols];  // [slot][column]
+  __shared__ float warp_ss[kSlabThreads / 32];
+  __shared__ bool last;
+  const int piece = int(threadIdx.x);
+  const bool norms = piece < H / 8;
+  float wt[8];  // the norm's weights of this thread's piece, for the last block: no kernel writes them
+  if (norms) load8(w + piece * 8, wt);
+  pdl_wait();  // the parts are the experts kernel's
+  // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
+  // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
+  // took 3.4 us more).
+  pdl_trigger();
+  mix_slab_columns<kSlabQuads>(m, x, H, int(blockIdx.x) * kSlabCols, ys);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();  // this block's columns visible device-wide before it counts as done
@@ -339,6 +358,54 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
     reinterpret_cast<uint4*>(out)[piece] = pack8(o);
   }
   if (threadIdx.x == 0) g_slab_blocks_done = 0u;
+}
+
+// The same as one thread-block cluster of H / 256 blocks (H a multiple of 256, at most 2048):
+// block b mixes columns [256b, 256b + 256), which are exactly warp b's pieces in the norm's
+// 256-thread row, so its first warp makes that warp's sums of squares, a piece a lane, and
+// writes them into every block's shared memory (distributed shared memory). One cluster
+// barrier later each block reduces the pieces as rms_norm_rows_kernel does (warp w the pieces
+// 32w.., lane 0's butterfly sum, then the warps in order: the same bits) and norms its own
+// columns from registers. That replaces the counter's round trip and the last block's reload
+// of the whole row, two dependent trips through L2.
+constexpr int kClusterQuads = 64, kClusterCols = 4 * kClusterQuads, kClusterThreads = 8 * kClusterQuads;
+constexpr int kClusterPieces = kSlabThreads;  // the norm row's pieces (H / 8 <= 256)
+
+template <class TW>
+__global__ void __launch_bounds__(kClusterThreads) moe_slabs_cluster_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
+                                                                                 float eps, int H, bf16* out) {
+  __shared__ float ys[8 * kClusterCols];       // [slot][column]
+  __shared__ float xs[kClusterCols];           // this block's columns as stored
+  __shared__ float piece_ss[kClusterPieces];   // every piece's sum of squares, from every block
+  __shared__ float warp_ss[kClusterPieces / 32];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int c0 = int(blockIdx.x) * kClusterCols, lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const bool mixes = threadIdx.x < kClusterCols;
+  const float wc = mixes ? load_f(w + c0 + threadIdx.x) : 0.f;  // no kernel writes the norm's weight
+  if (threadIdx.x < kClusterPieces && int(threadIdx.x) >= H / 8) piece_ss[threadIdx.x] = 0.f;  // past the row
+  pdl_wait();  // the parts are the experts kernel's
+  pdl_trigger();  // as in moe_slabs_add_rms_norm_kernel
+  const float xc = mix_slab_columns<kClusterQuads>(m, x, H, c0, ys);
+  if (mixes) xs[threadIdx.x] = xc;
+  __syncthreads();
+  if (warp == 0) {  // piece blockIdx.x * 32 + lane: its 8 columns in order, as the norm's thread
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += xs[8 * lane + i] * xs[8 * lane + i];
+    const int piece = int(blockIdx.x) * 32 + lane;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) cluster.map_shared_rank(piece_ss, r)[piece] = ss;
+  }
+  cluster.sync();  // every block's pieces in every block's shared memory (release / acquire)
+  if (warp < kClusterPieces / 32) {
+    float ss = piece_ss[threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) warp_ss[warp] = ss;
+  }
+  __syncthreads();
+  float ss = 0.f;
+  for (int k = 0; k < kClusterPieces / 32; ++k) ss += warp_ss[k];
+  const float inv = 1.0f / sqrtf(ss / float(H) + eps);
+  if (mixes) out[c0 + threadIdx.x] = __float2bfloat16_rn(xc * inv * wc);
 }
 
 // ye [T * K, H] (F32): slot s's slabs summed in order into row row_of[s] (the one-token kernel's
@@ -426,6 +493,15 @@ bool moe_slab_norm_takes(int64_t H, int64_t K) {
 
 namespace {
 
+// MOESERVE_SLAB_NORM_CLUSTER=0 (read once): the counter and last block, not the cluster.
+bool slab_norm_cluster() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_SLAB_NORM_CLUSTER");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return on;
+}
+
 // The slabs' consumer: one launch where the token's tensors fit it (true), else nothing.
 bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
                         const Tensor& weight, float eps, Tensor& out) {
@@ -439,6 +515,15 @@ bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Te
   const MoeSlabs m{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(), int(K),
                    routed.slabs, shared ? shared->data<bf16>() : nullptr,
                    shared_gate ? shared_gate->data<bf16>() : nullptr};
+  if (H % kClusterCols == 0 && slab_norm_cluster()) {
+    const dim3 grid(unsigned(H / kClusterCols));
+    MS_FLOAT_DISPATCH(weight.dtype(), TW, {
+      launch_pdl_cluster(moe_slabs_cluster_norm_kernel<TW>, grid, grid, dim3(kClusterThreads), 0, m,
+                         residual.data<bf16>(), weight.data<TW>(), eps, int(H), out.data<bf16>());
+    });
+    MS_CUDA_LAUNCHED("moe_slabs_cluster_norm_kernel");
+    return true;
+  }
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
     launch_pdl(moe_slabs_add_rms_norm_kernel<TW>, dim3(unsigned(H / kSlabCols)), dim3(kSlabThreads), 0, m,
                residual.data<bf16>(), weight.data<TW>(), eps, int(H), out.data<bf16>());
