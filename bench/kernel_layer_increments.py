@@ -3,7 +3,7 @@
 
 Reads the median-replay timelines that bench/kernel_trace_summary.py prints (one file each) and,
 taking the layers to start at each MoE combine+norm kernel (rms_norm_rows_kernel<..., MoeAddend...>,
-or at batch 1 moe_slabs_add_rms_norm_kernel),
+or at batch 1 moe_slabs_add_rms_norm_kernel or moe_slabs_cluster_norm_kernel),
 prints for each kernel of a layer its end minus the end of the kernel before it, averaged over the
 whole layers of the replay: the time the chain spends on that kernel after its predecessor is done.
 
@@ -28,7 +28,7 @@ def kernels(path):
 def main(paths):
     for path in paths:
         rows = kernels(path)
-        starts = [i for i, (_, name) in enumerate(rows) if "MoeAddend" in name or "moe_slabs_add_rms_norm" in name]
+        starts = [i for i, (_, name) in enumerate(rows) if "MoeAddend" in name or "moe_slabs_" in name]
         if len(starts) < 2:
             print(f"{path}: fewer than two MoE layers in the timeline")
             continue

@@ -6,7 +6,7 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh
 snapshots_ready $SRC
 
-# PHASE=1 ($SRC = main with four changes, all on by default, and their switches:
+# PHASE=1 (run on 94e5c72; $SRC = main with four changes, all on by default, and their switches:
 #   MOESERVE_EXPERT_TABLE_EARLY=0 the one-token experts read their weights' addresses after the
 #   routing; MOESERVE_SLAB_NORM_CLUSTER=0 the MoE combine + norm meets at a counter and norms in
 #   its last block; MOESERVE_BESIDE=0 also MLA's absorption waits for the rope (and the shared
@@ -32,5 +32,29 @@ if [ $PHASE = 1 ]; then
   trace qwen3 1 4096 sk256 MOESERVE_SPLIT_KEYS=256
   trace v2lite 1 4096 tc0 MOESERVE_EXPERT_TABLE_EARLY=0 MOESERVE_SLAB_NORM_CLUSTER=0; trace v2lite 1 4096 both
   trace v2lite 1 4096 nb MOESERVE_BESIDE=0; trace v2lite 1 4096 sk128 MOESERVE_SPLIT_KEYS=128
+  log done
+fi
+
+# PHASE=2 ($SRC = the session's final tree, $BEFORE_SRC = its start, 93831b2): every single-GPU
+#   test program; the ceilings; greedy ids of both models before and after (the changes keep the
+#   bits); B = 1 rotating and B = 64, before and after; the engine's decode step; timelines.
+if [ $PHASE = 2 ]; then
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  for m in qwen3 v2lite; do
+    gen_ids $m - $m-after; B=/tmp/before/moeserve gen_ids $m - $m-before
+    cmp -s $L/gen-$m-after.txt $L/gen-$m-before.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
+  done
+  b1_rounds "before after" "before after"
+  SIDES="after before" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
+  for m in qwen3 v2lite; do
+    for o in 16 528; do offline $m $o after-$m; B=/tmp/before/moeserve offline $m $o before-$m; done
+  done
+  trace qwen3 1 4096 after; trace v2lite 1 4096 after
   log done
 fi

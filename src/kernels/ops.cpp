@@ -119,8 +119,8 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
                    float scale, Tensor& out) {
   MS_DISPATCH(q_latent, mla_attention(q_latent, q_rope, kv_cache, layout, scale, out));
 }
-void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent, Overlap overlap) {
-  MS_DISPATCH(q_nope, mla_absorb_q(q_nope, kv_b, nope, v, q_latent, overlap));
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
+  MS_DISPATCH(q_nope, mla_absorb_q(q_nope, kv_b, nope, v, q_latent));
 }
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out) {
   MS_DISPATCH(latent, mla_expand_v(latent, kv_b, nope, v, out));

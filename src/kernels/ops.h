@@ -42,7 +42,7 @@ struct Weight {
 // Whether an op's GPU work must wait for the kernel launched before it (AfterLast), or may run
 // beside it (BesideLast): the caller promises that the op's inputs were written before the op
 // that launched that kernel, whose kernels let the next one start only once they have waited for
-// the work before them (moe_route's, moe_expert_rows' and mla_rope_store's do), and that the op's outputs were
+// the work before them (moe_route's and moe_expert_rows' do), and that the op's outputs were
 // allocated before that op ran (so none is a buffer it freed while its kernel still uses it). The
 // kernel after still follows both. Ops run in order on the CPU. MOESERVE_BESIDE=0: never beside.
 enum class Overlap { AfterLast, BesideLast };
@@ -145,10 +145,8 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
 
 // The MLA absorption, through kv_b [H * (nope + v), L] as stored (no f32 copy): per head,
 // q_latent[t, h] = q_nope[t, h] . W_uk[h] and out[t, h] = W_uv[h] . latent[t, h], where W_uk[h] is
-// kv_b's rows [h(nope+v), h(nope+v)+nope) and W_uv[h] the v rows after them. The GPU's streaming
-// absorption (decode rows) honours `overlap`.
-void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent,
-                  Overlap overlap = Overlap::AfterLast);
+// kv_b's rows [h(nope+v), h(nope+v)+nope) and W_uv[h] the v rows after them.
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
 
 // The whole MLA attention of a prefill from the roped q [T, H, nope + R] (R = the cache's roped

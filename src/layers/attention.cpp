@@ -118,20 +118,17 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
   const int nope = d_.qk_nope_head_dim, vdim = d_.v_head_dim;
   auto [first, kv] = project_x(x, ctx);
   Tensor q = project_q(first, ctx).unflatten(1, {H, nope + R});  // a column slice of the fused product
-  const bool expanded = expanded_pays(b.attn, d_);
-  // The absorption reads q's nope columns, which the rope leaves alone: it runs beside the rope
-  // (ops::Overlap), its output allocated before the rope runs.
-  Tensor q_latent = expanded ? Tensor() : ctx.empty({T, H, L});
   // The cached row is the kv_a output with its first L columns normalised and its last R roped.
   ops::mla_rope_store(q, kv, w_.kv_a_norm.weight(), w_.kv_a_norm.eps(), rope_->at(b.positions), b.out_cache_loc,
                       ctx.bf16_activations, ctx.kv.buffer(layer, 0));
 
   Tensor o = ctx.empty({T, H, vdim});
-  if (expanded) {
+  if (expanded_pays(b.attn, d_)) {
     ops::mla_prefill_expanded(q, ctx.kv.buffer(layer, 0), b.attn, w_.kv_b_proj.weight(), nope, vdim, d_.softmax_scale,
                               o);
   } else {
-    ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent, ops::Overlap::BesideLast);
+    Tensor q_latent = ctx.empty({T, H, L});
+    ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent);
     Tensor o_latent = ctx.empty({T, H, L});
     ops::mla_attention(q_latent, q.slice(2, nope, nope + R), ctx.kv.buffer(layer, 0), b.attn, d_.softmax_scale,
                        o_latent);

@@ -5,15 +5,13 @@
 // 12 cuBLASLt, as must an FP8 kv_b with keeping off and MOESERVE_MLA_STREAM=0 (each checked by the
 // kernel names a capture of the call holds). In a replayed CUDA graph each op follows an RMSNorm
 // that writes its input (both launched early): the result must be that of the norm's output of
-// the same replay. After the rope (which leaves q's nope columns alone) the absorption runs beside
-// it (ops::Overlap::BesideLast): the same bits as waiting, eager and replayed. CudaMlaAbsorb.Bench (MOESERVE_BENCH_MLA=1) times both ops, streaming and
+// the same replay. CudaMlaAbsorb.Bench (MOESERVE_BENCH_MLA=1) times both ops, streaming and
 // cuBLASLt, at 1 token, replayed from graphs, over weights far larger than L2.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -22,8 +20,6 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_absorb.h"
-#include "kernels/step_graph.h"
-#include "layers/rope.h"
 
 namespace ms {
 namespace {
@@ -162,48 +158,6 @@ TEST(CudaMlaAbsorb, ReplayedAfterTheKernelThatWritesItsInput) {
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }
-}
-
-// A decode step's order: a kernel writes q (a norm standing in for the projection), the rope
-// ropes q's last columns in place and writes the cache row, and the absorption reads q's nope
-// columns beside the rope (ops::Overlap::BesideLast). Its output must be the bits of the
-// absorption that waits, for new inputs each round, eagerly and replayed from a captured step.
-// (That the beside kernel is the one launched shows in a timeline: mla_absorb_kernel<1, true>.)
-TEST(CudaMlaAbsorb, BesideTheRopeGivesTheSameBits) {
-  MS_REQUIRE_CUDA();
-  const RopeTable table = RopeTable::build(kRope, 1e4, 4096, true).to(Device::CUDA);
-  const std::vector<int32_t> ids{0}, positions{1234}, slots{5};
-  const ops::AttentionLayout layout{{0, 1}, {0, 1}, {5}};
-  for (int H : {16, 128}) {
-    const KvB kv_b = make_kv_b(H, false);
-    const Tensor nw = gpu(randn({kNope + kRope}, 0.5f)), lw = gpu(randn({kL}, 0.5f));
-    Tensor src_q = gpu(randn({H, kNope + kRope})), kv = gpu(randn({1, kL + kRope}));
-    Tensor q = poisoned(DType::BF16, {1, H, kNope + kRope}), cache = gpu(randn({8, kL + kRope}));
-    Tensor ql = poisoned(DType::BF16, {1, H, kL}), ql_ref = poisoned(DType::BF16, {1, H, kL});
-    auto step = [&](ops::Overlap overlap, Tensor& out) {
-      Tensor q2 = q.view({H, kNope + kRope});
-      cuda::rms_norm(src_q, nw, 1e-6f, q2);
-      cuda::mla_rope_store(q, kv, lw, 1e-6f, table.at(positions), slots, false, cache);
-      cuda::mla_absorb_q(q.slice(2, 0, kNope), kv_b.gpu, kNope, kV, out, overlap);
-    };
-    step(ops::Overlap::BesideLast, ql);  // every allocation made once before the capture
-    auto pool = ops::make_graph_pool(Device::CUDA);
-    const ops::StepArrays arrays{ids, positions, slots, &layout};
-    auto graph = ops::capture_step(Device::CUDA, arrays, 8, 1, *pool, [&] { step(ops::Overlap::BesideLast, ql); });
-    for (int round = 0; round < 6; ++round) {
-      const bool replayed = round % 2 == 1;
-      src_q.copy_from(gpu(randn({H, kNope + kRope})));
-      kv.copy_from(gpu(randn({1, kL + kRope})));
-      ql.copy_from(poisoned(DType::BF16, {1, H, kL}));
-      if (replayed) graph->replay(arrays);
-      else step(ops::Overlap::BesideLast, ql);
-      const Tensor got = ql.to(Device::CPU);
-      step(ops::Overlap::AfterLast, ql_ref);
-      const Tensor want = ql_ref.to(Device::CPU);
-      const std::string what = "H=" + std::to_string(H) + (replayed ? " replay " : " eager ") + std::to_string(round);
-      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), size_t(H) * kL * 2), 0) << what;
-    }
-  }
 }
 
 // Microseconds a call of each op, streaming and cuBLASLt, replayed from graphs of 20 calls, each

@@ -34,7 +34,7 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, o
 }
 
 // Both MLA absorptions decode head h's rows of kv_b once and apply them to every token.
-void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent, ops::Overlap) {
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
   const int64_t T = q_nope.size(0), H = q_nope.size(1), L = kv_b.in_features();
   MS_CHECK(q_nope.size(2) == nope && q_latent.size(2) == L && kv_b.out_features() == H * (nope + v),
            "mla_absorb_q: shapes ", q_nope.describe(), " ", kv_b.w.describe(), " ", q_latent.describe());

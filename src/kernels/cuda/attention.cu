@@ -304,20 +304,9 @@ void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 
 // Splits of the keys per query: the tensor-core kernels size theirs to their blocks' shared
 // memory; the CUDA-core kernel's fill the GPU twice, at least 64 keys each.
-// MOESERVE_SPLIT_KEYS=n (read once; a measurement's switch): at least n keys a split.
-int fewer_splits(int splits, int max_visible) {
-  static const int keys = [] {
-    const char* env = std::getenv("MOESERVE_SPLIT_KEYS");
-    return env ? std::atoi(env) : 0;
-  }();
-  return keys > 0 ? std::max(1, std::min(splits, (max_visible + keys - 1) / keys)) : splits;
-}
-
 int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
-  if (p.gqa_tc) return fewer_splits(flash_decode_splits(p.T, kv_heads, max_visible), max_visible);
-  if (p.mla_tc)
-    return fewer_splits((p.mla_wgmma ? flash_mla_wgmma_decode_splits : flash_mla_decode_splits)(p.T, p.hq, max_visible),
-                        max_visible);
+  if (p.gqa_tc) return flash_decode_splits(p.T, kv_heads, max_visible);
+  if (p.mla_tc) return (p.mla_wgmma ? flash_mla_wgmma_decode_splits : flash_mla_decode_splits)(p.T, p.hq, max_visible);
   p.warps = std::min(p.group, 16);
   p.hgroups = (p.group + p.warps - 1) / p.warps;
   const int64_t blocks = int64_t(p.T) * kv_heads * p.hgroups, want = 2 * int64_t(sm_count());

@@ -147,9 +147,8 @@ __device__ __forceinline__ void store8(float* p, const float v[8]) {
 // pdl_wait: blocks until the kernels this one depends on have finished and their writes are
 // visible (returns at once when it was not launched early). pdl_trigger: lets the next kernel,
 // if launched by launch_pdl, start as soon as every block of this one has triggered or exited.
-// The kernels of moe_route, moe_expert_rows and mla_rope_store trigger only after they have
-// waited: a kernel beside them (ops::Overlap::BesideLast) then starts only once their inputs'
-// writers are done.
+// The kernels of moe_route and moe_expert_rows trigger only after they have waited: a product
+// beside them (ops::Overlap::BesideLast) then starts only once their inputs' writers are done.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

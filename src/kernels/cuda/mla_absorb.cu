@@ -47,10 +47,7 @@ constexpr int kAbsorbGroups = kAbsorbThreads / 8;
 constexpr int kAbsorbRound = 4;
 constexpr int kAbsorbWarps = kAbsorbThreads / 32;
 
-// BESIDE: run beside the kernel before (ops::Overlap::BesideLast, the rope's, which leaves q_nope
-// alone): q_nope is read without waiting for it, past L1, and the wait comes at the end, so that
-// the attention after, which waits for this kernel, follows the rope too.
-template <int NT, bool BESIDE>
+template <int NT>
 __global__ void __launch_bounds__(kAbsorbThreads) mla_absorb_kernel(MlaStream p) {
   extern __shared__ float smem[];
   float* xs = smem;                  // [T][K]: the head's q_nope rows
@@ -69,11 +66,10 @@ __global__ void __launch_bounds__(kAbsorbThreads) mla_absorb_kernel(MlaStream p)
   };
   load_round(0);
   pdl_trigger();  // the attention after this may launch: it waits for q_latent
-  if constexpr (!BESIDE) pdl_wait();  // q_nope is the projection's, the kernel before the rope's
+  pdl_wait();     // q_nope is the rope kernel's
   for (int i = threadIdx.x; i < p.T * p.K; i += blockDim.x) {
     const int t = i / p.K, d = i % p.K;
-    const bf16* at = p.x + t * p.xs.token + h * p.xs.head + d;
-    xs[i] = __bfloat162float(BESIDE ? __ldcg(at) : *at);
+    xs[i] = __bfloat162float(p.x[t * p.xs.token + h * p.xs.head + d]);
   }
   __syncthreads();
   float acc[NT][8] = {};
@@ -113,7 +109,6 @@ __global__ void __launch_bounds__(kAbsorbThreads) mla_absorb_kernel(MlaStream p)
     for (int v = 0; v < kAbsorbWarps; ++v) s += red[(v * NT + t) * kAbsorbCols + cc];
     p.out[t * p.os.token + h * p.os.head + col] = __float2bfloat16_rn(s);
   }
-  if constexpr (BESIDE) pdl_wait();
 }
 
 // Expand: a block takes kExpandRows rows of one head's W_UV, a quad of lanes a row; lane q of a
@@ -196,7 +191,7 @@ Tensor streamed_weight(const Weight& kv_b, int64_t T) {
   return aligned16(wb.raw(), wb.strides()[0] * 2) ? wb : Tensor{};
 }
 
-bool try_absorb(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent, bool beside) {
+bool try_absorb(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
   const int64_t T = q_nope.size(0), H = q_nope.size(1), L = kv_b.in_features();
   Tensor wb = streamed_weight(kv_b, T);
   if (!wb.defined() || L % 8 != 0) return false;
@@ -205,8 +200,8 @@ bool try_absorb(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tenso
               q_latent.data<bf16>(), {q_latent.strides()[0], q_latent.strides()[1]}, int(T), nope, int(L)};
   const size_t smem = (size_t(T) * nope + size_t(kAbsorbWarps) * kAbsorbCols) * sizeof(float);
   if (smem > kMaxSmem) return false;
-  launch_pdl(beside ? mla_absorb_kernel<1, true> : mla_absorb_kernel<1, false>,
-             dim3(unsigned(blocks_for(L, kAbsorbCols)), unsigned(H)), dim3(kAbsorbThreads), smem, p);
+  launch_pdl(mla_absorb_kernel<1>, dim3(unsigned(blocks_for(L, kAbsorbCols)), unsigned(H)), dim3(kAbsorbThreads), smem,
+             p);
   MS_CUDA_LAUNCHED("mla_absorb_kernel");
   return true;
 }
@@ -239,15 +234,14 @@ bool mla_streaming() { return streaming_flag().load(); }
 
 // cuBLASLt: per head h, a strided batched product q_latent[:, h] = q_nope[:, h] . W_uk[h].
 // Column-major: D[L, T] = W_uk^T-as-stored[L, nope] times q_nope[nope, T].
-void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent, ops::Overlap overlap) {
+void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
   const int64_t T = q_nope.size(0), H = q_nope.size(1), L = kv_b.in_features();
   MS_CHECK(q_nope.size(2) == nope && q_latent.size(2) == L && kv_b.out_features() == H * (nope + v),
            "mla_absorb_q: shapes ", q_nope.describe(), " ", kv_b.w.describe(), " ", q_latent.describe());
   check_device_tensor(q_nope, {DType::BF16}, "mla_absorb_q", "q_nope");
   check_device_tensor(q_latent, {DType::BF16}, "mla_absorb_q", "q_latent");
   MS_CHECK(q_nope.strides()[2] == 1 && q_latent.strides()[2] == 1, "mla_absorb_q: heads must be contiguous");
-  const bool beside = overlap == ops::Overlap::BesideLast && beside_allowed();
-  if (T == 0 || try_absorb(q_nope, kv_b, nope, v, q_latent, beside)) return;
+  if (T == 0 || try_absorb(q_nope, kv_b, nope, v, q_latent)) return;
   Tensor wb = weight_bf16_kept(kv_b);
   const int64_t ws = wb.strides()[0];
   matmul(L, T, nope, MatRef{wb.raw(), ws, (nope + v) * ws, false},

@@ -62,7 +62,8 @@ int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row
 
 // Whether moe_combine_add_rms_norm takes one token's rows of hidden size H over K slots as the
 // one-token kernel's slabs in its own launch (so moe_expert_rows leaves them unsummed): H a
-// multiple of 128 from 256 to 2048, K up to 8; MOESERVE_MOE_SLAB_NORM=0 (read once): never.
+// multiple of 256 up to 2048 (one cluster, a block for every 256 columns), K up to 8;
+// MOESERVE_MOE_SLAB_NORM=0 (read once): never.
 bool moe_slab_norm_takes(int64_t H, int64_t K);
 // Rows with slabs (ExpertRows::slabs > 0) summed into plain rows [T * K, H] (F32), bit for bit
 // the rows one_token_experts writes; rows without slabs as they are.

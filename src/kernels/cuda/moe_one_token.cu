@@ -16,6 +16,10 @@
 // leaves the partials to the MoE combine + norm (norm.cu), which sums them in the same order:
 // at batch 1 the counter and the sum cost Qwen3's experts 2.7 us of 23.6 (BENCHMARKS, session 23).
 //
+// Before it waits for the routing, every block copies the local experts' weight addresses into
+// shared memory (stage_expert_table), so that from the slot's expert id to its first weight load
+// no other round trip lies.
+//
 // With ye, the kernel lets the next one start (PDL) only once its partials are stored. Earlier would be
 // safe too (that launch waits until every block here has triggered, so is resident), but the
 // norm after this kernel triggers at once and the next layer's q|k|v product then launches, and
@@ -52,7 +56,6 @@ struct Params {
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]; null: the parts are the result (one_token_expert_parts), no sum_slot
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
-  bool table_early;  // the addresses staged before the wait (MOESERVE_EXPERT_TABLE_EARLY=0: not)
 };
 
 // The slot's expert's gate, up and down addresses.
@@ -62,10 +65,9 @@ struct ExpertWeightsAt {
 
 // Every local expert's weight addresses copied into shared memory `at` (3 * E pointers) before
 // the kernel waits: no kernel writes them, and read from global memory once the routing is known
-// they cost a round trip between the expert's id and its first weight load (L2 or, with the
-// weights streaming past, HBM). Null when not staged.
+// they were a round trip between the expert's id and its first weight load (Qwen3's experts
+// kernel 0.7 us shorter a layer without it: BENCHMARKS, session 28).
 __device__ __forceinline__ const void** stage_expert_table(const Params& p, void* at) {
-  if (!p.table_early) return nullptr;
   auto** t = static_cast<const void**>(at);
   for (int i = threadIdx.x; i < p.E; i += blockDim.x) t[i] = p.gate[i], t[p.E + i] = p.up[i], t[2 * p.E + i] = p.down[i];
   __syncthreads();
@@ -73,8 +75,7 @@ __device__ __forceinline__ const void** stage_expert_table(const Params& p, void
 }
 
 __device__ __forceinline__ ExpertWeightsAt expert_weights(const Params& p, const void* const* table, int e) {
-  if (table) return {table[e], table[p.E + e], table[2 * p.E + e]};
-  return {p.gate[e], p.up[e], p.down[e]};
+  return {table[e], table[p.E + e], table[2 * p.E + e]};
 }
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -338,14 +339,6 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
   return I % sh.F == 0 && H % sh.h_step == 0 && int64_t(blocks_per_sm(i)) * sm_count() >= K * (I / sh.F);
 }
 
-bool expert_table_early() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_EXPERT_TABLE_EARLY");
-    return !env || std::string_view(env) != "0";
-  }();
-  return on;
-}
-
 // Both entry points: the first launch shape that takes the slots (MOESERVE_MOE_ONE_TOKEN: 0 off;
 // unset or 1 the first shape that fits; a shape's name, ring, 64 or 32, that shape only), its
 // partials into `parts` and, with ye, their sums into ye. Returns slabs (0: nothing launched).
@@ -367,7 +360,7 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
     parts = scratch(DType::F32, {K * slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
              t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-             parts.data<float>(), ye, weights_evict_first(), expert_table_early()};
+             parts.data<float>(), ye, weights_evict_first()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return slabs;
   }

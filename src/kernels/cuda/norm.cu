@@ -232,16 +232,21 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
 }
 
 // One token's MoE output left as the one-token experts' slabs (ExpertRows::slabs), summed, added
-// to the residual and normed. It replaces the experts kernel's last step (its blocks meeting at a
-// counter a slot, then summing the slot's slabs into ye) and the one-block norm after it. The
-// slabs (Qwen3: 8 slots x 12 x 8 KB) are too many bytes for the few multiprocessors of one
-// cluster (one multiprocessor's reads from L2 are bound by the loads it keeps in flight:
-// BENCHMARKS, session 23), so H / 128 blocks each take 128 columns: thread (slot j, quad q) sums
-// slot j's slabs of 4 columns in slab order (sum_slot's sum, whole 32-byte sectors a warp), then
-// a thread a column takes the slots in order (MoeAddend's weighted sum), the shared expert and
-// the residual add, and stores the rounded sum into the residual. The last block to finish norms
-// the whole row as rms_norm_rows_kernel's 256-thread row does (a thread a piece of 8, the same
-// sums in the same order), so the bits are the unfused path's.
+// to the residual and normed, in one launch. It replaces the experts kernel's last step (its
+// blocks meeting at a counter a slot, then summing the slot's slabs into ye) and the one-block
+// norm after it. One thread-block cluster of H / 256 blocks (H a multiple of 256, at most 2048):
+// block b takes columns [256b, 256b + 256), thread (slot j, quad q) summing slot j's slabs of 4
+// columns in slab order (sum_slot's sum, whole 32-byte sectors a warp), then a thread a column
+// taking the slots in order (MoeAddend's weighted sum), the shared expert and the residual add,
+// and storing the rounded sum into the residual. Those 256 columns are warp b's pieces in the
+// norm's 256-thread row (a thread a piece of 8), so the block's first warp makes that warp's
+// sums of squares and writes them into every block's shared memory (distributed shared memory);
+// after one cluster barrier each block reduces them as rms_norm_rows_kernel does (warp w the
+// pieces 32w.., lane 0's butterfly sum, then the warps in order: the same bits as the unfused
+// path) and norms its own columns from registers. Where the blocks met at a device counter and
+// the last reloaded the whole row (two dependent trips through L2), the combine + norm took 0.8
+// (Qwen3) to 1.0 us (V2-Lite) longer a layer (BENCHMARKS, session 28); a cluster of 8 blocks of
+// 256 threads, each reading 96 KB of slabs with fewer loads in flight, had lost (session 23).
 struct MoeSlabs {
   const float* parts;  // [K * slabs, H]
   const int32_t* row_of;
@@ -250,26 +255,32 @@ struct MoeSlabs {
   const bf16* shared;  // [H] or null
   const bf16* gate;    // [1] or null: added ungated
 };
-constexpr int kSlabQuads = 32, kSlabThreads = 8 * kSlabQuads, kSlabCols = 4 * kSlabQuads;
+constexpr int kSlabQuads = 64, kSlabCols = 4 * kSlabQuads, kSlabThreads = 8 * kSlabQuads;
 constexpr int kSlabBatch = 12;  // slabs a thread has in flight (Qwen3's 12 in one round trip)
-
-// Blocks of the running moe_slabs_add_rms_norm_kernel that have stored their columns; its last
-// block resets it (one stream a GPU runs these one after another).
-__device__ unsigned g_slab_blocks_done = 0;
+constexpr int kNormRowPieces = 256;  // the norm's 256-thread row: H / 8 <= 256 pieces
+constexpr int kSlabMaxBlocks = kNormRowPieces * 8 / kSlabCols;  // 8: a portable cluster
 
 __device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// Block part of moe_slabs_add_rms_norm: columns [c0, c0 + 4 * QUADS) of the token's MoE output
-// (QUADS * 8 threads: thread (slot j, quad q) sums slot j's slabs of 4 columns in slab order,
-// sum_slot's sum, whole 32-byte sectors a warp), then a thread a column (the first 4 * QUADS)
-// takes the slots in order (MoeAddend's weighted sum), the shared expert and the residual add,
-// and stores the rounded sum into the residual x. Returns that stored value (0 for the others).
-// Called right after pdl_wait, by every thread; ys: [8][4 * QUADS] floats of shared memory.
-template <int QUADS>
-__device__ __forceinline__ float mix_slab_columns(const MoeSlabs& m, bf16* x, int H, int c0, float* ys) {
-  constexpr int kCols = 4 * QUADS;
-  const int j = int(threadIdx.x) / QUADS, q = int(threadIdx.x) % QUADS, col = c0 + int(threadIdx.x);
-  const bool mixes = threadIdx.x < kCols;
+template <class TW>
+__global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
+                                                                              float eps, int H, bf16* out) {
+  __shared__ float ys[8][kSlabCols];            // [slot][column]
+  __shared__ float xs[kSlabCols];               // this block's columns as stored
+  __shared__ float piece_ss[kNormRowPieces];    // every piece's sum of squares, from every block
+  __shared__ float warp_ss[kNormRowPieces / 32];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int j = int(threadIdx.x) / kSlabQuads, q = int(threadIdx.x) % kSlabQuads;
+  const int c0 = int(blockIdx.x) * kSlabCols, col = c0 + int(threadIdx.x);
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const bool mixes = threadIdx.x < kSlabCols;
+  const float wc = mixes ? load_f(w + col) : 0.f;  // no kernel writes the norm's weight
+  if (threadIdx.x < kNormRowPieces && int(threadIdx.x) >= H / 8) piece_ss[threadIdx.x] = 0.f;  // past the row
+  pdl_wait();  // the parts are the experts kernel's
+  // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
+  // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
+  // took 3.4 us more).
+  pdl_trigger();
   // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
   // shared expert and its gate.
   int32_t rows[8];
@@ -296,99 +307,26 @@ __device__ __forceinline__ float mix_slab_columns(const MoeSlabs& m, bf16* x, in
         if (k0 + u < m.slabs) v.x += part[u].x, v.y += part[u].y, v.z += part[u].z, v.w += part[u].w;
     }
   }
-  *reinterpret_cast<float4*>(&ys[j * kCols + 4 * q]) = v;
+  *reinterpret_cast<float4*>(&ys[j][4 * q]) = v;
   __syncthreads();
-  if (!mixes) return 0.f;
-  // column col: the slots in order (MoeAddend's combine), rounded; the shared expert
-  float a = 0.f;
+  float xc = 0.f;  // column col as stored: the norm's input
+  if (mixes) {     // column col: the slots in order (MoeAddend's combine), rounded; the shared expert
+    float a = 0.f;
 #pragma unroll
-  for (int s = 0; s < 8; ++s)
-    if (rows[s] >= 0) a = fmaf(weights[s], ys[s * kCols + threadIdx.x], a);
-  a = bf16_rounded(a);
-  if (m.shared) {
-    if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
-    else a += sh;
+    for (int s = 0; s < 8; ++s)
+      if (rows[s] >= 0) a = fmaf(weights[s], ys[s][threadIdx.x], a);
     a = bf16_rounded(a);
-  }
-  const bf16 stored = __float2bfloat16_rn(a + residual);  // the residual add, stored rounded: the norm's input
-  x[col] = stored;
-  return __bfloat162float(stored);
-}
-
-template <class TW>
-__global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
-                                                                              float eps, int H, bf16* out) {
-  __shared__ float ys[8 * kSlabCols];  // [slot][column]
-  __shared__ float warp_ss[kSlabThreads / 32];
-  __shared__ bool last;
-  const int piece = int(threadIdx.x);
-  const bool norms = piece < H / 8;
-  float wt[8];  // the norm's weights of this thread's piece, for the last block: no kernel writes them
-  if (norms) load8(w + piece * 8, wt);
-  pdl_wait();  // the parts are the experts kernel's
-  // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
-  // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
-  // took 3.4 us more).
-  pdl_trigger();
-  mix_slab_columns<kSlabQuads>(m, x, H, int(blockIdx.x) * kSlabCols, ys);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // this block's columns visible device-wide before it counts as done
-    last = atomicAdd(&g_slab_blocks_done, 1u) == gridDim.x - 1;
+    if (m.shared) {
+      if (m.gate) a = fmaf(1.0f / (1.0f + expf(-gate)), sh, a);
+      else a += sh;
+      a = bf16_rounded(a);
+    }
+    const bf16 stored = __float2bfloat16_rn(a + residual);  // the residual add
+    x[col] = stored;
+    xs[threadIdx.x] = xc = __bfloat162float(stored);
   }
   __syncthreads();
-  if (!last) return;
-  __threadfence();  // every other block's columns, counted before, are seen after this
-  float xv[8], ss = 0.f;
-  if (norms) {
-    unpack8(__ldcg(reinterpret_cast<const uint4*>(x) + piece), xv);  // past L1: other blocks wrote it
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss += xv[i] * xv[i];
-  }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
-  __syncthreads();
-  ss = 0.f;
-  for (int k = 0; k < kSlabThreads / 32; ++k) ss += warp_ss[k];
-  const float inv = 1.0f / sqrtf(ss / float(H) + eps);
-  if (norms) {
-    float o[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = xv[i] * inv * wt[i];
-    reinterpret_cast<uint4*>(out)[piece] = pack8(o);
-  }
-  if (threadIdx.x == 0) g_slab_blocks_done = 0u;
-}
-
-// The same as one thread-block cluster of H / 256 blocks (H a multiple of 256, at most 2048):
-// block b mixes columns [256b, 256b + 256), which are exactly warp b's pieces in the norm's
-// 256-thread row, so its first warp makes that warp's sums of squares, a piece a lane, and
-// writes them into every block's shared memory (distributed shared memory). One cluster
-// barrier later each block reduces the pieces as rms_norm_rows_kernel does (warp w the pieces
-// 32w.., lane 0's butterfly sum, then the warps in order: the same bits) and norms its own
-// columns from registers. That replaces the counter's round trip and the last block's reload
-// of the whole row, two dependent trips through L2.
-constexpr int kClusterQuads = 64, kClusterCols = 4 * kClusterQuads, kClusterThreads = 8 * kClusterQuads;
-constexpr int kClusterPieces = kSlabThreads;  // the norm row's pieces (H / 8 <= 256)
-
-template <class TW>
-__global__ void __launch_bounds__(kClusterThreads) moe_slabs_cluster_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
-                                                                                 float eps, int H, bf16* out) {
-  __shared__ float ys[8 * kClusterCols];       // [slot][column]
-  __shared__ float xs[kClusterCols];           // this block's columns as stored
-  __shared__ float piece_ss[kClusterPieces];   // every piece's sum of squares, from every block
-  __shared__ float warp_ss[kClusterPieces / 32];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int c0 = int(blockIdx.x) * kClusterCols, lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  const bool mixes = threadIdx.x < kClusterCols;
-  const float wc = mixes ? load_f(w + c0 + threadIdx.x) : 0.f;  // no kernel writes the norm's weight
-  if (threadIdx.x < kClusterPieces && int(threadIdx.x) >= H / 8) piece_ss[threadIdx.x] = 0.f;  // past the row
-  pdl_wait();  // the parts are the experts kernel's
-  pdl_trigger();  // as in moe_slabs_add_rms_norm_kernel
-  const float xc = mix_slab_columns<kClusterQuads>(m, x, H, c0, ys);
-  if (mixes) xs[threadIdx.x] = xc;
-  __syncthreads();
-  if (warp == 0) {  // piece blockIdx.x * 32 + lane: its 8 columns in order, as the norm's thread
+  if (warp == 0) {  // piece 32b + lane: its 8 columns in order, as the norm's thread of that piece
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss += xs[8 * lane + i] * xs[8 * lane + i];
@@ -396,16 +334,16 @@ __global__ void __launch_bounds__(kClusterThreads) moe_slabs_cluster_norm_kernel
     for (unsigned r = 0; r < cluster.num_blocks(); ++r) cluster.map_shared_rank(piece_ss, r)[piece] = ss;
   }
   cluster.sync();  // every block's pieces in every block's shared memory (release / acquire)
-  if (warp < kClusterPieces / 32) {
+  if (warp < kNormRowPieces / 32) {
     float ss = piece_ss[threadIdx.x];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) warp_ss[warp] = ss;
   }
   __syncthreads();
   float ss = 0.f;
-  for (int k = 0; k < kClusterPieces / 32; ++k) ss += warp_ss[k];
+  for (int k = 0; k < kNormRowPieces / 32; ++k) ss += warp_ss[k];
   const float inv = 1.0f / sqrtf(ss / float(H) + eps);
-  if (mixes) out[c0 + threadIdx.x] = __float2bfloat16_rn(xc * inv * wc);
+  if (mixes) out[col] = __float2bfloat16_rn(xc * inv * wc);
 }
 
 // ye [T * K, H] (F32): slot s's slabs summed in order into row row_of[s] (the one-token kernel's
@@ -488,19 +426,10 @@ bool moe_slab_norm_takes(int64_t H, int64_t K) {
     const char* env = std::getenv("MOESERVE_MOE_SLAB_NORM");
     return !(env && std::string_view(env) == "0");
   }();
-  return allowed && H >= kSlabThreads && H <= 8 * kSlabThreads && H % kSlabCols == 0 && K >= 1 && K <= 8;
+  return allowed && H >= kSlabCols && H <= kSlabMaxBlocks * kSlabCols && H % kSlabCols == 0 && K >= 1 && K <= 8;
 }
 
 namespace {
-
-// MOESERVE_SLAB_NORM_CLUSTER=0 (read once): the counter and last block, not the cluster.
-bool slab_norm_cluster() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_SLAB_NORM_CLUSTER");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return on;
-}
 
 // The slabs' consumer: one launch where the token's tensors fit it (true), else nothing.
 bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
@@ -515,18 +444,10 @@ bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Te
   const MoeSlabs m{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(), int(K),
                    routed.slabs, shared ? shared->data<bf16>() : nullptr,
                    shared_gate ? shared_gate->data<bf16>() : nullptr};
-  if (H % kClusterCols == 0 && slab_norm_cluster()) {
-    const dim3 grid(unsigned(H / kClusterCols));
-    MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-      launch_pdl_cluster(moe_slabs_cluster_norm_kernel<TW>, grid, grid, dim3(kClusterThreads), 0, m,
-                         residual.data<bf16>(), weight.data<TW>(), eps, int(H), out.data<bf16>());
-    });
-    MS_CUDA_LAUNCHED("moe_slabs_cluster_norm_kernel");
-    return true;
-  }
+  const dim3 grid(unsigned(H / kSlabCols));  // one cluster
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-    launch_pdl(moe_slabs_add_rms_norm_kernel<TW>, dim3(unsigned(H / kSlabCols)), dim3(kSlabThreads), 0, m,
-               residual.data<bf16>(), weight.data<TW>(), eps, int(H), out.data<bf16>());
+    launch_pdl_cluster(moe_slabs_add_rms_norm_kernel<TW>, grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(),
+                       weight.data<TW>(), eps, int(H), out.data<bf16>());
   });
   MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
   return true;

@@ -214,6 +214,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                           const int32_t* slots, const float* cos, const float* sin, bool interleaved, bool round) {
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x % 32;
+  pdl_trigger();  // as in rope_store_kv_kernel
   const int pos = positions[t];
   RopeRegs<> r;
   HeadRegs<> x;
@@ -221,7 +222,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int h = (int(blockIdx.y) - 1) * kWarps + int(threadIdx.x) / 32;
     if (h >= heads) return;
     pdl_wait();  // q and kv are the projections', just computed
-    pdl_trigger();  // only now: the absorption after may run beside (ops::Overlap) and reads q_nope
     T* head = q + t * qs.s0 + h * qs.s1;
     load_head(head + qoff, 2 * half, half, interleaved, lane, x);
     load_cos_sin(cos + int64_t(pos) * half, sin + int64_t(pos) * half, half, lane, r);
@@ -243,7 +243,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     wl[j] = i < L ? load_f(norm_w + i) : 0.f;
   }
   pdl_wait();
-  pdl_trigger();  // as the q heads' blocks
 #pragma unroll
   for (int j = 0; j < kMaxLatentPerThread; ++j) {
     const int i = int(threadIdx.x) + j * kWarps * 32;
