@@ -58,3 +58,22 @@ if [ $PHASE = 2 ]; then
   trace qwen3 1 4096 after; trace v2lite 1 4096 after
   log done
 fi
+
+# PHASE=3 ($SRC = the final tree with a measurement's switch, MOESERVE_QKV_EARLY=1: Qwen3's q|k|v
+#   product marked to fetch its weights early, as o and MLA's q|kv_a are): the fixtures with it;
+#   Qwen3 at B = 1 rotating, as is, with the switch, and with every dense product early
+#   (MOESERVE_GEMV_PREFETCH=regs); timelines.
+if [ $PHASE = 3 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_fixtures test_cuda_engine_graphs
+  model qwen3 qwen3-30b-a3b 12
+  MOESERVE_QKV_EARLY=1 gtest fixtures-qkv 120 /tmp/b/tests/test_cuda_fixtures
+  MOESERVE_QKV_EARLY=1 gtest graphs-qkv 120 /tmp/b/tests/test_cuda_engine_graphs
+  gen_ids qwen3 - on; gen_ids qwen3 MOESERVE_QKV_EARLY=1 qkv
+  cmp -s $L/gen-on.txt $L/gen-qkv.txt && log "generate ids equal" || log "generate ids DIFFER"
+  for r in 0 1 2 3; do
+    SIDES="$(SIDES="after qkv:MOESERVE_QKV_EARLY=1 regs:MOESERVE_GEMV_PREFETCH=regs" rotated $r)" bench_sides qwen3 "1 4096 16"
+  done
+  trace qwen3 1 4096 after; trace qwen3 1 4096 qkv MOESERVE_QKV_EARLY=1; trace qwen3 1 4096 regs MOESERVE_GEMV_PREFETCH=regs
+  for o in 16 528; do offline qwen3 $o after; MOESERVE_QKV_EARLY=1 offline qwen3 $o qkv; done
+  log done
+fi
