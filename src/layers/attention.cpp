@@ -1,7 +1,6 @@
 #include "layers/attention.h"
 
 #include <cmath>
-#include <cstdlib>
 
 #include "core/check.h"
 
@@ -23,7 +22,6 @@ GqaAttention::GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int he
   // o's product may load its weight before the split merge before it ends (ops::Weight::fetch_early):
   // the merge reads little (Qwen3 at batch 1: o 3.8 us against 7.0, the merge +2; BENCHMARKS, session 22).
   w_.o_proj.mark_fetch_early();
-  if (std::getenv("MOESERVE_QKV_EARLY") && w_.qkv_proj.defined()) w_.qkv_proj.mark_fetch_early();  // measurement
 }
 
 Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
