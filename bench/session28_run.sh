@@ -77,3 +77,22 @@ if [ $PHASE = 3 ]; then
   for o in 16 528; do offline qwen3 $o after; MOESERVE_QKV_EARLY=1 offline qwen3 $o qkv; done
   log done
 fi
+
+# PHASE=4 ($SRC = the final tree with the MoE combine + norm's slabs all in flight at once, 22 a
+#   thread; MOESERVE_SLAB_BATCH=12, a measurement's switch, the 12 of before): its test (a new
+#   case with V2-Lite's 22 slabs a slot) and the models'; greedy ids both ways; B = 1 rotating,
+#   V2-Lite (22 slabs a slot: two rounds of loads before) and Qwen3 (12: one round either way);
+#   timelines.
+if [ $PHASE = 4 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs
+  model v2lite deepseek-v2-lite 9 & model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs
+  MOESERVE_SLAB_BATCH=12 gtest combine-norm-12 120 /tmp/b/tests/test_cuda_moe_combine_norm
+  wait
+  gen_ids v2lite - b22; gen_ids v2lite MOESERVE_SLAB_BATCH=12 b12
+  cmp -s $L/gen-b22.txt $L/gen-b12.txt && log "generate ids equal" || log "generate ids DIFFER"
+  b1_rounds "b22 b12:MOESERVE_SLAB_BATCH=12" "b22 b12:MOESERVE_SLAB_BATCH=12"
+  trace v2lite 1 4096 b22; trace v2lite 1 4096 b12 MOESERVE_SLAB_BATCH=12
+  for o in 16 528; do offline v2lite $o b22; MOESERVE_SLAB_BATCH=12 offline v2lite $o b12; done
+  log done
+fi
