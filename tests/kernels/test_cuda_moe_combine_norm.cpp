@@ -38,7 +38,7 @@ const std::vector<Case> kCases = {
     {"v2-lite experts 16..47 of 64", 64, 6, 2048, 128, false, false, 16, 32},
     // Batch 1 at 1280 wide: a cluster of 5 blocks, the norm row's last 96 pieces empty.
     {"1280 hidden 32 top-4", 32, 4, 1280, 128},
-    // V2-Lite's 1408-wide experts: 22 slabs a slot at batch 1 (one round of loads a thread).
+    // V2-Lite's 1408-wide experts: 22 slabs a slot at batch 1 (two rounds of loads a thread).
     {"8 experts of 1408 top-6, 2 shared experts", 8, 6, 2048, 1408, true},
     // 7168 wide: a row takes a whole 1024-thread block, where registers bound the launch.
     {"v3 ep8 shard experts 32..63 of 256 top-8, a shared expert", 256, 8, 7168, 64, true, false, 32, 32},

@@ -256,15 +256,15 @@ struct MoeSlabs {
   const bf16* gate;    // [1] or null: added ungated
 };
 constexpr int kSlabQuads = 64, kSlabCols = 4 * kSlabQuads, kSlabThreads = 8 * kSlabQuads;
-// Slabs a thread has in flight: Qwen3's 12 and V2-Lite's 22 in one round trip (128 registers,
-// no spills). MOESERVE_SLAB_BATCH=12 (a measurement's switch): 12.
-constexpr int kSlabBatch = 22;
+// Slabs a thread has in flight: Qwen3's 12 in one round trip, V2-Lite's 22 in two. All 22 at once
+// (128 registers) made both models slower at batch 1 (BENCHMARKS, session 28).
+constexpr int kSlabBatch = 12;
 constexpr int kNormRowPieces = 256;  // the norm's 256-thread row: H / 8 <= 256 pieces
 constexpr int kSlabMaxBlocks = kNormRowPieces * 8 / kSlabCols;  // 8: a portable cluster
 
 __device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-template <class TW, int BATCH>
+template <class TW>
 __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
                                                                               float eps, int H, bf16* out) {
   __shared__ float ys[8][kSlabCols];            // [slot][column]
@@ -299,13 +299,13 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (my_row >= 0) {  // slot j's slabs in order, from 0 (sum_slot's sum)
     const float* src = m.parts + int64_t(j) * m.slabs * H + c0 + 4 * q;
-    for (int k0 = 0; k0 < m.slabs; k0 += BATCH) {
-      float4 part[BATCH];
+    for (int k0 = 0; k0 < m.slabs; k0 += kSlabBatch) {
+      float4 part[kSlabBatch];
 #pragma unroll
-      for (int u = 0; u < BATCH; ++u)
+      for (int u = 0; u < kSlabBatch; ++u)
         if (k0 + u < m.slabs) part[u] = __ldcg(reinterpret_cast<const float4*>(src + int64_t(k0 + u) * H));
 #pragma unroll
-      for (int u = 0; u < BATCH; ++u)
+      for (int u = 0; u < kSlabBatch; ++u)
         if (k0 + u < m.slabs) v.x += part[u].x, v.y += part[u].y, v.z += part[u].z, v.w += part[u].w;
     }
   }
@@ -448,13 +448,8 @@ bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Te
                    shared_gate ? shared_gate->data<bf16>() : nullptr};
   const dim3 grid(unsigned(H / kSlabCols));  // one cluster
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-    static const bool twelve = [] {
-      const char* env = std::getenv("MOESERVE_SLAB_BATCH");
-      return env && std::string_view(env) == "12";
-    }();
-    launch_pdl_cluster(twelve ? moe_slabs_add_rms_norm_kernel<TW, 12> : moe_slabs_add_rms_norm_kernel<TW, kSlabBatch>,
-                       grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(), weight.data<TW>(), eps, int(H),
-                       out.data<bf16>());
+    launch_pdl_cluster(moe_slabs_add_rms_norm_kernel<TW>, grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(),
+                       weight.data<TW>(), eps, int(H), out.data<bf16>());
   });
   MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
   return true;
