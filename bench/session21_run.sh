@@ -14,12 +14,7 @@ snapshots_ready $SRC
 #   the experts kernel's phases in the step (the clocks build, both models); timelines; B = 8 and
 #   64, the 8k prefills and the engine's overlapped decode.
 if [ $PHASE = 1 ]; then
-  build_before 5
-  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
-  wait
+  build_all_and_test
   [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "clocks build failed"; }
   for m in qwen3 v2lite; do
     MOESERVE_ONE_TOKEN_CLOCKS=1 timeout 60 /tmp/before/moeserve bench-one-batch --model-path /tmp/$m --device cuda \

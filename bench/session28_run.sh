@@ -39,12 +39,7 @@ fi
 #   test program; the ceilings; greedy ids of both models before and after (the changes keep the
 #   bits); B = 1 rotating and B = 64, before and after; the engine's decode step; timelines.
 if [ $PHASE = 2 ]; then
-  build_before 5
-  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
-  wait
+  build_all_and_test
   [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
   for m in qwen3 v2lite; do
     gen_ids $m - $m-after; B=/tmp/before/moeserve gen_ids $m - $m-before
