@@ -245,8 +245,8 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
 // pieces 32w.., lane 0's butterfly sum, then the warps in order: the same bits as the unfused
 // path) and norms its own columns from registers. Where the blocks met at a device counter and
 // the last reloaded the whole row (two dependent trips through L2), the combine + norm took 0.8
-// (Qwen3) to 1.0 us (V2-Lite) longer a layer (BENCHMARKS, session 28); a cluster of 8 blocks of
-// 256 threads, each reading 96 KB of slabs with fewer loads in flight, had lost (session 23).
+// (Qwen3) to 1.0 us (V2-Lite) longer a layer (BENCHMARKS, session 28). Session 23's cluster,
+// whose 16-byte loads used half a sector each and kept fewer in flight, had lost.
 struct MoeSlabs {
   const float* parts;  // [K * slabs, H]
   const int32_t* row_of;
