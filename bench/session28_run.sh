@@ -91,3 +91,17 @@ if [ $PHASE = 4 ]; then
   for o in 16 528; do offline v2lite $o b22; MOESERVE_SLAB_BATCH=12 offline v2lite $o b12; done
   log done
 fi
+
+# PHASE=5 ($SRC = the final tree with the MoE combine + norm asking for the slabs before the slots'
+#   row numbers arrive; MOESERVE_SLAB_ROWS_FIRST=1, a measurement's switch, waits for them as
+#   before): its test both ways and the fixtures; B = 1 rotating, both models; Qwen3's timelines.
+if [ $PHASE = 5 ]; then
+  JOBS=15 build_after ms_kernel_trace test_cuda_moe_combine_norm test_cuda_fixtures
+  model v2lite deepseek-v2-lite 9 & model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b test_cuda_moe_combine_norm test_cuda_fixtures
+  MOESERVE_SLAB_ROWS_FIRST=1 gtest combine-norm-rf 120 /tmp/b/tests/test_cuda_moe_combine_norm
+  wait
+  b1_rounds "early rf:MOESERVE_SLAB_ROWS_FIRST=1" "early rf:MOESERVE_SLAB_ROWS_FIRST=1"
+  trace qwen3 1 4096 early; trace qwen3 1 4096 rf MOESERVE_SLAB_ROWS_FIRST=1
+  log done
+fi
