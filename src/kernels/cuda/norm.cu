@@ -264,8 +264,7 @@ constexpr int kSlabMaxBlocks = kNormRowPieces * 8 / kSlabCols;  // 8: a portable
 
 __device__ __forceinline__ float bf16_rounded(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// ROWS_FIRST (MOESERVE_SLAB_ROWS_FIRST=1, a measurement's switch): the parts asked for after the rows.
-template <class TW, bool ROWS_FIRST>
+template <class TW>
 __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(MoeSlabs m, bf16* x, const TW* w,
                                                                               float eps, int H, bf16* out) {
   __shared__ float ys[8][kSlabCols];            // [slot][column]
@@ -284,8 +283,8 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
   // took 3.4 us more).
   pdl_trigger();
-  // Every input asked for at once: the slots' rows and weights, the residual, the shared expert
-  // and its gate, and the parts.
+  // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
+  // shared expert and its gate.
   int32_t rows[8];
   float weights[8];
 #pragma unroll
@@ -298,10 +297,7 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   for (int s = 0; s < 8; ++s)
     if (s == j) my_row = rows[s];
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-  // Slot j's slabs in order, from 0 (sum_slot's sum), asked for before its row number arrives,
-  // which is a round trip of its own: the slab of another rank's expert (row -1) was never
-  // written, and its sum is dropped below.
-  if (j < m.K && (!ROWS_FIRST || my_row >= 0)) {
+  if (my_row >= 0) {  // slot j's slabs in order, from 0 (sum_slot's sum)
     const float* src = m.parts + int64_t(j) * m.slabs * H + c0 + 4 * q;
     for (int k0 = 0; k0 < m.slabs; k0 += kSlabBatch) {
       float4 part[kSlabBatch];
@@ -313,7 +309,6 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
         if (k0 + u < m.slabs) v.x += part[u].x, v.y += part[u].y, v.z += part[u].z, v.w += part[u].w;
     }
   }
-  if (my_row < 0) v = make_float4(0.f, 0.f, 0.f, 0.f);
   *reinterpret_cast<float4*>(&ys[j][4 * q]) = v;
   __syncthreads();
   float xc = 0.f;  // column col as stored: the norm's input
@@ -438,14 +433,6 @@ bool moe_slab_norm_takes(int64_t H, int64_t K) {
 
 namespace {
 
-bool rows_first() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_SLAB_ROWS_FIRST");
-    return env && std::string_view(env) == "1";
-  }();
-  return on;
-}
-
 // The slabs' consumer: one launch where the token's tensors fit it (true), else nothing.
 bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
                         const Tensor& weight, float eps, Tensor& out) {
@@ -461,9 +448,8 @@ bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Te
                    shared_gate ? shared_gate->data<bf16>() : nullptr};
   const dim3 grid(unsigned(H / kSlabCols));  // one cluster
   MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-    launch_pdl_cluster(rows_first() ? moe_slabs_add_rms_norm_kernel<TW, true> : moe_slabs_add_rms_norm_kernel<TW, false>,
-                       grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(), weight.data<TW>(), eps, int(H),
-                       out.data<bf16>());
+    launch_pdl_cluster(moe_slabs_add_rms_norm_kernel<TW>, grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(),
+                       weight.data<TW>(), eps, int(H), out.data<bf16>());
   });
   MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
   return true;
