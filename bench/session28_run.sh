@@ -35,7 +35,7 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2 ($SRC = the session's final tree, $BEFORE_SRC = its start, 93831b2): every single-GPU
+# PHASE=2 (run on 41a5c6d; $SRC = the session's final tree, $BEFORE_SRC = its start, 93831b2): every single-GPU
 #   test program; the ceilings; greedy ids of both models before and after (the changes keep the
 #   bits); B = 1 rotating and B = 64, before and after; the engine's decode step; timelines.
 if [ $PHASE = 2 ]; then
@@ -54,7 +54,7 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3 ($SRC = the final tree with a measurement's switch, MOESERVE_QKV_EARLY=1: Qwen3's q|k|v
+# PHASE=3 (run on 3ee66a1; $SRC = the final tree with a measurement's switch, MOESERVE_QKV_EARLY=1: Qwen3's q|k|v
 #   product marked to fetch its weights early, as o and MLA's q|kv_a are): the fixtures with it;
 #   Qwen3 at B = 1 rotating, as is, with the switch, and with every dense product early
 #   (MOESERVE_GEMV_PREFETCH=regs); timelines.
@@ -73,7 +73,7 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 
-# PHASE=4 ($SRC = the final tree with the MoE combine + norm's slabs all in flight at once, 22 a
+# PHASE=4 (run on c4c0511; $SRC = the final tree with the MoE combine + norm's slabs all in flight at once, 22 a
 #   thread; MOESERVE_SLAB_BATCH=12, a measurement's switch, the 12 of before): its test (a new
 #   case with V2-Lite's 22 slabs a slot) and the models'; greedy ids both ways; B = 1 rotating,
 #   V2-Lite (22 slabs a slot: two rounds of loads before) and Qwen3 (12: one round either way);
@@ -92,7 +92,7 @@ if [ $PHASE = 4 ]; then
   log done
 fi
 
-# PHASE=5 ($SRC = the final tree with the MoE combine + norm asking for the slabs before the slots'
+# PHASE=5 (run on ffd055d; $SRC = the final tree with the MoE combine + norm asking for the slabs before the slots'
 #   row numbers arrive; MOESERVE_SLAB_ROWS_FIRST=1, a measurement's switch, waits for them as
 #   before): its test both ways and the fixtures; B = 1 rotating, both models; Qwen3's timelines.
 if [ $PHASE = 5 ]; then
