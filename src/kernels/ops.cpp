@@ -119,6 +119,11 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
                    float scale, Tensor& out) {
   MS_DISPATCH(q_latent, mla_attention(q_latent, q_rope, kv_cache, layout, scale, out));
 }
+void mla_attention_expand(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
+                          const AttentionLayout& layout, float scale, const Weight& kv_b, int nope, int v,
+                          Tensor& latent, Tensor& out) {
+  MS_DISPATCH(q_latent, mla_attention_expand(q_latent, q_rope, kv_cache, layout, scale, kv_b, nope, v, latent, out));
+}
 void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent) {
   MS_DISPATCH(q_nope, mla_absorb_q(q_nope, kv_b, nope, v, q_latent));
 }

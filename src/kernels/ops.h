@@ -143,6 +143,13 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
                    float scale, Tensor& out);
 
+// mla_attention, then mla_expand_v of its latent by kv_b into out [T, H, v] (latent [T, H, L]:
+// scratch for the weighted latent). On the GPU a decode step's split merge expands the latent
+// itself (one kernel for the merge and W_uv, the same bits); the latent is then left unwritten.
+void mla_attention_expand(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
+                          const AttentionLayout& layout, float scale, const Weight& kv_b, int nope, int v,
+                          Tensor& latent, Tensor& out);
+
 // The MLA absorption, through kv_b [H * (nope + v), L] as stored (no f32 copy): per head,
 // q_latent[t, h] = q_nope[t, h] . W_uk[h] and out[t, h] = W_uv[h] . latent[t, h], where W_uk[h] is
 // kv_b's rows [h(nope+v), h(nope+v)+nope) and W_uv[h] the v rows after them.

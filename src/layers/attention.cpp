@@ -130,9 +130,8 @@ Tensor MlaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
     Tensor q_latent = ctx.empty({T, H, L});
     ops::mla_absorb_q(q.slice(2, 0, nope), w_.kv_b_proj.weight(), nope, vdim, q_latent);
     Tensor o_latent = ctx.empty({T, H, L});
-    ops::mla_attention(q_latent, q.slice(2, nope, nope + R), ctx.kv.buffer(layer, 0), b.attn, d_.softmax_scale,
-                       o_latent);
-    ops::mla_expand_v(o_latent, w_.kv_b_proj.weight(), nope, vdim, o);
+    ops::mla_attention_expand(q_latent, q.slice(2, nope, nope + R), ctx.kv.buffer(layer, 0), b.attn,
+                              d_.softmax_scale, w_.kv_b_proj.weight(), nope, vdim, o_latent, o);
   }
   ctx.round(o);
   Tensor out = w_.o_proj(o.view({T, H * vdim}));

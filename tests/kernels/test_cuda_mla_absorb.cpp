@@ -5,8 +5,9 @@
 // 12 cuBLASLt, as must an FP8 kv_b with keeping off and MOESERVE_MLA_STREAM=0 (each checked by the
 // kernel names a capture of the call holds). In a replayed CUDA graph each op follows an RMSNorm
 // that writes its input (both launched early): the result must be that of the norm's output of
-// the same replay. CudaMlaAbsorb.Bench (MOESERVE_BENCH_MLA=1) times both ops, streaming and
-// cuBLASLt, at 1 token, replayed from graphs, over weights far larger than L2.
+// the same replay. A decode step's split merge expanding the latent itself must give the bits
+// of the merge and the expansion apart. CudaMlaAbsorb.Bench (MOESERVE_BENCH_MLA=1) times both
+// ops, streaming and cuBLASLt, at 1 token, replayed from graphs, over weights far larger than L2.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -158,6 +159,81 @@ TEST(CudaMlaAbsorb, ReplayedAfterTheKernelThatWritesItsInput) {
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }
+}
+
+// A decode step's MLA attention and expansion (cuda::mla_attention_expand) with the split merge
+// expanding the latent itself (mla_merge_expand_kernel) against the merge kernel and
+// mla_expand_v after it (set_mla_merge_expand(false)): the same bits, eager at one split (no
+// merge), few (merge_few) and many (merge_many), and replayed from captured steps whose queries
+// see other key counts than they were captured at. Three queries take the two ops as before. Both
+// against the CPU's composition.
+struct MergeExpandCase {
+  int H;
+  int64_t T;
+  int keys;
+};
+
+void expect_same_bits(const MergeExpandCase& c, bool captured) {
+  const int64_t pool = 4 * 4096, T = c.T;
+  Tensor cache = randn({pool, kL + kRope}), cg = gpu(cache);
+  const KvB kv_b = make_kv_b(c.H, false);
+  const Tensor ql = randn({T, c.H, kL}, 0.3f), qfull = randn({T, c.H, kNope + kRope});
+  const Tensor qlg = gpu(ql), qrg = gpu(qfull).slice(2, kNope, kNope + kRope);
+  Tensor latent = poisoned(DType::BF16, {T, c.H, kL});
+  Tensor fused = poisoned(DType::BF16, {T, c.H, kV}), apart = poisoned(DType::BF16, {T, c.H, kV});
+  std::vector<std::pair<int, int>> seqs;
+  for (int64_t i = 0; i < T; ++i) seqs.push_back({1, std::max(1, c.keys - int(i) * 100)});
+  const auto layout = make_layout(seqs, int(pool));
+  auto call = [&](bool merge_expand, const ops::AttentionLayout& at, Tensor& out) {
+    cuda::set_mla_merge_expand(merge_expand);
+    cuda::mla_attention_expand(qlg, qrg, cg, at, 0.06f, kv_b.gpu, kNope, kV, latent, out);
+    cuda::set_mla_merge_expand(true);
+  };
+  const std::string what = "H=" + std::to_string(c.H) + " T=" + std::to_string(T) + " keys=" + std::to_string(c.keys);
+  auto against_cpu = [&](const ops::AttentionLayout& at, const Tensor& got, const std::string& where) {
+    Tensor lat_ref = Tensor::empty(DType::F32, {T, c.H, kL}), ref = Tensor::empty(DType::F32, {T, c.H, kV});
+    cpu::mla_attention_expand(ql, qfull.slice(2, kNope, kNope + kRope), cache, at, 0.06f, kv_b.cpu, kNope, kV,
+                              lat_ref, ref);
+    EXPECT_LT(max_error(got, ref), kBf16Tol) << where;
+  };
+  if (!captured) {
+    call(false, layout, apart);
+    call(true, layout, fused);
+    EXPECT_EQ(bit_mismatches(fused, apart), 0) << what;
+    against_cpu(layout, fused, what);
+    const bool merges = T <= cuda::kMlaStreamMaxTokens && c.keys > 64;  // more than one split
+    EXPECT_EQ(kernels_named("mla_merge_expand_kernel", [&] { call(true, layout, fused); }), merges ? 1 : 0) << what;
+    return;
+  }
+  const std::vector<int32_t> ids(size_t(T), 0);
+  const auto at_capture = make_layout(std::vector<std::pair<int, int>>(size_t(T), {1, c.keys}), int(pool));
+  auto graph_pool = ops::make_graph_pool(Device::CUDA);
+  auto capture = [&](bool merge_expand, Tensor& out) {
+    auto body = [&, merge_expand] { call(merge_expand, at_capture, out); };
+    body();  // eagerly first, as the runner does
+    return ops::capture_step(Device::CUDA, ops::StepArrays{ids, ids, ids, &at_capture}, T * c.keys, c.keys,
+                             *graph_pool, body);
+  };
+  auto g_apart = capture(false, apart), g_fused = capture(true, fused);
+  for (const int len : {c.keys, c.keys / 3, 50}) {
+    const auto at = make_layout(std::vector<std::pair<int, int>>(size_t(T), {1, len}), int(pool));
+    const ops::StepArrays arrays{ids, ids, ids, &at};
+    fused.copy_from(poisoned(DType::BF16, {T, c.H, kV}));
+    g_apart->replay(arrays), g_fused->replay(arrays);
+    const std::string where = what + " captured, replayed at " + std::to_string(len);
+    EXPECT_EQ(bit_mismatches(fused, apart), 0) << where;
+    against_cpu(at, fused, where);
+  }
+}
+
+TEST(CudaMlaAbsorb, MergeAndExpansionInOneKernelGiveTheSameBits) {
+  MS_REQUIRE_CUDA();
+  // 16 heads (flash_mla.cu): 1, 5, 16 and 64 splits; 128 (the wgmma kernel on a Hopper): 1, 3, 8, 32.
+  for (const int H : {16, 128})
+    for (const int keys : {40, 300, 1000, 4096}) expect_same_bits({H, 1, keys}, false);
+  expect_same_bits({16, 3, 4096}, false);
+  for (const int H : {16, 128})
+    for (const int keys : {1000, 4096}) expect_same_bits({H, 1, keys}, true);
 }
 
 // Microseconds a call of each op, streaming and cuBLASLt, replayed from graphs of 20 calls, each

@@ -93,6 +93,13 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   });
 }
 
+void mla_attention_expand(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
+                          const AttentionLayout& layout, float scale, const Weight& kv_b, int nope, int v,
+                          Tensor& latent, Tensor& out) {
+  cpu::mla_attention(q_latent, q_rope, kv_cache, layout, scale, latent);
+  cpu::mla_expand_v(latent, kv_b, nope, v, out);
+}
+
 // The composition of the absorbed ops, so that a CPU step's results do not depend on which form
 // the layer asked for (the tests' references, and CPU serving, stay where they were).
 void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,

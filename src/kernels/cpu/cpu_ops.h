@@ -35,6 +35,9 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
                              const ops::HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out);
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
                    float scale, Tensor& out);
+void mla_attention_expand(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
+                          const AttentionLayout& layout, float scale, const Weight& kv_b, int nope, int v,
+                          Tensor& latent, Tensor& out);
 void mla_absorb_q(const Tensor& q_nope, const Weight& kv_b, int nope, int v, Tensor& q_latent);
 void mla_expand_v(const Tensor& latent, const Weight& kv_b, int nope, int v, Tensor& out);
 void mla_prefill_expanded(const Tensor& q, const Tensor& kv_cache, const AttentionLayout& layout, const Weight& kv_b,

@@ -14,13 +14,22 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_prefill.h"
+#include "kernels/cuda/mla_absorb.h"
 #include "kernels/cuda/rope_head.cuh"
+#include "kernels/cuda/split_merge.cuh"
 #include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
 namespace {
 
 constexpr int kChunk = 32;  // keys per shared-memory tile: one per lane when scoring
+
+// MLA's expansion after the attention (mla_attention_expand): the split merge may run it.
+struct MlaExpandTo {
+  const ops::Weight* kv_b;
+  int nope, v;
+  Tensor* out;
+};
 
 struct AttnParams {
   const bf16* qa; int64_t qa_s0, qa_s1; int da;  // query part A (GQA: q; MLA: q_latent)
@@ -39,6 +48,7 @@ struct AttnParams {
   bool gqa_tc;                                   // GQA decode on the tensor cores (flash_decode.cu)
   bool with_rope;                                // ... roping q and the new keys itself (rope)
   GqaDecodeRope rope;
+  const MlaExpandTo* expand_to;                  // MLA: the merge may expand the latent (host only)
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -157,17 +167,15 @@ __global__ void attention_kernel(AttnParams p) {
 }
 
 constexpr int kMergeThreads = 256;  // a block of the one-pass merge: pieces of several rows
-constexpr int kFewSplits = 16;      // the most splits the one-pass merge loads at once
 
-// out[t, h] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits z, for up to NS
-// splits. A thread owns one V-float piece of one (query, head) row and loads every split's
-// (m, l) and piece at once (one round trip to L2, where the partials were just written), so the
-// merge costs splits x rows x dv reads and nothing more: no idle warps, no shared memory, no
-// barrier. Consecutive threads take consecutive pieces of a row (coalesced; the (m, l) loads of
-// a warp are one or two broadcasts).
+__host__ __device__ SplitPartials partials_of(const AttnParams& p) { return {p.part_acc, p.part_ml, int64_t(p.T) * p.hq, p.dv, p.splits}; }
+
+// Up to NS splits (merge_few): a thread a V-float piece of one (query, head) row, so the merge
+// costs splits x rows x dv reads and nothing more: no idle warps, no shared memory, no barrier.
+// Consecutive threads take consecutive pieces of a row (coalesced; the (m, l) loads of a warp
+// are one or two broadcasts).
 template <int V, int NS>
 __global__ void __launch_bounds__(kMergeThreads) combine_few(AttnParams p) {
-  using Vec = std::conditional_t<V == 4, float4, float2>;
   pdl_wait();  // launched early (launch_pdl): the partials are the attention kernel's
   pdl_trigger();
   const int pieces = p.dv / V;
@@ -175,31 +183,12 @@ __global__ void __launch_bounds__(kMergeThreads) combine_few(AttnParams p) {
   if (idx >= rows * pieces) return;
   const int64_t row = idx / pieces;
   const int col = int(idx % pieces);
-  float2 ml[NS];
-  Vec a[NS];
-#pragma unroll
-  for (int z = 0; z < NS; ++z) {
-    const bool in = z < p.splits;
-    ml[z] = in ? reinterpret_cast<const float2*>(p.part_ml)[z * rows + row] : make_float2(-INFINITY, 0.f);
-    a[z] = in ? reinterpret_cast<const Vec*>(p.part_acc + (z * rows + row) * p.dv)[col] : Vec{};
-  }
-  float M = -INFINITY;
-#pragma unroll
-  for (int z = 0; z < NS; ++z) M = fmaxf(M, ml[z].x);
-  float acc[V] = {}, L = 0.f;
-#pragma unroll
-  for (int z = 0; z < NS; ++z) {
-    const float w = ml[z].x == -INFINITY ? 0.f : expf(ml[z].x - M);  // an empty split weighs nothing
-    const float* af = reinterpret_cast<const float*>(&a[z]);
-#pragma unroll
-    for (int i = 0; i < V; ++i) acc[i] += w * af[i];
-    L += w * ml[z].y;
-  }
-  const float inv = L > 0.f ? 1.0f / L : 0.f;
+  float v[V];
+  merge_few<V, NS>(partials_of(p), row, col, v);
   const int t = int(row / p.hq), h = int(row % p.hq);
   auto* o = reinterpret_cast<__nv_bfloat162*>(p.out + t * p.o_s0 + h * p.o_s1 + col * V);
 #pragma unroll
-  for (int i = 0; i < V / 2; ++i) o[i] = __floats2bfloat162_rn(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+  for (int i = 0; i < V / 2; ++i) o[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
 }
 
 template <int V>
@@ -213,64 +202,19 @@ void launch_few(const AttnParams& p) {
   MS_CUDA_LAUNCHED("combine_few");
 }
 
-constexpr int kCombineWarps = 16;  // a block's warps, each merging every 16th split
-constexpr int kCombineBatch = 8;   // splits a warp loads before it merges them: 128 a pass
-constexpr int kCombineCols = 32;   // V-wide pieces of the output a block: one a lane
-
-// The merge of more than kFewSplits splits, where a row's pieces alone are too few threads to
-// keep the loads of every split in flight: block (t * hq + h, c) writes dims [c * 32V,
-// (c + 1) * 32V) of one (query, head), each of its 16 warps loading the (m, l) and the V-float
-// piece of kCombineBatch of its splits at once and merging them online; the warps' merges meet
-// in shared memory. No pass over the splits waits on another.
+// More splits (merge_many): block (t * hq + h, c) writes dims [c * 32V, (c + 1) * 32V) of one
+// (query, head). No pass over the splits waits on another.
 template <int V>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams p) {
-  using Vec = std::conditional_t<V == 4, float4, float2>;
-  __shared__ float acc_s[kCombineWarps][kCombineCols * V];
-  __shared__ float2 ml_s[kCombineWarps];
+  __shared__ MergeManyScratch<V> scratch;
   pdl_wait();  // as in combine_few
   pdl_trigger();
-  const int64_t row = blockIdx.x, stride = int64_t(p.T) * p.hq;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int col = int(blockIdx.y) * kCombineCols + lane;  // in V-wide pieces
-  const bool in = col * V < p.dv;
-  float m = -INFINITY, l = 0.f, acc[V] = {};
-  for (int z0 = warp; z0 < p.splits; z0 += kCombineWarps * kCombineBatch) {
-    float2 ml[kCombineBatch];
-    Vec a[kCombineBatch];
-#pragma unroll
-    for (int b = 0; b < kCombineBatch; ++b) {
-      const int64_t z = z0 + b * kCombineWarps;
-      ml[b] = z < p.splits ? reinterpret_cast<const float2*>(p.part_ml)[z * stride + row] : make_float2(-INFINITY, 0.f);
-      a[b] = z < p.splits && in ? reinterpret_cast<const Vec*>(p.part_acc + (z * stride + row) * p.dv)[col] : Vec{};
-    }
-#pragma unroll
-    for (int b = 0; b < kCombineBatch; ++b) {
-      const float m_new = fmaxf(m, ml[b].x);
-      if (m_new == -INFINITY) continue;  // no keys so far, nor in this split (uniform over the warp)
-      const float keep = expf(m - m_new), w = expf(ml[b].x - m_new);  // an empty split weighs nothing
-      const float* af = reinterpret_cast<const float*>(&a[b]);
-#pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] = acc[i] * keep + af[i] * w;
-      l = l * keep + ml[b].y * w, m = m_new;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < V; ++i) acc_s[warp][lane * V + i] = acc[i];
-  if (lane == 0) ml_s[warp] = make_float2(m, l);
-  __syncthreads();
+  const int64_t row = blockIdx.x;
+  const float v = merge_many<V>(partials_of(p), row, int(blockIdx.y), scratch);
   const int d = int(blockIdx.y) * kCombineCols * V + int(threadIdx.x);
   if (threadIdx.x >= kCombineCols * V || d >= p.dv) return;
-  float M = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, ml_s[w].x);
-  float total = 0.f, L = 0.f;
-#pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) {
-    const float f = ml_s[w].x == -INFINITY ? 0.f : expf(ml_s[w].x - M);
-    total += f * acc_s[w][threadIdx.x], L += f * ml_s[w].y;
-  }
   const int t = int(row) / p.hq, h = int(row) % p.hq;
-  p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(L > 0.f ? total / L : 0.f);
+  p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(v);
 }
 
 // Merges p.splits partials into p.out: float4 pieces when rows of partials allow them (the
@@ -299,7 +243,7 @@ void launch(const AttnParams& p, int kv_heads, size_t smem) {
   MS_CUDA_LAUNCHED("attention_kernel");
 }
 
-void launch_all(AttnParams p, int kv_heads, const char* op);
+bool launch_all(AttnParams p, int kv_heads, const char* op);
 void launch_kernel(const AttnParams& p, int kv_heads, const char* op);
 
 // Splits of the keys per query: the tensor-core kernels size theirs to their blocks' shared
@@ -316,18 +260,19 @@ int choose_splits(AttnParams& p, int kv_heads, int max_visible) {
 
 // A captured step: the layout's arrays are on the device already, and the splits are sized
 // from the step's max_kv so that any replay fits the same launch.
-void run_staged(AttnParams p, int kv_heads, const StagedStep& st, const char* op) {
+bool run_staged(AttnParams p, int kv_heads, const StagedStep& st, const char* op) {
   p.slots = st.arrays[3].device.data<int32_t>(), p.q_kv_begin = st.begin.data<int32_t>();
   p.q_visible = st.visible.data<int32_t>();
   // Replays keep the token and sequence counts, not how the tokens fall to the sequences.
   p.fresh = p.T - st.layout->num_seqs() + 1;
   p.splits = choose_splits(p, kv_heads, st.max_kv);
   p.split_len = p.splits > 1 ? 0 : (1 << 30);  // one split: every key, however many
-  launch_all(p, kv_heads, op);
+  return launch_all(p, kv_heads, op);
 }
 
-// Fills the layout part of `p` (uploads, split-KV choice), launches, and merges the splits.
-void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& layout, const char* op) {
+// Fills the layout part of `p` (uploads, split-KV choice), launches, and merges the splits; true
+// when the merge also expanded MLA's latent (p.expand_to).
+bool run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& layout, const char* op) {
   if (const StagedStep* st = staged_step(); st && st->layout == &layout) return run_staged(p, kv_heads, *st, op);
   std::vector<int32_t> begin, visible;
   int max_visible = 0;
@@ -340,17 +285,18 @@ void run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
   }
   MS_CHECK(int64_t(begin.size()) == p.T, op, ": layout has ", begin.size(), " queries, batch ", p.T);
   for (int32_t slot : layout.kv_slots) MS_CHECK(slot >= 0 && slot < num_slots, op, ": KV slot ", slot, " outside the pool of ", num_slots);
-  if (p.T == 0) return;
+  if (p.T == 0) return false;
   Tensor d_slots = upload_i32(layout.kv_slots), d_begin = upload_i32(begin), d_visible = upload_i32(visible);
   p.slots = d_slots.data<int32_t>(), p.q_kv_begin = d_begin.data<int32_t>(), p.q_visible = d_visible.data<int32_t>();
   const int splits = choose_splits(p, kv_heads, max_visible);
   p.split_len = ((max_visible + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
   p.splits = (max_visible + p.split_len - 1) / p.split_len;
-  launch_all(p, kv_heads, op);
+  return launch_all(p, kv_heads, op);
 }
 
-// Launches the attention kernel for p's value width and merges the splits.
-void launch_all(AttnParams p, int kv_heads, const char* op) {
+// Launches the attention kernel for p's value width and merges the splits (and expands, when
+// mla_merge_expand takes p.expand_to: true).
+bool launch_all(AttnParams p, int kv_heads, const char* op) {
   Tensor part_acc, part_ml;
   if (p.splits > 1) {
     part_acc = scratch(DType::F32, {p.splits, p.T, p.hq, p.dv});
@@ -369,7 +315,12 @@ void launch_all(AttnParams p, int kv_heads, const char* op) {
   } else {
     launch_kernel(p, kv_heads, op);
   }
-  if (p.splits > 1) launch_combine(p);
+  if (p.splits < 2) return false;
+  if (p.expand_to && mla_merge_expand(partials_of(p), p.T, *p.expand_to->kv_b, p.expand_to->nope, p.expand_to->v,
+                                      *p.expand_to->out))
+    return true;
+  launch_combine(p);
+  return false;
 }
 
 // The CUDA-core kernel for p's value width.
@@ -492,8 +443,12 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
   run(p, int(k_cache.size(1)), k_cache.size(0), layout, "rope_store_kv_attention");
 }
 
-void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
-                   float scale, Tensor& out) {
+namespace {
+
+// MLA over the latent cache into out [T, H, L]; with expand_to, a decode's split merge may expand
+// the latent into expand_to->out instead (true: out is left unwritten).
+bool run_mla(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
+             float scale, Tensor& out, const MlaExpandTo* expand_to) {
   const int64_t T = q_latent.size(0), H = q_latent.size(1), L = q_latent.size(2), R = q_rope.size(2);
   MS_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == L + R && out.size(2) == L && out.size(0) == T &&
                out.size(1) == H && q_rope.size(0) == T && q_rope.size(1) == H && (L + R) % 2 == 0 && L % 2 == 0,
@@ -504,10 +459,12 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   MS_CHECK(q_latent.strides()[2] == 1 && q_rope.strides()[2] == 1, "mla_attention: head dims must be contiguous");
   check_pairs(kv_cache, "mla_attention", "latent cache");
   check_pairs(out, "mla_attention", "output");
-  if (T == 0) return;  // an IDLE batch (a DP rank without work)
+  if (T == 0) return false;  // an IDLE batch (a DP rank without work)
   // Prefill as for GQA; decode too runs on the tensor cores when the shapes allow (split-KV below).
-  if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_mla_supported(q_latent, q_rope, kv_cache, out))
-    return flash_mla_prefill(q_latent, q_rope, kv_cache, layout, scale, out);
+  if (T >= 16 * int64_t(layout.num_seqs()) && !capturing() && flash_mla_supported(q_latent, q_rope, kv_cache, out)) {
+    flash_mla_prefill(q_latent, q_rope, kv_cache, layout, scale, out);
+    return false;
+  }
   AttnParams p{};
   p.qa = q_latent.data<bf16>(), p.qa_s0 = q_latent.strides()[0], p.qa_s1 = q_latent.strides()[1], p.da = int(L);
   p.qb = q_rope.data<bf16>(), p.qb_s0 = q_rope.strides()[0], p.qb_s1 = q_rope.strides()[1], p.db = int(R);
@@ -518,7 +475,26 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
   p.mla_wgmma = p.mla_tc && use_flash_mla_wgmma(q_latent, q_rope, kv_cache, out);
   p.out = out.data<bf16>(), p.o_s0 = out.strides()[0], p.o_s1 = out.strides()[1];
   p.T = int(T), p.hq = int(H), p.group = int(H), p.scale = scale;
-  run(p, 1, kv_cache.size(0), layout, "mla_attention");
+  p.expand_to = expand_to;
+  return run(p, 1, kv_cache.size(0), layout, "mla_attention");
+}
+
+}  // namespace
+
+void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
+                   float scale, Tensor& out) {
+  run_mla(q_latent, q_rope, kv_cache, layout, scale, out, nullptr);
+}
+
+void mla_attention_expand(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
+                          const AttentionLayout& layout, float scale, const Weight& kv_b, int nope, int v,
+                          Tensor& latent, Tensor& out) {
+  MS_CHECK(out.dim() == 3 && out.size(0) == q_latent.size(0) && out.size(1) == q_latent.size(1) && out.size(2) == v,
+           "mla_attention_expand: output ", out.describe(), " for ", q_latent.describe(), " and ", v, " values");
+  check_device_tensor(out, {DType::BF16}, "mla_attention_expand", "output");
+  const MlaExpandTo to{&kv_b, nope, v, &out};
+  if (!run_mla(q_latent, q_rope, kv_cache, layout, scale, latent, out.strides()[2] == 1 ? &to : nullptr))
+    cuda::mla_expand_v(latent, kv_b, nope, v, out);
 }
 
 }  // namespace ms::cuda

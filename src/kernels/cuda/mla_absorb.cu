@@ -11,6 +11,9 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_absorb.h"
+#include "kernels/cuda/split_merge.cuh"
+
+#include <cooperative_groups.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -19,6 +22,8 @@
 
 namespace ms::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 // Strides (elements) of a [T, H, *] activation whose last dimension is contiguous.
 struct HeadRows {
@@ -119,6 +124,22 @@ constexpr int kExpandThreads = 64;
 constexpr int kExpandRows = kExpandThreads / 4;
 constexpr int kExpandRound = 16;
 
+// Step s of lane q of a row's quad: its 8 weights w (columns 32 s + 8 q ..) times the latent's
+// same 8 values (lat4: the token's latent row as f32, 4 a float4).
+__device__ __forceinline__ float expand_step(uint4 w, const float4* lat4, int s, int q, float acc) {
+  float wf[8];
+  unpack8(w, wf);
+  const float4 a = lat4[s * 8 + q * 2], b = lat4[s * 8 + q * 2 + 1];
+  acc = fmaf(wf[0], a.x, fmaf(wf[1], a.y, fmaf(wf[2], a.z, fmaf(wf[3], a.w, acc))));
+  return fmaf(wf[4], b.x, fmaf(wf[5], b.y, fmaf(wf[6], b.z, fmaf(wf[7], b.w, acc))));
+}
+
+// A row's sum over its quad of lanes (every lane of the quad gets the same bits).
+__device__ __forceinline__ float quad_sum(float acc) {
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  return acc + __shfl_xor_sync(0xffffffffu, acc, 2);
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kExpandThreads) mla_expand_kernel(MlaStream p) {
   extern __shared__ float4 xs4[];  // [T][K / 4]: the head's latent rows
@@ -151,23 +172,95 @@ __global__ void __launch_bounds__(kExpandThreads) mla_expand_kernel(MlaStream p)
     for (int u = 0; u < kExpandRound; ++u) {
       const int s = s0 + u;
       if (s >= steps) break;
-      float wf[8];
-      unpack8(wr[u], wf);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t >= p.T) break;
-        const float4 a = xs4[t * (p.K / 4) + s * 8 + q * 2], b = xs4[t * (p.K / 4) + s * 8 + q * 2 + 1];
-        acc[t] = fmaf(wf[0], a.x, fmaf(wf[1], a.y, fmaf(wf[2], a.z, fmaf(wf[3], a.w, acc[t]))));
-        acc[t] = fmaf(wf[4], b.x, fmaf(wf[5], b.y, fmaf(wf[6], b.z, fmaf(wf[7], b.w, acc[t]))));
+        acc[t] = expand_step(wr[u], xs4 + t * (p.K / 4), s, q, acc[t]);
       }
     }
   }
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 1);
-    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 2);
+    acc[t] = quad_sum(acc[t]);
     if (j < p.N && t < p.T && t % 4 == q) p.out[t * p.os.token + h * p.os.head + j] = __float2bfloat16_rn(acc[t]);
   }
+}
+
+// The split-KV merge of a decode step's MLA partials and the expansion after it, in one kernel:
+// a cluster of L / 128 blocks a (token, head) row. Block c merges latent dims [128 c, 128 c + 128)
+// (split_merge.cuh: the merge kernels' arithmetic), rounds them to BF16 as the merge kernel's
+// output is, and writes them into every block of the cluster (distributed shared memory); after
+// the cluster's barrier each block expands its share of the head's v rows as mla_expand_kernel
+// does (a quad of lanes a row). Its weights are copied into shared memory before the wait (in
+// registers they would spill the merge's). The two kernels' bits, without the latent's trip
+// through L2 and the expansion's wait at a kernel boundary. NS: the splits merge_few loads at
+// once; 0: merge_many.
+constexpr int kMergeExpandThreads = kCombineWarps * 32;
+constexpr int kLatentPiece = kCombineCols * 4;  // latent dims a block merges (float4 pieces)
+constexpr int kMaxLatent = kExpandRound * 32;   // the expand_steps of one round cover the row
+constexpr int kMergeExpandRows = 32;            // v rows a block expands at most: 32 KB of weights
+
+struct MergeExpand {
+  SplitPartials part;
+  const bf16* w;  // head 0's W_UV
+  int64_t w_ld, head_ld;
+  bf16* out;
+  HeadRows os;
+  int H, v, rows;  // rows: v rows a block
+};
+
+template <int NS>
+__global__ void __launch_bounds__(kMergeExpandThreads) mla_merge_expand_kernel(MergeExpand p) {
+  __shared__ uint4 w_s[kExpandRound][kMergeExpandRows * 4];  // step u of thread i at [u][i]
+  __shared__ float4 lat4[kMaxLatent / 4];
+  __shared__ MergeManyScratch<4> scratch;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int64_t row = blockIdx.x;
+  const int t = int(row / p.H), h = int(row % p.H), c = int(blockIdx.y), steps = p.part.dv / 32;
+  const int q = threadIdx.x % 4, j = c * p.rows + int(threadIdx.x) / 4;
+  const bool expands = int(threadIdx.x) / 4 < p.rows && j < p.v;
+  if (expands) {
+    const bf16* w = p.w + h * p.head_ld + int64_t(j) * p.w_ld + q * 8;
+    for (int u = 0; u < steps; ++u) cp_async16(&w_s[u][threadIdx.x], w + u * 32, true);
+  }
+  cp_async_commit();
+  pdl_trigger();  // the o projection after this may launch and fetch its weights
+  pdl_wait();     // the partials are the attention kernel's
+  float* lat = reinterpret_cast<float*>(lat4);
+  auto publish = [&](int d, float x) {  // into every block's latent row, as the BF16 the merge stores
+    const float b = __bfloat162float(__float2bfloat16_rn(x));
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) *cluster.map_shared_rank(lat + d, r) = b;
+  };
+  if constexpr (NS > 0) {
+    const int col = c * kCombineCols + int(threadIdx.x);  // a float4 piece
+    if (threadIdx.x < kCombineCols && col * 4 < p.part.dv) {
+      float m[4];
+      merge_few<4, NS>(p.part, row, col, m);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) publish(col * 4 + i, m[i]);
+    }
+  } else {
+    const float m = merge_many<4>(p.part, row, c, scratch);
+    const int d = c * kLatentPiece + int(threadIdx.x);
+    if (threadIdx.x < kLatentPiece && d < p.part.dv) publish(d, m);
+  }
+  cluster.sync();  // every piece of the latent row in every block (release / acquire)
+  if (!expands) return;
+  cp_async_wait<0>();  // a thread reads only the weights it copied
+  float acc = 0.f;
+#pragma unroll
+  for (int u = 0; u < kExpandRound; ++u)
+    if (u < steps) acc = expand_step(w_s[u][threadIdx.x], lat4, u, q, acc);
+  acc = quad_sum(acc);
+  if (q == 0) p.out[t * p.os.token + h * p.os.head + j] = __float2bfloat16_rn(acc);
+}
+
+std::atomic<bool>& merge_expand_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("MOESERVE_MLA_MERGE_EXPAND");
+    return !env || std::string(env) != "0";
+  }()};
+  return on;
 }
 
 std::atomic<bool>& streaming_flag() {
@@ -227,6 +320,27 @@ bool try_expand(const Tensor& latent, const Weight& kv_b, int nope, int v, Tenso
 
 void set_mla_streaming(bool on) { streaming_flag().store(on); }
 bool mla_streaming() { return streaming_flag().load(); }
+void set_mla_merge_expand(bool on) { merge_expand_flag().store(on); }
+
+bool mla_merge_expand(const SplitPartials& part, int64_t T, const Weight& kv_b, int nope, int v, Tensor& out) {
+  const int64_t H = out.size(1), L = kv_b.in_features(), blocks = L / kLatentPiece;
+  Tensor wb = streamed_weight(kv_b, T);
+  if (!merge_expand_flag().load() || !wb.defined() || part.splits < 2 || part.dv != L || L % kLatentPiece != 0 ||
+      L > kMaxLatent || blocks > 8 || (v + blocks - 1) / blocks > kMergeExpandRows ||
+      part.rows != T * H || out.strides()[2] != 1)
+    return false;
+  const int64_t ws = wb.strides()[0];
+  const MergeExpand p{part,  wb.data<bf16>() + nope * ws, ws, (nope + v) * ws, out.data<bf16>(),
+                      {out.strides()[0], out.strides()[1]}, int(H), v, int((v + blocks - 1) / blocks)};
+  const dim3 grid(unsigned(T * H), unsigned(blocks)), cluster(1, unsigned(blocks)), block(kMergeExpandThreads);
+  if (part.splits <= 2) launch_pdl_cluster(mla_merge_expand_kernel<2>, grid, cluster, block, 0, p);
+  else if (part.splits <= 4) launch_pdl_cluster(mla_merge_expand_kernel<4>, grid, cluster, block, 0, p);
+  else if (part.splits <= 8) launch_pdl_cluster(mla_merge_expand_kernel<8>, grid, cluster, block, 0, p);
+  else if (part.splits <= kFewSplits) launch_pdl_cluster(mla_merge_expand_kernel<kFewSplits>, grid, cluster, block, 0, p);
+  else launch_pdl_cluster(mla_merge_expand_kernel<0>, grid, cluster, block, 0, p);
+  MS_CUDA_LAUNCHED("mla_merge_expand_kernel");
+  return true;
+}
 
 // Both absorptions read the whole of kv_b on every call (decode: 33.5 MB of BF16 a V3 layer for
 // a few rows), so FP8 blocks are dequantised once into a kept copy (weight_bf16_kept), not into

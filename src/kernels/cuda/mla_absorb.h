@@ -19,4 +19,15 @@ inline constexpr int64_t kMlaStreamMaxTokens = 1;
 void set_mla_streaming(bool on);
 bool mla_streaming();
 
+struct SplitPartials;  // split_merge.cuh
+
+// A decode step's MLA split-KV partials (rows [T, H], dv = L) merged and expanded by W_uv into
+// out [T, H, v] in one kernel (mla_merge_expand_kernel): the bits of the merge kernel's latent
+// through mla_expand_v. False, with nothing launched, where the streaming expansion would not
+// run (more tokens, weights it does not read) or the shapes do not fit; the caller then merges
+// and expands as two ops. MOESERVE_MLA_MERGE_EXPAND=0 (read once) or set_mla_merge_expand(false):
+// never.
+bool mla_merge_expand(const SplitPartials& part, int64_t T, const ops::Weight& kv_b, int nope, int v, Tensor& out);
+void set_mla_merge_expand(bool on);
+
 }  // namespace ms::cuda

@@ -1,0 +1,35 @@
+#!/bin/bash
+# Session 29's device calls (bench/BENCHMARKS.md, "Session 29"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh
+snapshots_ready $SRC
+
+# PHASE=1 ($SRC = main with two changes, on by default, and their switches:
+#   MOESERVE_ROUTE_RANK=0 the router's top-k of one token by one warp, not by rank over the
+#   block; MOESERVE_MLA_MERGE_EXPAND=0 MLA's split merge and W_uv expansion as two kernels, not
+#   one cluster): the tests of the kernels changed and the models'; greedy ids with both
+#   switches off against on; B = 1 rotating; timelines; the engine's step.
+if [ $PHASE = 1 ]; then
+  TESTS="test_cuda_mla_absorb test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
+    test_cuda_mla_decode_wgmma"
+  JOBS=14 build_after ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $TESTS
+  wait
+  OFF="MOESERVE_ROUTE_RANK=0 MOESERVE_MLA_MERGE_EXPAND=0"
+  for m in qwen3 v2lite; do
+    gen_ids $m - $m-on; gen_ids $m "$OFF" $m-off
+    cmp -s $L/gen-$m-on.txt $L/gen-$m-off.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
+  done
+  b1_rounds "off:MOESERVE_ROUTE_RANK=0 both" \
+    "off:MOESERVE_ROUTE_RANK=0,MOESERVE_MLA_MERGE_EXPAND=0 rank:MOESERVE_MLA_MERGE_EXPAND=0 both"
+  trace qwen3 1 4096 off MOESERVE_ROUTE_RANK=0; trace qwen3 1 4096 both
+  trace v2lite 1 4096 off $OFF; trace v2lite 1 4096 rank MOESERVE_MLA_MERGE_EXPAND=0; trace v2lite 1 4096 both
+  for o in 16 528; do
+    offline qwen3 $o both-qwen3; MOESERVE_ROUTE_RANK=0 offline qwen3 $o off-qwen3
+    offline v2lite $o both-v2lite; MOESERVE_ROUTE_RANK=0 MOESERVE_MLA_MERGE_EXPAND=0 offline v2lite $o off-v2lite
+  done
+  log done
+fi
