@@ -33,3 +33,29 @@ if [ $PHASE = 1 ]; then
   done
   log done
 fi
+
+# PHASE=2 ($SRC = main with the router's rank path removed (the first call: slower), the split merge of 17-64
+#   splits by one warp a block (combine_lean; MOESERVE_COMBINE_LEAN=0: merge_many's 16 warps, as
+#   before), and MLA's merge + expansion taking the same merge): the tests of the kernels changed
+#   and the models'; greedy ids; B = 1 rotating; timelines; the engine's step.
+if [ $PHASE = 2 ]; then
+  TESTS="test_cuda_mla_absorb test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+    test_cuda_mla_decode_wgmma test_cuda_graphs"
+  JOBS=14 build_after ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $TESTS
+  MOESERVE_COMBINE_LEAN=0 gtest mla-absorb-many 120 /tmp/b/tests/test_cuda_mla_absorb
+  wait
+  for m in qwen3 v2lite; do
+    gen_ids $m - $m-lean; gen_ids $m MOESERVE_COMBINE_LEAN=0 $m-many
+    cmp -s $L/gen-$m-lean.txt $L/gen-$m-many.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
+  done
+  b1_rounds "many:MOESERVE_COMBINE_LEAN=0 lean" "many:MOESERVE_COMBINE_LEAN=0 lean apart:MOESERVE_MLA_MERGE_EXPAND=0"
+  trace qwen3 1 4096 many MOESERVE_COMBINE_LEAN=0; trace qwen3 1 4096 lean
+  trace v2lite 1 4096 many MOESERVE_COMBINE_LEAN=0; trace v2lite 1 4096 lean
+  trace v2lite 1 4096 apart MOESERVE_MLA_MERGE_EXPAND=0
+  for o in 16 528; do
+    for m in qwen3 v2lite; do offline $m $o lean-$m; MOESERVE_COMBINE_LEAN=0 offline $m $o many-$m; done
+  done
+  log done
+fi

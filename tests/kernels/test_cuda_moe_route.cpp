@@ -3,10 +3,9 @@
 // runs the top-k, then sorts the chosen pairs by expert) against the unfused path it replaces (cuda::linear into F32 logits,
 // cuda::moe_topk, then moe_experts' own sort, align_kernel): ids and weights must be
 // bit-identical in every routing variant, at T = 1, 3 and 8 (and past the fused sizes, where
-// moe_route is that path; at T = 1 with the top-k by rank over the block and by one warp), with
-// any number of parts a block, over repeated launches (the block counter resets itself) and
-// replayed from a captured step with new inputs each time; the sort must be the one
-// align_kernel makes (row order within an expert aside), and a whole MoE layer's
+// moe_route is that path), with any number of parts a block, over repeated launches (the block
+// counter resets itself) and replayed from a captured step with new inputs each time; the sort
+// must be the one align_kernel makes (row order within an expert aside), and a whole MoE layer's
 // output bit-identical, eager and replayed, with one kernel for route, top-k and sort.
 // MoeRouteBench prints fused vs unfused microseconds (graphed), routing alone and the whole
 // layer, when MOESERVE_BENCH_ROUTE=1: the routing as the decode step runs it (after the norm
@@ -71,11 +70,6 @@ const std::vector<RouteCase> kCases = {
     {"v3 noaux_tc ties", 256, 2048, router(8, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), false, false, false, true},
     {"v2 group_limited_greedy ties", 160, 512, router(6, S::Softmax, G::Max, 8, 3, false, 16.0f), false, false, false,
      true},
-    // noaux_tc at a size that runs as one cluster with a thread an expert (V3's 256 experts do
-    // not): T = 1's top-k by rank over the block.
-    {"noaux_tc 64 experts fused shared x2", 64, 2048, router(6, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f, 2), true},
-    {"noaux_tc 64 experts ties", 64, 2048, router(6, S::Sigmoid, G::SumTop2, 8, 4, true, 2.5f), false, false, false,
-     true},
 };
 
 // One case's device tensors.
@@ -119,15 +113,8 @@ void unfused(const Tensor& x, const Router& r, const ops::RouterParams& p, Tenso
 
 void poison(Tensor& t) { MS_CUDA(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), cuda::stream())); }
 
-// Restores the launch shape a test changed.
-struct TuningGuard {
-  cuda::GemvTuning saved = cuda::gemv_tuning();
-  ~TuningGuard() { cuda::set_gemv_tuning(saved); }
-};
-
 TEST(CudaMoeRoute, FusedMatchesUnfusedInEveryVariant) {
   MS_REQUIRE_CUDA();
-  TuningGuard guard;
   for (const auto& c : kCases) {
     const Router r = make_router(c);
     for (const int64_t T : {1, 3, 8, 9}) {  // 9: past the fused sizes
@@ -136,27 +123,18 @@ TEST(CudaMoeRoute, FusedMatchesUnfusedInEveryVariant) {
       Tensor ids_ref = poisoned(DType::I32, {T, C}), w_ref = poisoned(DType::F32, {T, C});
       unfused(x, r, c.p, ids_ref, w_ref);
       Tensor ids = Tensor::empty(DType::I32, {T, C}, Device::CUDA), w = Tensor::empty(DType::F32, {T, C}, Device::CUDA);
-      // T = 1: the top-k by rank over the block (where it has a thread an expert), then by one warp.
-      for (const bool rank : {true, false}) {
-        if (!rank && T != 1) continue;
-        cuda::GemvTuning t = guard.saved;
-        t.route_rank = rank;
-        cuda::set_gemv_tuning(t);
-        const std::string how = std::string(c.name) + " T=" + std::to_string(T) + (rank ? "" : " one warp");
-        for (int rep = 0; rep < 3; ++rep) {  // a counter left set would leave the outputs poisoned
-          poison(ids), poison(w);
-          cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
-          const std::string at = how + " launch " + std::to_string(rep);
-          EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << at;
-          EXPECT_EQ(bit_mismatches(w, w_ref), 0) << at;
-        }
-        // The op interface reaches the same code.
+      for (int rep = 0; rep < 3; ++rep) {  // a counter left set would leave the outputs poisoned
         poison(ids), poison(w);
-        ops::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
-        EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << how << " through ops::";
-        EXPECT_EQ(bit_mismatches(w, w_ref), 0) << how << " through ops::";
+        cuda::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+        const std::string at = std::string(c.name) + " T=" + std::to_string(T) + " launch " + std::to_string(rep);
+        EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << at;
+        EXPECT_EQ(bit_mismatches(w, w_ref), 0) << at;
       }
-      cuda::set_gemv_tuning(guard.saved);
+      // The op interface reaches the same code.
+      poison(ids), poison(w);
+      ops::moe_route(x, r.gate, r.gb(), r.cb(), c.p, ids, w);
+      EXPECT_EQ(bit_mismatches(ids, ids_ref), 0) << c.name << " T=" << T << " through ops::";
+      EXPECT_EQ(bit_mismatches(w, w_ref), 0) << c.name << " T=" << T << " through ops::";
     }
   }
 }
@@ -188,6 +166,12 @@ TEST(CudaMoeRoute, MatchesHostReference) {
     }
   }
 }
+
+// Restores the launch shape a test changed.
+struct TuningGuard {
+  cuda::GemvTuning saved = cuda::gemv_tuning();
+  ~TuningGuard() { cuda::set_gemv_tuning(saved); }
+};
 
 // The many-block kernel (a tuned route_tasks takes it) with one to eight parts a block (a warp
 // each), against the unfused path: the same ids and weights, every part summed once. The
@@ -565,16 +549,6 @@ TEST(CudaMoeRoute, MoeRouteBench) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%.2f", us);
         shapes_us += (per_block ? ", " + std::to_string(per_block) : std::string("auto")) + ": " + buf;
-      }
-      if (T == 1) {  // the automatic shape with the top-k in one warp rather than by rank
-        cuda::GemvTuning t = guard.saved;
-        t.route_rank = false;
-        cuda::set_gemv_tuning(t);
-        const double us =
-            after_norm([&](const ops::Weight& g) { cuda::moe_route(xn, g, r.gb(), r.cb(), c.p, ids, w); });
-        char buf[48];
-        std::snprintf(buf, sizeof buf, ", auto one-warp top-k: %.2f", us);
-        shapes_us += buf;
       }
       cuda::set_gemv_tuning(guard.saved);
       const double split_mem = after_norm([&](const ops::Weight& g) {

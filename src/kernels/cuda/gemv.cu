@@ -440,57 +440,34 @@ bool route_as_cluster(int tasks, size_t smem) {
   return allowed && tasks <= 64 && smem <= 48 * 1024;
 }
 
-// Whether a router's top-k of one token may run by rank over the whole block (topk_rank) rather
-// than in one warp. MOESERVE_ROUTE_RANK=0 (read once) or tuning().route_rank false: never (to
-// time both).
-bool route_by_rank() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("MOESERVE_ROUTE_RANK");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return allowed && tuning().route_rank;
-}
-
 // The router's launch: one cluster where it fits, else a warp for each of the slabs x S tasks,
 // per_block of them a block (as few as fill the multiprocessors, or tuning().route_tasks), with
-// at least a warp a row for the top-k. Shared memory for the top-k's group scores (and its ranks)
-// or the sort of the pairs, whichever needs more (after the parts, in a cluster).
+// at least a warp a row for the top-k. Shared memory for the top-k's group scores or the sort of
+// the pairs, whichever needs more (after the parts, in a cluster).
 template <bool FP8>
-void launch_routed(const GemvParams& p, const RouteTail& route, int S) {
+void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
   MS_CHECK(S <= kRouteMaxParts, "gemv: a routed product in ", S, " parts");
   const int tasks = p.slabs * S, tuned = tuning().route_tasks;
-  // One token's top-k by rank where the block has a thread an expert: with fewer (V3's 256
-  // experts in route_kernel's one-warp blocks) each thread would count several experts' ranks
-  // over all E keys, likely longer than the one warp's K rounds.
-  const bool by_rank = route.tp.T == 1 && route_by_rank();
-  auto tail_for = [&](int warps) {
-    RouteTail t = route;
-    t.rank = by_rank && 32 * int64_t(warps) >= t.tp.E;
-    return t;
+  auto tail_smem = [&](int warps) {
+    return std::max(size_t(warps) * topk_warp_smem(r.tp), r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
   };
-  auto tail_smem = [&](const RouteTail& t, int warps) {
-    const size_t topk = size_t(warps) * topk_warp_smem(t.tp) + (t.rank ? topk_rank_smem(t.tp) : 0);
-    return std::max(topk, t.sort.offsets ? sort_pairs_smem(t.sort.experts) : size_t(0));
-  };
-  const int cluster = std::min(8, tasks), cluster_warps = std::max((tasks + cluster - 1) / cluster, int(route.tp.T));
-  const RouteTail rc = tail_for(cluster_warps);
-  const size_t cluster_smem = size_t(S) * rc.tp.T * rc.tp.E * sizeof(float) + tail_smem(rc, cluster_warps);
+  const int cluster = std::min(8, tasks), cluster_warps = std::max((tasks + cluster - 1) / cluster, int(r.tp.T));
+  const size_t cluster_smem = size_t(S) * r.tp.T * r.tp.E * sizeof(float) + tail_smem(cluster_warps);
   if (!tuned && cluster_warps <= 8 && route_as_cluster(tasks, cluster_smem)) {
     const dim3 grid{unsigned(cluster)}, block{unsigned(cluster_warps * 32)};
-    auto launch = [&](auto kernel) { launch_pdl_cluster(kernel, grid, grid, block, cluster_smem, p, rc, S); };
-    switch (rc.nv) {
+    auto launch = [&](auto kernel) { launch_pdl_cluster(kernel, grid, grid, block, cluster_smem, p, r, S); };
+    switch (r.nv) {
       case 1: launch(route_cluster_kernel<FP8, 1>); break;
       case 2: launch(route_cluster_kernel<FP8, 2>); break;
       case 4: launch(route_cluster_kernel<FP8, 4>); break;
       case 8: launch(route_cluster_kernel<FP8, 8>); break;
-      default: fail("gemv: a routed product of ", rc.nv, " experts a lane");
+      default: fail("gemv: a routed product of ", r.nv, " experts a lane");
     }
     return;
   }
   const int per_block = std::min(8, tuned ? tuned : (tasks + sm_count() - 1) / sm_count());
-  const int blocks = (tasks + per_block - 1) / per_block, warps = std::max(per_block, int(route.tp.T));
-  const RouteTail r = tail_for(warps);
-  const size_t smem = tail_smem(r, warps);
+  const int blocks = (tasks + per_block - 1) / per_block, warps = std::max(per_block, int(r.tp.T));
+  const size_t smem = tail_smem(warps);
   Tensor part = scratch(DType::F32, {int64_t(S), r.tp.T, r.tp.E});
   float* pp = part.data<float>();
   const dim3 grid{unsigned(blocks)}, block{unsigned(warps * 32)};

@@ -67,14 +67,12 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 // blocks_y-th slab), nt tiles of 8 rows a pass over the weights (1, 2 or 4). The router's product
 // (`route`) keeps its own shape but for route_tasks: set (1..8), the many-block kernel with that
 // many warps streaming a block, instead of one cluster where it fits (it always takes the
-// automatic split of K, so that its logits stay the unrouted product's). route_rank false: the
-// router's top-k of one token by one warp, never by rank over the block (as
-// MOESERVE_ROUTE_RANK=0). Starts as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" says (read once);
-// set_gemv_tuning replaces it for later launches (a captured graph keeps the shape it was
-// captured with). Not for concurrent use: set it while no other thread launches products.
+// automatic split of K, so that its logits stay the unrouted product's). Starts
+// as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" says (read once); set_gemv_tuning replaces it for
+// later launches (a captured graph keeps the shape it was captured with). Not for concurrent use:
+// set it while no other thread launches products.
 struct GemvTuning {
   int warps = 0, blocks_y = 0, nt = 0, route_tasks = 0;
-  bool route_rank = true;
 };
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);

@@ -188,17 +188,17 @@ __global__ void __launch_bounds__(kExpandThreads) mla_expand_kernel(MlaStream p)
 
 // The split-KV merge of a decode step's MLA partials and the expansion after it, in one kernel:
 // a cluster of L / 128 blocks a (token, head) row. Block c merges latent dims [128 c, 128 c + 128)
-// (split_merge.cuh: the merge kernels' arithmetic), rounds them to BF16 as the merge kernel's
-// output is, and writes them into every block of the cluster (distributed shared memory); after
-// the cluster's barrier each block expands its share of the head's v rows as mla_expand_kernel
-// does (a quad of lanes a row). Its weights are copied into shared memory before the wait (in
-// registers they would spill the merge's). The two kernels' bits, without the latent's trip
-// through L2 and the expansion's wait at a kernel boundary. NS: the splits merge_few loads at
-// once; 0: merge_many.
-constexpr int kMergeExpandThreads = kCombineWarps * 32;
-constexpr int kLatentPiece = kCombineCols * 4;  // latent dims a block merges (float4 pieces)
-constexpr int kMaxLatent = kExpandRound * 32;   // the expand_steps of one round cover the row
-constexpr int kMergeExpandRows = 32;            // v rows a block expands at most: 32 KB of weights
+// (split_merge.cuh: the merge kernels' arithmetic; LEAN: merge_lean by its first warp, else
+// merge_many by 16 warps), rounds them to BF16 as the merge kernel's output is, and writes them
+// into every block of the cluster (distributed shared memory); after the cluster's barrier each
+// block expands its share of the head's v rows as mla_expand_kernel does (a quad of lanes a
+// row), from weights it copied into shared memory before the wait. The two kernels' bits,
+// without the latent's trip through L2 and the expansion's wait at a kernel boundary.
+constexpr int kLatentPiece = 128;             // latent dims a block merges (a float4 a lane)
+constexpr int kMaxLatent = kExpandRound * 32;  // the expand_steps of one round cover the row
+constexpr int kMergeExpandRows = 32;           // v rows a block expands at most: 32 KB of weights
+constexpr size_t kWeightSmem = size_t(kExpandRound) * kMergeExpandRows * 4 * sizeof(uint4);
+constexpr size_t kLatentSmem = kMaxLatent * sizeof(float);
 
 struct MergeExpand {
   SplitPartials part;
@@ -209,19 +209,20 @@ struct MergeExpand {
   int H, v, rows;  // rows: v rows a block
 };
 
-template <int NS>
-__global__ void __launch_bounds__(kMergeExpandThreads) mla_merge_expand_kernel(MergeExpand p) {
-  __shared__ uint4 w_s[kExpandRound][kMergeExpandRows * 4];  // step u of thread i at [u][i]
-  __shared__ float4 lat4[kMaxLatent / 4];
-  __shared__ MergeManyScratch<4> scratch;
+template <bool LEAN>
+__global__ void __launch_bounds__(LEAN ? kMergeExpandRows * 4 : kCombineWarps * 32) mla_merge_expand_kernel(MergeExpand p) {
+  extern __shared__ uint4 smem_u4[];
+  uint4* w_s = smem_u4;  // step u of thread i at [u * rows * 4 + i]
+  float4* lat4 = reinterpret_cast<float4*>(reinterpret_cast<char*>(smem_u4) + kWeightSmem);
+  void* merge_smem = reinterpret_cast<char*>(lat4) + kLatentSmem;
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t row = blockIdx.x;
   const int t = int(row / p.H), h = int(row % p.H), c = int(blockIdx.y), steps = p.part.dv / 32;
-  const int q = threadIdx.x % 4, j = c * p.rows + int(threadIdx.x) / 4;
-  const bool expands = int(threadIdx.x) / 4 < p.rows && j < p.v;
+  const int q = threadIdx.x % 4, j = c * p.rows + int(threadIdx.x) / 4, lanes = p.rows * 4;
+  const bool expands = int(threadIdx.x) < lanes && j < p.v;
   if (expands) {
     const bf16* w = p.w + h * p.head_ld + int64_t(j) * p.w_ld + q * 8;
-    for (int u = 0; u < steps; ++u) cp_async16(&w_s[u][threadIdx.x], w + u * 32, true);
+    for (int u = 0; u < steps; ++u) cp_async16(&w_s[u * lanes + threadIdx.x], w + u * 32, true);
   }
   cp_async_commit();
   pdl_trigger();  // the o projection after this may launch and fetch its weights
@@ -231,16 +232,17 @@ __global__ void __launch_bounds__(kMergeExpandThreads) mla_merge_expand_kernel(M
     const float b = __bfloat162float(__float2bfloat16_rn(x));
     for (unsigned r = 0; r < cluster.num_blocks(); ++r) *cluster.map_shared_rank(lat + d, r) = b;
   };
-  if constexpr (NS > 0) {
-    const int col = c * kCombineCols + int(threadIdx.x);  // a float4 piece
-    if (threadIdx.x < kCombineCols && col * 4 < p.part.dv) {
+  if constexpr (LEAN) {
+    if (threadIdx.x < 32) {
       float m[4];
-      merge_few<4, NS>(p.part, row, col, m);
+      merge_lean(p.part, row, c, merge_smem, m);
+      const int d = c * kLatentPiece + 4 * int(threadIdx.x);
+      if (d < p.part.dv)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) publish(col * 4 + i, m[i]);
+        for (int i = 0; i < 4; ++i) publish(d + i, m[i]);
     }
   } else {
-    const float m = merge_many<4>(p.part, row, c, scratch);
+    const float m = merge_many<4>(p.part, row, c, *static_cast<MergeManyScratch<4>*>(merge_smem));
     const int d = c * kLatentPiece + int(threadIdx.x);
     if (threadIdx.x < kLatentPiece && d < p.part.dv) publish(d, m);
   }
@@ -250,10 +252,13 @@ __global__ void __launch_bounds__(kMergeExpandThreads) mla_merge_expand_kernel(M
   float acc = 0.f;
 #pragma unroll
   for (int u = 0; u < kExpandRound; ++u)
-    if (u < steps) acc = expand_step(w_s[u][threadIdx.x], lat4, u, q, acc);
+    if (u < steps) acc = expand_step(w_s[u * lanes + threadIdx.x], lat4, u, q, acc);
   acc = quad_sum(acc);
   if (q == 0) p.out[t * p.os.token + h * p.os.head + j] = __float2bfloat16_rn(acc);
 }
+
+constexpr size_t kMergeExpandSmem[2] = {kWeightSmem + kLatentSmem + sizeof(MergeManyScratch<4>),
+                                        kWeightSmem + kLatentSmem + lean_merge_smem(kLeanMaxSplits)};
 
 std::atomic<bool>& merge_expand_flag() {
   static std::atomic<bool> on{[] {
@@ -322,22 +327,32 @@ void set_mla_streaming(bool on) { streaming_flag().store(on); }
 bool mla_streaming() { return streaming_flag().load(); }
 void set_mla_merge_expand(bool on) { merge_expand_flag().store(on); }
 
-bool mla_merge_expand(const SplitPartials& part, int64_t T, const Weight& kv_b, int nope, int v, Tensor& out) {
+bool mla_merge_expand(const SplitPartials& part, bool lean, int64_t T, const Weight& kv_b, int nope, int v,
+                      Tensor& out) {
   const int64_t H = out.size(1), L = kv_b.in_features(), blocks = L / kLatentPiece;
   Tensor wb = streamed_weight(kv_b, T);
   if (!merge_expand_flag().load() || !wb.defined() || part.splits < 2 || part.dv != L || L % kLatentPiece != 0 ||
-      L > kMaxLatent || blocks > 8 || (v + blocks - 1) / blocks > kMergeExpandRows ||
-      part.rows != T * H || out.strides()[2] != 1)
+      L > kMaxLatent || blocks > 8 || (v + blocks - 1) / blocks > kMergeExpandRows || part.rows != T * H ||
+      out.strides()[2] != 1 || (lean && part.splits > kLeanMaxSplits))
     return false;
+  static PerDeviceOnce smem_limit;
+  smem_limit([] {
+    MS_CUDA(cudaFuncSetAttribute(mla_merge_expand_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kMergeExpandSmem[0])));
+    MS_CUDA(cudaFuncSetAttribute(mla_merge_expand_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kMergeExpandSmem[1])));
+  });
   const int64_t ws = wb.strides()[0];
   const MergeExpand p{part,  wb.data<bf16>() + nope * ws, ws, (nope + v) * ws, out.data<bf16>(),
                       {out.strides()[0], out.strides()[1]}, int(H), v, int((v + blocks - 1) / blocks)};
-  const dim3 grid(unsigned(T * H), unsigned(blocks)), cluster(1, unsigned(blocks)), block(kMergeExpandThreads);
-  if (part.splits <= 2) launch_pdl_cluster(mla_merge_expand_kernel<2>, grid, cluster, block, 0, p);
-  else if (part.splits <= 4) launch_pdl_cluster(mla_merge_expand_kernel<4>, grid, cluster, block, 0, p);
-  else if (part.splits <= 8) launch_pdl_cluster(mla_merge_expand_kernel<8>, grid, cluster, block, 0, p);
-  else if (part.splits <= kFewSplits) launch_pdl_cluster(mla_merge_expand_kernel<kFewSplits>, grid, cluster, block, 0, p);
-  else launch_pdl_cluster(mla_merge_expand_kernel<0>, grid, cluster, block, 0, p);
+  const dim3 grid(unsigned(T * H), unsigned(blocks)), cluster(1, unsigned(blocks));
+  const size_t fixed = kWeightSmem + kLatentSmem;
+  if (lean)
+    launch_pdl_cluster(mla_merge_expand_kernel<true>, grid, cluster, dim3(kMergeExpandRows * 4),
+                       fixed + lean_merge_smem(part.splits), p);
+  else
+    launch_pdl_cluster(mla_merge_expand_kernel<false>, grid, cluster, dim3(kCombineWarps * 32),
+                       fixed + sizeof(MergeManyScratch<4>), p);
   MS_CUDA_LAUNCHED("mla_merge_expand_kernel");
   return true;
 }

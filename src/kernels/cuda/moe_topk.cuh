@@ -2,9 +2,7 @@
 // router product that runs it in its last block (gemv.cu, for decode batches): one copy of the
 // routing rules. One warp a token runs the CPU op's algorithm step for step, in registers (same
 // scores, same group ranking with ties to the lower index, non-selected groups masked to 0,
-// top-k ties to the lower expert id, weights summed in pick order); at batch 1 the router product's
-// block can take the one token's selection by rank instead (topk_rank: the same picks, the same
-// bits, without one warp's K serial rounds while the others wait). Also the sort of the chosen
+// top-k ties to the lower expert id, weights summed in pick order). Also the sort of the chosen
 // (token, slot) pairs by expert, shared by align_kernel (moe_grouped.cu) and that last block.
 #pragma once
 #include <type_traits>
@@ -32,15 +30,12 @@ struct SortedPairs {
 // What the router product's last block does with its finished logits [T, E] (row stride
 // tp.ls): the top-k of every row into ids / weights [T, C], then, when sort.offsets is set, the
 // sort of those T * C pairs over experts [0, sort.experts). nv: experts a lane (32 * nv >= E).
-// rank: the one row of T == 1 by the whole block (topk_rank; set by the launch, which gives it
-// topk_rank_smem), not by one warp.
 struct RouteTail {
   TopkParams tp;
   int32_t* ids;
   float* weights;
   int nv;
   SortedPairs sort;
-  bool rank = false;
 };
 
 // Experts a lane up to which the router product takes the top-k (256 experts: the kernels it
@@ -58,9 +53,6 @@ inline size_t topk_warp_smem(const TopkParams& p) {
   const bool grouped = p.group_rank != int(GroupRank::None) && p.n_group > 1;
   return grouped ? size_t(p.E) * sizeof(float) : 0;
 }
-// Shared memory topk_rank needs past the warps' (every expert's key and score, the K picks), in
-// bytes.
-inline size_t topk_rank_smem(const TopkParams& p) { return size_t(2 * p.E + p.K) * sizeof(float); }
 // Shared memory the sort of pairs over E experts needs (counts and cursors), in bytes.
 inline size_t sort_pairs_smem(int E) { return size_t(2) * E * sizeof(int32_t); }
 
@@ -97,17 +89,18 @@ __device__ __forceinline__ float load_logit(const TL* p) {
   else return load_f(p);
 }
 
-// A token's scores s and the keys of its choices by the calling warp (all 32 lanes), from its
-// logits in registers: expert e = i * 32 + lane in x[i] of a lane (32 * NV >= E; -inf past E; key
-// 0 there). The CPU op's steps: scores, the correction bias, and in a grouped selection the
-// groups ranked with ties to the lower group, non-selected groups' choices masked to 0. cs: this
-// warp's E floats of shared memory (used by a grouped selection only).
+// Token t's top-k by the calling warp (all 32 lanes) from its logits in registers: expert
+// e = i * 32 + lane in x[i] of a lane (32 * NV >= E; -inf past E). The selection keeps everything
+// in registers: each of the K rounds is a lane's scan of its NV keys and two warp reductions
+// (largest key, then the lowest expert holding it: the CPU op's tie rule). Lane j keeps the j-th
+// pick, so ids and weights are written once, together, at the end. cs: this warp's E floats of
+// shared memory (used by a grouped selection only).
 template <int NV>
-__device__ __forceinline__ void topk_keys(const float (&x)[NV], const TopkParams& p, float* cs, float (&s)[NV],
-                                          uint32_t (&key)[NV]) {
+__device__ __forceinline__ void topk_select(const float (&x)[NV], const TopkParams& p, int64_t t, float* cs,
+                                            int32_t* ids, float* weights) {
   constexpr uint32_t kAll = 0xffffffffu;
   const int lane = threadIdx.x % 32;
-  float choice[NV];
+  float s[NV], choice[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int e = i * 32 + lane;
@@ -161,35 +154,9 @@ __device__ __forceinline__ void topk_keys(const float (&x)[NV], const TopkParams
       if (e < p.E && !((kept_groups >> (e / per)) & 1u)) choice[i] = 0.f;  // the reference masks with 0
     }
   }
+  uint32_t key[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) key[i] = i * 32 + lane < p.E ? order_key(choice[i]) : 0u;
-}
-
-// Token t's ids and weights [C] by the calling warp once lane j < K holds the j-th pick (my_id,
-// its score my_s) and wsum the picks' scores summed in pick order, as the CPU op sums them.
-__device__ __forceinline__ void topk_write(const TopkParams& p, int64_t t, int my_id, float my_s, float wsum,
-                                           int32_t* ids, float* weights) {
-  const int lane = threadIdx.x % 32;
-  const float norm = p.renormalize ? 1.0f / (wsum + 1e-20f) : 1.0f;
-  int32_t* id_out = ids + t * p.C;
-  float* w_out = weights + t * p.C;
-  if (lane < p.K) id_out[lane] = my_id, w_out[lane] = my_s * (norm * p.scale);
-  if (p.fused > 0 && lane < p.pieces)  // the pieces of the shared expert's replica for token t
-    id_out[p.K + lane] = int32_t(p.E + (t % p.fused) * p.pieces + lane), w_out[p.K + lane] = 1.0f;
-}
-
-// Token t's top-k by the calling warp (all 32 lanes) from its logits in registers (topk_keys).
-// The selection keeps everything in registers: each of the K rounds is a lane's scan of its NV
-// keys and two warp reductions (largest key, then the lowest expert holding it: the CPU op's tie
-// rule). Lane j keeps the j-th pick, so ids and weights are written once, together, at the end.
-template <int NV>
-__device__ __forceinline__ void topk_select(const float (&x)[NV], const TopkParams& p, int64_t t, float* cs,
-                                            int32_t* ids, float* weights) {
-  constexpr uint32_t kAll = 0xffffffffu;
-  const int lane = threadIdx.x % 32;
-  float s[NV];
-  uint32_t key[NV];
-  topk_keys<NV>(x, p, cs, s, key);
   float wsum = 0.f, my_s = 0.f;
   int my_id = 0;
   for (int j = 0; j < p.K; ++j) {
@@ -208,58 +175,12 @@ __device__ __forceinline__ void topk_select(const float (&x)[NV], const TopkPara
     wsum += se;  // in pick order, as the CPU op sums
     if (lane == j) my_id = e, my_s = se;
   }
-  topk_write(p, t, my_id, my_s, wsum, ids, weights);
-}
-
-// Token 0's top-k by the whole block (every thread calls it; one token, T == 1), bit for bit
-// topk_select's: every warp runs topk_keys (the same steps on the same logits, so the same bits,
-// and no barrier before them), then, in place of one warp's K serial rounds of reductions, each
-// expert's rank among all E keys is counted by threads of its own: #{j : key_j > key_e, or
-// key_j == key_e and j < e} is e's place in topk_select's pick order (largest key first, the
-// lower expert on ties; padding slots hold key 0 and real keys are above it, so they are left
-// out). Warp 0 then sums the picks' scores in pick order and writes them as topk_select does.
-// cs: this warp's E floats (grouped selections); scratch: topk_rank_smem bytes apart from every
-// warp's cs.
-template <int NV>
-__device__ __forceinline__ void topk_rank(const float (&x)[NV], const TopkParams& p, float* cs, float* scratch,
-                                          int32_t* ids, float* weights) {
-  constexpr uint32_t kAll = 0xffffffffu;
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32, E = int(p.E);
-  float s[NV];
-  uint32_t key[NV];
-  topk_keys<NV>(x, p, cs, s, key);
-  uint32_t* keys = reinterpret_cast<uint32_t*>(scratch);
-  float* scores = scratch + E;
-  int32_t* picks = reinterpret_cast<int32_t*>(scratch + 2 * E);
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {  // every warp holds them all: warp w publishes slots w, w + warps, ...
-    const int e = i * 32 + lane;
-    if (i % warps == warp && e < E) keys[e] = key[i], scores[e] = s[i];
-  }
-  __syncthreads();
-  // Where the block has threads to spare, `split` neighbouring lanes count one expert's rank over
-  // every split-th key each, then add their counts.
-  int split = 1;
-  while (split < 32 && 2 * split * E <= int(blockDim.x)) split *= 2;
-  for (int base = 0; base < E * split; base += blockDim.x) {  // uniform over the block: shuffles below
-    const int at = base + int(threadIdx.x), e = at / split;
-    int before = 0;  // experts picked before e
-    if (e < E) {
-      const uint32_t mine = keys[e];
-      int j = at % split;
-      for (; j < e; j += split) before += keys[j] >= mine;  // a lower expert wins a tie
-      for (; j < E; j += split) before += keys[j] > mine;
-    }
-    for (int o = 1; o < split; o <<= 1) before += __shfl_xor_sync(kAll, before, o);
-    if (e < E && at % split == 0 && before < p.K) picks[before] = e;
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  const int my_id = lane < p.K ? picks[lane] : 0;
-  const float my_s = lane < p.K ? scores[my_id] : 0.f;
-  float wsum = 0.f;
-  for (int j = 0; j < p.K; ++j) wsum += __shfl_sync(kAll, my_s, j);  // in pick order, as topk_select sums
-  topk_write(p, 0, my_id, my_s, wsum, ids, weights);
+  const float norm = p.renormalize ? 1.0f / (wsum + 1e-20f) : 1.0f;
+  int32_t* id_out = ids + t * p.C;
+  float* w_out = weights + t * p.C;
+  if (lane < p.K) id_out[lane] = my_id, w_out[lane] = my_s * (norm * p.scale);
+  if (p.fused > 0 && lane < p.pieces)  // the pieces of the shared expert's replica for token t
+    id_out[p.K + lane] = int32_t(p.E + (t % p.fused) * p.pieces + lane), w_out[p.K + lane] = 1.0f;
 }
 
 // The same from token t's logits in memory (row: E of them).
@@ -380,74 +301,55 @@ __device__ __forceinline__ void sort_pairs_by_expert(const int32_t* ids, int pai
 
 constexpr int kRouteMaxParts = 8;
 
-// Row t's logits by the calling warp, in topk_select's layout (x[i]: expert i * 32 + lane, -inf
-// past E): each one's parts [parts][T][E] summed in order from 0.f, plus bias[e] (the linear's
-// own; may be null), as the streaming product sums its warps' parts; also written to out (row t
-// of the logits) unless null. SHARED: the parts are in this block's shared memory (a cluster's
-// leader), else in global memory that other blocks wrote.
-template <int NV, bool SHARED>
-__device__ __forceinline__ void route_logits(const float* part, int parts, int64_t T, int64_t E, int64_t t,
-                                             const float* bias, float (&x)[NV], float* out) {
-  const int lane = threadIdx.x % 32;
-  float sum[NV] = {};  // each logit's parts summed in order from 0.f
-  if constexpr (SHARED) {
-    // A part in shared memory is a few cycles away: a loop over the parts. (Unrolled, with a
-    // predicate for every part and expert of the lane, it cost the top-k warp ~500 of its ~1400
-    // instructions: BENCHMARKS, session 24.)
-#pragma unroll 1
-    for (int s = 0; s < parts; ++s)
-#pragma unroll
-      for (int i = 0; i < NV; ++i)
-        if (i * 32 + lane < E) sum[i] += part[(s * T + t) * E + i * 32 + lane];
-  } else {
-    // Every part of the lane's NV logits requested before the first is added: one round trip.
-    float v[NV][kRouteMaxParts];
-#pragma unroll
-    for (int i = 0; i < NV; ++i)
-#pragma unroll
-      for (int s = 0; s < kRouteMaxParts; ++s) {
-        const int64_t e = i * 32 + lane, at = (s * T + t) * E + e;
-        // Past L1: other blocks wrote them.
-        v[i][s] = s < parts && e < E ? __ldcg(part + at) : 0.f;
-      }
-#pragma unroll
-    for (int i = 0; i < NV; ++i)
-#pragma unroll
-      for (int s = 0; s < kRouteMaxParts; ++s)
-        if (s < parts) sum[i] += v[i][s];
-  }
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int e = i * 32 + lane;
-    x[i] = -INFINITY;
-    if (e >= E) continue;
-    if (bias) sum[i] += bias[e];
-    x[i] = sum[i];
-    if (out) out[e] = x[i];
-  }
-}
-
-// The router's last step, by one block: the logits [T, E] (row stride r.tp.ls) from their parts
-// (route_logits); the top-k of every row, a warp a row, or (r.rank) of the one row by the whole
-// block; then (r.sort) the sort of the chosen pairs by expert, with smem (warps * topk_warp_smem
-// bytes, then topk_rank_smem for r.rank; and sort_pairs_smem) free for them.
+// The router's last step, by one block: each logit's parts [parts][T][E] summed in order from
+// 0.f, plus bias[e] (the linear's own; may be null), as the streaming product sums its warps'
+// parts, written to logits [T, E] (row stride r.tp.ls); the top-k of every row, a warp a row;
+// then (r.sort) the sort of the chosen pairs by expert, with smem (warps * topk_warp_smem bytes,
+// and sort_pairs_smem) free for them. SHARED: the parts are in this block's shared memory (a
+// cluster's leader), else in global memory that other blocks wrote.
 template <int NV, bool SHARED>
 __device__ __forceinline__ void route_tail(const RouteTail& r, const float* part, int parts, const float* bias,
                                            float* logits, float* smem) {
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32;
   const int64_t T = r.tp.T, E = r.tp.E;
-  if (r.rank && T == 1) {
-    // Every warp sums the logits for itself (no barrier before its scores); warp 0 writes them.
-    float x[NV];
-    route_logits<NV, SHARED>(part, parts, T, E, 0, bias, x, warp == 0 ? logits : nullptr);
-    const bool grouped = r.tp.group_rank != int(GroupRank::None) && r.tp.n_group > 1;
-    topk_rank<NV>(x, r.tp, smem + warp * E, smem + (grouped ? warps * E : 0), r.ids, r.weights);
-  } else {
-    for (int64_t t = warp; t < T; t += warps) {
-      float x[NV];
-      route_logits<NV, SHARED>(part, parts, T, E, t, bias, x, logits + t * r.tp.ls);
-      topk_select<NV>(x, r.tp, t, smem + warp * E, r.ids, r.weights);
+  for (int64_t t = warp; t < T; t += warps) {
+    float sum[NV] = {};  // each logit's parts summed in order from 0.f
+    if constexpr (SHARED) {
+      // A part in shared memory is a few cycles away: a loop over the parts. (Unrolled, with a
+      // predicate for every part and expert of the lane, it cost the top-k warp ~500 of its ~1400
+      // instructions: BENCHMARKS, session 24.)
+#pragma unroll 1
+      for (int s = 0; s < parts; ++s)
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+          if (i * 32 + lane < E) sum[i] += part[(s * T + t) * E + i * 32 + lane];
+    } else {
+      // Every part of the lane's NV logits requested before the first is added: one round trip.
+      float v[NV][kRouteMaxParts];
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int s = 0; s < kRouteMaxParts; ++s) {
+          const int64_t e = i * 32 + lane, at = (s * T + t) * E + e;
+          // Past L1: other blocks wrote them.
+          v[i][s] = s < parts && e < E ? __ldcg(part + at) : 0.f;
+        }
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int s = 0; s < kRouteMaxParts; ++s)
+          if (s < parts) sum[i] += v[i][s];
     }
+    float x[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = i * 32 + lane;
+      x[i] = -INFINITY;
+      if (e >= E) continue;
+      if (bias) sum[i] += bias[e];
+      logits[t * r.tp.ls + e] = x[i] = sum[i];
+    }
+    topk_select<NV>(x, r.tp, t, smem + warp * E, r.ids, r.weights);
   }
   if (r.sort.offsets) {
     __syncthreads();  // every row's ids written (a barrier makes this block's writes visible to it)
