@@ -59,3 +59,24 @@ if [ $PHASE = 2 ]; then
   done
   log done
 fi
+
+# PHASE=3 ($SRC = the session's final tree with a measurement's switch, MOESERVE_MERGE_TRIGGER_EARLY=1: the
+#   split merge lets the product after it launch before it waits; $BEFORE_SRC = the session's
+#   start, 2770a7c): every single-GPU test program; the ceilings; greedy ids before and after;
+#   B = 1 rotating and B = 64, before and after; the engine's step; timelines.
+if [ $PHASE = 3 ]; then
+  build_all_and_test
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  MOESERVE_MERGE_TRIGGER_EARLY=1 gtest attention-moe-trig 120 /tmp/b/tests/test_cuda_attention_moe
+  for m in qwen3 v2lite; do
+    gen_ids $m - $m-after; B=/tmp/before/moeserve gen_ids $m - $m-before
+    cmp -s $L/gen-$m-after.txt $L/gen-$m-before.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
+  done
+  b1_rounds "before after trig:MOESERVE_MERGE_TRIGGER_EARLY=1" "before after"
+  SIDES="after before" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
+  for m in qwen3 v2lite; do
+    for o in 16 528; do offline $m $o after-$m; B=/tmp/before/moeserve offline $m $o before-$m; done
+  done
+  trace qwen3 1 4096 after; trace qwen3 1 4096 trig MOESERVE_MERGE_TRIGGER_EARLY=1; trace v2lite 1 4096 after
+  log done
+fi

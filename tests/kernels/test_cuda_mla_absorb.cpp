@@ -164,7 +164,7 @@ TEST(CudaMlaAbsorb, ReplayedAfterTheKernelThatWritesItsInput) {
 // A decode step's MLA attention and expansion (cuda::mla_attention_expand) with the split merge
 // expanding the latent itself (mla_merge_expand_kernel) against the merge kernel and
 // mla_expand_v after it (set_mla_merge_expand(false)): the same bits, eager at one split (no
-// merge), up to 64 (merge_lean) and more (merge_many), and replayed from captured steps whose queries
+// merge), up to 16 (merge_few) and more (merge_many), and replayed from captured steps whose queries
 // see other key counts than they were captured at. Three queries take the two ops as before. Both
 // against the CPU's composition.
 struct MergeExpandCase {
@@ -232,8 +232,8 @@ void expect_same_bits(const MergeExpandCase& c, bool captured) {
 
 TEST(CudaMlaAbsorb, MergeAndExpansionInOneKernelGiveTheSameBits) {
   MS_REQUIRE_CUDA();
-  // 16 heads (flash_mla.cu): 1, 5, 16, 64 and 128 splits (the last past merge_lean: merge_many);
-  // 128 (the wgmma kernel on a Hopper): 1, 3, 8, 32, 64.
+  // 16 heads (flash_mla.cu): 1, 5, 16, 64 and 128 splits; 128 (the wgmma kernel on a Hopper): 1,
+  // 3, 8, 32 and 64.
   for (const int H : {16, 128})
     for (const int keys : {40, 300, 1000, 4096, 8192}) expect_same_bits({H, 1, keys}, false);
   expect_same_bits({16, 3, 4096}, false);

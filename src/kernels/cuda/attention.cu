@@ -48,6 +48,7 @@ struct AttnParams {
   bool gqa_tc;                                   // GQA decode on the tensor cores (flash_decode.cu)
   bool with_rope;                                // ... roping q and the new keys itself (rope)
   GqaDecodeRope rope;
+  bool merge_triggers_early;                     // MOESERVE_MERGE_TRIGGER_EARLY=1 (a measurement's switch)
   const MlaExpandTo* expand_to;                  // MLA: the merge may expand the latent (host only)
 };
 
@@ -176,8 +177,9 @@ __host__ __device__ SplitPartials partials_of(const AttnParams& p) { return {p.p
 // are one or two broadcasts).
 template <int V, int NS>
 __global__ void __launch_bounds__(kMergeThreads) combine_few(AttnParams p) {
+  if (p.merge_triggers_early) pdl_trigger();
   pdl_wait();  // launched early (launch_pdl): the partials are the attention kernel's
-  pdl_trigger();
+  if (!p.merge_triggers_early) pdl_trigger();
   const int pieces = p.dv / V;
   const int64_t rows = int64_t(p.T) * p.hq, idx = int64_t(blockIdx.x) * kMergeThreads + threadIdx.x;
   if (idx >= rows * pieces) return;
@@ -207,8 +209,9 @@ void launch_few(const AttnParams& p) {
 template <int V>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams p) {
   __shared__ MergeManyScratch<V> scratch;
+  if (p.merge_triggers_early) pdl_trigger();
   pdl_wait();  // as in combine_few
-  pdl_trigger();
+  if (!p.merge_triggers_early) pdl_trigger();
   const int64_t row = blockIdx.x;
   const float v = merge_many<V>(partials_of(p), row, int(blockIdx.y), scratch);
   const int d = int(blockIdx.y) * kCombineCols * V + int(threadIdx.x);
@@ -217,52 +220,20 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams 
   p.out[t * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16_rn(v);
 }
 
-// The merge of up to kLeanMaxSplits splits by one warp a block (merge_lean), small enough to
-// share a multiprocessor with the output projection after it: block (t * hq + h, c) writes dims
-// [128 c, 128 c + 128) of one row. Why: at batch 1 that projection loads its whole weight into
-// registers before it waits (Qwen3's o: 232 registers x 256 threads a block), so no block of
-// merge_many (512 threads) fits beside one, and the projection's blocks on the merge's
-// multiprocessors started only once the merge ended.
-__global__ void __launch_bounds__(32) combine_lean(AttnParams p) {
-  extern __shared__ float4 lean_smem[];
-  pdl_wait();  // as in combine_few
-  pdl_trigger();
-  const int64_t row = blockIdx.x;
-  const int col = int(blockIdx.y) * 32 + int(threadIdx.x);
-  float v[4];
-  merge_lean(partials_of(p), row, int(blockIdx.y), lean_smem, v);
-  if (col * 4 >= p.dv) return;
-  const int t = int(row / p.hq), h = int(row % p.hq);
-  auto* o = reinterpret_cast<__nv_bfloat162*>(p.out + t * p.o_s0 + h * p.o_s1 + col * 4);
-  o[0] = __floats2bfloat162_rn(v[0], v[1]), o[1] = __floats2bfloat162_rn(v[2], v[3]);
-}
-
-// Whether many splits merge in combine_lean (default) or merge_many's 16-warp blocks:
-// MOESERVE_COMBINE_LEAN=0 (read once), for A/B timing.
-bool combine_lean_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("MOESERVE_COMBINE_LEAN");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return allowed;
-}
-
 // Merges p.splits partials into p.out: float4 pieces when rows of partials allow them (the
-// scratch is 16-byte aligned, so a value width divisible by 4 does), else float2 (widths are even);
-// up to 16 splits a thread a piece, up to 64 a warp a block (combine_lean), more 16 warps a block.
+// scratch is 16-byte aligned, so a value width divisible by 4 does), else float2 (widths are even).
 // Launched early (the attention kernels trigger at their start), so that the merge's blocks are
 // resident and waiting when the last partial lands instead of being launched then.
-void launch_combine(const AttnParams& p) {
+void launch_combine(AttnParams p) {
+  static const bool early = [] {
+    const char* env = std::getenv("MOESERVE_MERGE_TRIGGER_EARLY");
+    return env && std::string_view(env) == "1";
+  }();
+  p.merge_triggers_early = early;
   const int v = p.dv % 4 == 0 ? 4 : 2;
   if (p.splits <= kFewSplits) {
     if (v == 4) launch_few<4>(p);
     else launch_few<2>(p);
-    return;
-  }
-  if (v == 4 && p.splits <= kLeanMaxSplits && combine_lean_allowed()) {
-    const size_t smem = lean_merge_smem(p.splits);
-    launch_pdl(combine_lean, dim3(unsigned(p.T * p.hq), unsigned((p.dv + 127) / 128)), dim3(32), smem, p);
-    MS_CUDA_LAUNCHED("combine_lean");
     return;
   }
   const dim3 grid(unsigned(p.T * p.hq), unsigned((p.dv + kCombineCols * v - 1) / (kCombineCols * v)));
@@ -353,11 +324,8 @@ bool launch_all(AttnParams p, int kv_heads, const char* op) {
     launch_kernel(p, kv_heads, op);
   }
   if (p.splits < 2) return false;
-  // The merge's arithmetic as launch_combine's kernel would have it (merge_few's is merge_lean's).
-  const bool lean = p.splits <= kFewSplits || (p.splits <= kLeanMaxSplits && combine_lean_allowed());
   if (p.expand_to && p.dv % 4 == 0 &&
-      mla_merge_expand(partials_of(p), lean, p.T, *p.expand_to->kv_b, p.expand_to->nope, p.expand_to->v,
-                       *p.expand_to->out))
+      mla_merge_expand(partials_of(p), p.T, *p.expand_to->kv_b, p.expand_to->nope, p.expand_to->v, *p.expand_to->out))
     return true;
   launch_combine(p);
   return false;

@@ -188,15 +188,16 @@ __global__ void __launch_bounds__(kExpandThreads) mla_expand_kernel(MlaStream p)
 
 // The split-KV merge of a decode step's MLA partials and the expansion after it, in one kernel:
 // a cluster of L / 128 blocks a (token, head) row. Block c merges latent dims [128 c, 128 c + 128)
-// (split_merge.cuh: the merge kernels' arithmetic; LEAN: merge_lean by its first warp, else
-// merge_many by 16 warps), rounds them to BF16 as the merge kernel's output is, and writes them
-// into every block of the cluster (distributed shared memory); after the cluster's barrier each
-// block expands its share of the head's v rows as mla_expand_kernel does (a quad of lanes a
-// row), from weights it copied into shared memory before the wait. The two kernels' bits,
-// without the latent's trip through L2 and the expansion's wait at a kernel boundary.
-constexpr int kLatentPiece = 128;             // latent dims a block merges (a float4 a lane)
-constexpr int kMaxLatent = kExpandRound * 32;  // the expand_steps of one round cover the row
-constexpr int kMergeExpandRows = 32;           // v rows a block expands at most: 32 KB of weights
+// with the arithmetic of the merge kernel the attention would launch (split_merge.cuh: NS > 0,
+// up to NS splits by merge_few in the first warp; NS = 0, merge_many by 16 warps), rounds them to
+// BF16 as that kernel stores them, and writes them into every block of the cluster (distributed
+// shared memory); after the cluster's barrier each block expands its share of the head's v rows
+// as mla_expand_kernel does (a quad of lanes a row), from weights it copied into shared memory
+// before the wait. The two kernels' bits, without the latent's trip through L2 and the
+// expansion's wait at a kernel boundary.
+constexpr int kLatentPiece = kCombineCols * 4;  // latent dims a block merges (a float4 a lane)
+constexpr int kMaxLatent = kExpandRound * 32;   // the expand_steps of one round cover the row
+constexpr int kMergeExpandRows = 32;            // v rows a block expands at most: 32 KB of weights
 constexpr size_t kWeightSmem = size_t(kExpandRound) * kMergeExpandRows * 4 * sizeof(uint4);
 constexpr size_t kLatentSmem = kMaxLatent * sizeof(float);
 
@@ -209,12 +210,13 @@ struct MergeExpand {
   int H, v, rows;  // rows: v rows a block
 };
 
-template <bool LEAN>
-__global__ void __launch_bounds__(LEAN ? kMergeExpandRows * 4 : kCombineWarps * 32) mla_merge_expand_kernel(MergeExpand p) {
+constexpr int merge_expand_threads(int ns) { return ns > 0 ? kMergeExpandRows * 4 : kCombineWarps * 32; }
+
+template <int NS>
+__global__ void __launch_bounds__(merge_expand_threads(NS)) mla_merge_expand_kernel(MergeExpand p) {
   extern __shared__ uint4 smem_u4[];
   uint4* w_s = smem_u4;  // step u of thread i at [u * rows * 4 + i]
   float4* lat4 = reinterpret_cast<float4*>(reinterpret_cast<char*>(smem_u4) + kWeightSmem);
-  void* merge_smem = reinterpret_cast<char*>(lat4) + kLatentSmem;
   cg::cluster_group cluster = cg::this_cluster();
   const int64_t row = blockIdx.x;
   const int t = int(row / p.H), h = int(row % p.H), c = int(blockIdx.y), steps = p.part.dv / 32;
@@ -232,17 +234,17 @@ __global__ void __launch_bounds__(LEAN ? kMergeExpandRows * 4 : kCombineWarps * 
     const float b = __bfloat162float(__float2bfloat16_rn(x));
     for (unsigned r = 0; r < cluster.num_blocks(); ++r) *cluster.map_shared_rank(lat + d, r) = b;
   };
-  if constexpr (LEAN) {
-    if (threadIdx.x < 32) {
+  if constexpr (NS > 0) {
+    const int col = c * kCombineCols + int(threadIdx.x);  // a float4 piece
+    if (threadIdx.x < kCombineCols && col * 4 < p.part.dv) {
       float m[4];
-      merge_lean(p.part, row, c, merge_smem, m);
-      const int d = c * kLatentPiece + 4 * int(threadIdx.x);
-      if (d < p.part.dv)
+      merge_few<4, NS>(p.part, row, col, m);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) publish(d + i, m[i]);
+      for (int i = 0; i < 4; ++i) publish(col * 4 + i, m[i]);
     }
   } else {
-    const float m = merge_many<4>(p.part, row, c, *static_cast<MergeManyScratch<4>*>(merge_smem));
+    auto* scratch = reinterpret_cast<MergeManyScratch<4>*>(reinterpret_cast<char*>(lat4) + kLatentSmem);
+    const float m = merge_many<4>(p.part, row, c, *scratch);
     const int d = c * kLatentPiece + int(threadIdx.x);
     if (threadIdx.x < kLatentPiece && d < p.part.dv) publish(d, m);
   }
@@ -256,9 +258,6 @@ __global__ void __launch_bounds__(LEAN ? kMergeExpandRows * 4 : kCombineWarps * 
   acc = quad_sum(acc);
   if (q == 0) p.out[t * p.os.token + h * p.os.head + j] = __float2bfloat16_rn(acc);
 }
-
-constexpr size_t kMergeExpandSmem[2] = {kWeightSmem + kLatentSmem + sizeof(MergeManyScratch<4>),
-                                        kWeightSmem + kLatentSmem + lean_merge_smem(kLeanMaxSplits)};
 
 std::atomic<bool>& merge_expand_flag() {
   static std::atomic<bool> on{[] {
@@ -327,32 +326,27 @@ void set_mla_streaming(bool on) { streaming_flag().store(on); }
 bool mla_streaming() { return streaming_flag().load(); }
 void set_mla_merge_expand(bool on) { merge_expand_flag().store(on); }
 
-bool mla_merge_expand(const SplitPartials& part, bool lean, int64_t T, const Weight& kv_b, int nope, int v,
-                      Tensor& out) {
+bool mla_merge_expand(const SplitPartials& part, int64_t T, const Weight& kv_b, int nope, int v, Tensor& out) {
   const int64_t H = out.size(1), L = kv_b.in_features(), blocks = L / kLatentPiece;
   Tensor wb = streamed_weight(kv_b, T);
   if (!merge_expand_flag().load() || !wb.defined() || part.splits < 2 || part.dv != L || L % kLatentPiece != 0 ||
       L > kMaxLatent || blocks > 8 || (v + blocks - 1) / blocks > kMergeExpandRows || part.rows != T * H ||
-      out.strides()[2] != 1 || (lean && part.splits > kLeanMaxSplits))
+      out.strides()[2] != 1)
     return false;
-  static PerDeviceOnce smem_limit;
-  smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(mla_merge_expand_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(kMergeExpandSmem[0])));
-    MS_CUDA(cudaFuncSetAttribute(mla_merge_expand_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(kMergeExpandSmem[1])));
-  });
   const int64_t ws = wb.strides()[0];
   const MergeExpand p{part,  wb.data<bf16>() + nope * ws, ws, (nope + v) * ws, out.data<bf16>(),
                       {out.strides()[0], out.strides()[1]}, int(H), v, int((v + blocks - 1) / blocks)};
   const dim3 grid(unsigned(T * H), unsigned(blocks)), cluster(1, unsigned(blocks));
-  const size_t fixed = kWeightSmem + kLatentSmem;
-  if (lean)
-    launch_pdl_cluster(mla_merge_expand_kernel<true>, grid, cluster, dim3(kMergeExpandRows * 4),
-                       fixed + lean_merge_smem(part.splits), p);
-  else
-    launch_pdl_cluster(mla_merge_expand_kernel<false>, grid, cluster, dim3(kCombineWarps * 32),
-                       fixed + sizeof(MergeManyScratch<4>), p);
+  const size_t smem = kWeightSmem + kLatentSmem;  // under the 48 KB that need no opt-in
+  auto launch = [&](auto kernel, int ns, size_t more) {
+    launch_pdl_cluster(kernel, grid, cluster, dim3(merge_expand_threads(ns)), smem + more, p);
+  };
+  // The merge kernel's choice (attention.cu, launch_combine): one pass for up to 16 splits.
+  if (part.splits <= 2) launch(mla_merge_expand_kernel<2>, 2, 0);
+  else if (part.splits <= 4) launch(mla_merge_expand_kernel<4>, 4, 0);
+  else if (part.splits <= 8) launch(mla_merge_expand_kernel<8>, 8, 0);
+  else if (part.splits <= kFewSplits) launch(mla_merge_expand_kernel<kFewSplits>, kFewSplits, 0);
+  else launch(mla_merge_expand_kernel<0>, 0, sizeof(MergeManyScratch<4>));
   MS_CUDA_LAUNCHED("mla_merge_expand_kernel");
   return true;
 }

@@ -27,10 +27,7 @@ struct SplitPartials;  // split_merge.cuh
 // run (more tokens, weights it does not read) or the shapes do not fit; the caller then merges
 // and expands as two ops. MOESERVE_MLA_MERGE_EXPAND=0 (read once) or set_mla_merge_expand(false):
 // never.
-// lean: the merge as combine_lean's (merge_lean), else as combine_splits' (merge_many): the
-// merge kernel the caller would launch otherwise.
-bool mla_merge_expand(const SplitPartials& part, bool lean, int64_t T, const ops::Weight& kv_b, int nope, int v,
-                      Tensor& out);
+bool mla_merge_expand(const SplitPartials& part, int64_t T, const ops::Weight& kv_b, int nope, int v, Tensor& out);
 void set_mla_merge_expand(bool on);
 
 }  // namespace ms::cuda

@@ -112,42 +112,4 @@ __device__ __forceinline__ float merge_many(const SplitPartials& p, int64_t row,
 
 #endif  // __CUDACC__
 
-// merge_lean's splits and shared memory (pieces of 128 dims and (m, l) of each split), in bytes.
-constexpr int kLeanMaxSplits = 64;
-constexpr size_t lean_merge_smem(int splits) { return size_t(splits) * (32 * 16 + 8); }
-
-#ifdef __CUDACC__
-// Up to kLeanMaxSplits splits by one warp (all 32 lanes), in few registers: dims
-// [128 c, 128 c + 128) of `row` (a float4 a lane; out: the lane's 4 normalised values, garbage
-// past dv), every split's piece copied into `smem` (lean_merge_smem bytes) at once, one round
-// trip, then merged in split order. The same bits as merge_few: its padding splits add exact
-// zeros.
-__device__ __forceinline__ void merge_lean(const SplitPartials& p, int64_t row, int c, void* smem, float (&out)[4]) {
-  const int lane = threadIdx.x % 32, col = c * 32 + lane;
-  const bool in = col * 4 < p.dv;
-  float4* pieces = static_cast<float4*>(smem);  // [splits][32]
-  float2* ml = reinterpret_cast<float2*>(pieces + p.splits * 32);
-  for (int z = 0; z < p.splits; ++z)
-    cp_async16(&pieces[z * 32 + lane], p.acc + (z * p.rows + row) * p.dv + (in ? col * 4 : 0), in);
-  cp_async_commit();
-  for (int z = lane; z < p.splits; z += 32) ml[z] = reinterpret_cast<const float2*>(p.ml)[z * p.rows + row];
-  cp_async_wait<0>();
-  __syncwarp();  // every lane's copies and (m, l)
-  float M = -INFINITY;
-  for (int z = 0; z < p.splits; ++z) M = fmaxf(M, ml[z].x);
-  float acc[4] = {}, L = 0.f;
-  for (int z = 0; z < p.splits; ++z) {
-    const float2 mz = ml[z];
-    const float w = mz.x == -INFINITY ? 0.f : expf(mz.x - M);  // an empty split weighs nothing
-    const float4 a = pieces[z * 32 + lane];
-    acc[0] += w * a.x, acc[1] += w * a.y, acc[2] += w * a.z, acc[3] += w * a.w;
-    L += w * mz.y;
-  }
-  const float inv = L > 0.f ? 1.0f / L : 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out[i] = acc[i] * inv;
-}
-
-#endif  // __CUDACC__
-
 }  // namespace ms::cuda
