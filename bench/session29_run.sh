@@ -3,14 +3,11 @@
 # the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
-source $SRC/bench/device_env.sh
-snapshots_ready $SRC
+source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
-# PHASE=1 ($SRC = main with two changes, on by default, and their switches:
-#   MOESERVE_ROUTE_RANK=0 the router's top-k of one token by one warp, not by rank over the
-#   block; MOESERVE_MLA_MERGE_EXPAND=0 MLA's split merge and W_uv expansion as two kernels, not
-#   one cluster): the tests of the kernels changed and the models'; greedy ids with both
-#   switches off against on; B = 1 rotating; timelines; the engine's step.
+# PHASE=1, run on 6b0156b: two changes behind switches (MOESERVE_ROUTE_RANK=0, the router's top-k
+#   by one warp; MOESERVE_MLA_MERGE_EXPAND=0, MLA's merge and expansion as two kernels). Tests,
+#   greedy ids off against on, B = 1 rotating, timelines, the engine's step.
 if [ $PHASE = 1 ]; then
   TESTS="test_cuda_mla_absorb test_cuda_moe_route test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
     test_cuda_mla_decode_wgmma"
@@ -34,7 +31,7 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2 ($SRC = main with the router's rank path removed (the first call: slower), the split merge of 17-64
+# PHASE=2 (run on 8997df7; $SRC = main with the router's rank path removed (the first call: slower), the split merge of 17-64
 #   splits by one warp a block (combine_lean; MOESERVE_COMBINE_LEAN=0: merge_many's 16 warps, as
 #   before), and MLA's merge + expansion taking the same merge): the tests of the kernels changed
 #   and the models'; greedy ids; B = 1 rotating; timelines; the engine's step.

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
-#include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -169,7 +168,9 @@ __global__ void attention_kernel(AttnParams p) {
 
 constexpr int kMergeThreads = 256;  // a block of the one-pass merge: pieces of several rows
 
-__host__ __device__ SplitPartials partials_of(const AttnParams& p) { return {p.part_acc, p.part_ml, int64_t(p.T) * p.hq, p.dv, p.splits}; }
+__host__ __device__ SplitPartials partials_of(const AttnParams& p) {
+  return {p.part_acc, p.part_ml, int64_t(p.T) * p.hq, p.dv, p.splits};
+}
 
 // Up to NS splits (merge_few): a thread a V-float piece of one (query, head) row, so the merge
 // costs splits x rows x dv reads and nothing more: no idle warps, no shared memory, no barrier.
