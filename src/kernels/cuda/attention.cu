@@ -47,7 +47,6 @@ struct AttnParams {
   bool gqa_tc;                                   // GQA decode on the tensor cores (flash_decode.cu)
   bool with_rope;                                // ... roping q and the new keys itself (rope)
   GqaDecodeRope rope;
-  bool merge_triggers_early;                     // MOESERVE_MERGE_TRIGGER_EARLY=1 (a measurement's switch)
   const MlaExpandTo* expand_to;                  // MLA: the merge may expand the latent (host only)
 };
 
@@ -178,9 +177,8 @@ __host__ __device__ SplitPartials partials_of(const AttnParams& p) {
 // are one or two broadcasts).
 template <int V, int NS>
 __global__ void __launch_bounds__(kMergeThreads) combine_few(AttnParams p) {
-  if (p.merge_triggers_early) pdl_trigger();
   pdl_wait();  // launched early (launch_pdl): the partials are the attention kernel's
-  if (!p.merge_triggers_early) pdl_trigger();
+  pdl_trigger();
   const int pieces = p.dv / V;
   const int64_t rows = int64_t(p.T) * p.hq, idx = int64_t(blockIdx.x) * kMergeThreads + threadIdx.x;
   if (idx >= rows * pieces) return;
@@ -210,9 +208,8 @@ void launch_few(const AttnParams& p) {
 template <int V>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams p) {
   __shared__ MergeManyScratch<V> scratch;
-  if (p.merge_triggers_early) pdl_trigger();
   pdl_wait();  // as in combine_few
-  if (!p.merge_triggers_early) pdl_trigger();
+  pdl_trigger();
   const int64_t row = blockIdx.x;
   const float v = merge_many<V>(partials_of(p), row, int(blockIdx.y), scratch);
   const int d = int(blockIdx.y) * kCombineCols * V + int(threadIdx.x);
@@ -225,12 +222,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits(AttnParams 
 // scratch is 16-byte aligned, so a value width divisible by 4 does), else float2 (widths are even).
 // Launched early (the attention kernels trigger at their start), so that the merge's blocks are
 // resident and waiting when the last partial lands instead of being launched then.
-void launch_combine(AttnParams p) {
-  static const bool early = [] {
-    const char* env = std::getenv("MOESERVE_MERGE_TRIGGER_EARLY");
-    return env && std::string_view(env) == "1";
-  }();
-  p.merge_triggers_early = early;
+void launch_combine(const AttnParams& p) {
   const int v = p.dv % 4 == 0 ? 4 : 2;
   if (p.splits <= kFewSplits) {
     if (v == 4) launch_few<4>(p);
