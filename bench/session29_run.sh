@@ -57,7 +57,7 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3 ($SRC = the session's final tree with a measurement's switch, MOESERVE_MERGE_TRIGGER_EARLY=1: the
+# PHASE=3 (run on 90ecf58; $SRC = the session's final tree with a measurement's switch (since removed), MOESERVE_MERGE_TRIGGER_EARLY=1: the
 #   split merge lets the product after it launch before it waits; $BEFORE_SRC = the session's
 #   start, 2770a7c): every single-GPU test program; the ceilings; greedy ids before and after;
 #   B = 1 rotating and B = 64, before and after; the engine's step; timelines.
