@@ -212,3 +212,26 @@ gen_ids() {
     > $L/gen-$3.txt 2> $L/gen-$3.err
   log "generate $1 $3 rc=$? $(md5sum < $L/gen-$3.txt | cut -c1-12) $(wc -c < $L/gen-$3.txt) bytes"
 }
+# Greedy ids (gen_ids) of both random models with env $1 against $2 ("-": none), labels $3 and $4;
+# whether they are equal in summary.log.
+ids_alike() {
+  local m
+  for m in qwen3 v2lite; do
+    gen_ids $m "$1" $m-$3; gen_ids $m "$2" $m-$4
+    cmp -s $L/gen-$m-$3.txt $L/gen-$m-$4.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
+  done
+}
+# A session's closing figures, after (/tmp/b) against before (/tmp/before): greedy ids of both
+# models, B = 1 rotating over sides $1 (Qwen3) and $2 (V2-Lite), B = 64, the engine's step.
+before_after_figures() {
+  local m o
+  for m in qwen3 v2lite; do
+    gen_ids $m - $m-after; B=/tmp/before/moeserve gen_ids $m - $m-before
+    cmp -s $L/gen-$m-after.txt $L/gen-$m-before.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
+  done
+  b1_rounds "$1" "$2"
+  SIDES="after before" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
+  for m in qwen3 v2lite; do
+    for o in 16 528; do offline $m $o after-$m; B=/tmp/before/moeserve offline $m $o before-$m; done
+  done
+}

@@ -41,15 +41,7 @@ fi
 if [ $PHASE = 2 ]; then
   build_all_and_test
   [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
-  for m in qwen3 v2lite; do
-    gen_ids $m - $m-after; B=/tmp/before/moeserve gen_ids $m - $m-before
-    cmp -s $L/gen-$m-after.txt $L/gen-$m-before.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
-  done
-  b1_rounds "before after" "before after"
-  SIDES="after before" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
-  for m in qwen3 v2lite; do
-    for o in 16 528; do offline $m $o after-$m; B=/tmp/before/moeserve offline $m $o before-$m; done
-  done
+  before_after_figures "before after" "before after"
   trace qwen3 1 4096 after; trace v2lite 1 4096 after
   log done
 fi

@@ -16,10 +16,7 @@ if [ $PHASE = 1 ]; then
   run_gpu_tests /tmp/b $TESTS
   wait
   OFF="MOESERVE_ROUTE_RANK=0 MOESERVE_MLA_MERGE_EXPAND=0"
-  for m in qwen3 v2lite; do
-    gen_ids $m - $m-on; gen_ids $m "$OFF" $m-off
-    cmp -s $L/gen-$m-on.txt $L/gen-$m-off.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
-  done
+  ids_alike - "$OFF" on off
   b1_rounds "off:MOESERVE_ROUTE_RANK=0 both" \
     "off:MOESERVE_ROUTE_RANK=0,MOESERVE_MLA_MERGE_EXPAND=0 rank:MOESERVE_MLA_MERGE_EXPAND=0 both"
   trace qwen3 1 4096 off MOESERVE_ROUTE_RANK=0; trace qwen3 1 4096 both
@@ -43,10 +40,7 @@ if [ $PHASE = 2 ]; then
   run_gpu_tests /tmp/b $TESTS
   MOESERVE_COMBINE_LEAN=0 gtest mla-absorb-many 120 /tmp/b/tests/test_cuda_mla_absorb
   wait
-  for m in qwen3 v2lite; do
-    gen_ids $m - $m-lean; gen_ids $m MOESERVE_COMBINE_LEAN=0 $m-many
-    cmp -s $L/gen-$m-lean.txt $L/gen-$m-many.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
-  done
+  ids_alike - MOESERVE_COMBINE_LEAN=0 lean many
   b1_rounds "many:MOESERVE_COMBINE_LEAN=0 lean" "many:MOESERVE_COMBINE_LEAN=0 lean apart:MOESERVE_MLA_MERGE_EXPAND=0"
   trace qwen3 1 4096 many MOESERVE_COMBINE_LEAN=0; trace qwen3 1 4096 lean
   trace v2lite 1 4096 many MOESERVE_COMBINE_LEAN=0; trace v2lite 1 4096 lean
@@ -65,15 +59,7 @@ if [ $PHASE = 3 ]; then
   build_all_and_test
   [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
   MOESERVE_MERGE_TRIGGER_EARLY=1 gtest attention-moe-trig 120 /tmp/b/tests/test_cuda_attention_moe
-  for m in qwen3 v2lite; do
-    gen_ids $m - $m-after; B=/tmp/before/moeserve gen_ids $m - $m-before
-    cmp -s $L/gen-$m-after.txt $L/gen-$m-before.txt && log "generate $m ids equal" || log "generate $m ids DIFFER"
-  done
-  b1_rounds "before after trig:MOESERVE_MERGE_TRIGGER_EARLY=1" "before after"
-  SIDES="after before" bench_sides qwen3 "64 256 16"; SIDES="before after" bench_sides v2lite "64 256 16"
-  for m in qwen3 v2lite; do
-    for o in 16 528; do offline $m $o after-$m; B=/tmp/before/moeserve offline $m $o before-$m; done
-  done
+  before_after_figures "before after trig:MOESERVE_MERGE_TRIGGER_EARLY=1" "before after"
   trace qwen3 1 4096 after; trace qwen3 1 4096 trig MOESERVE_MERGE_TRIGGER_EARLY=1; trace v2lite 1 4096 after
   log done
 fi
