@@ -490,8 +490,10 @@ void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& k
 void mla_attention_expand(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,
                           const AttentionLayout& layout, float scale, const Weight& kv_b, int nope, int v,
                           Tensor& latent, Tensor& out) {
-  MS_CHECK(out.dim() == 3 && out.size(0) == q_latent.size(0) && out.size(1) == q_latent.size(1) && out.size(2) == v,
-           "mla_attention_expand: output ", out.describe(), " for ", q_latent.describe(), " and ", v, " values");
+  MS_CHECK(out.dim() == 3 && out.size(0) == q_latent.size(0) && out.size(1) == q_latent.size(1) && out.size(2) == v &&
+               kv_b.out_features() == q_latent.size(1) * (nope + v) && kv_b.in_features() == q_latent.size(2),
+           "mla_attention_expand: output ", out.describe(), " and kv_b ", kv_b.w.describe(), " for ",
+           q_latent.describe(), ", ", nope, " + ", v, " dims a head");
   check_device_tensor(out, {DType::BF16}, "mla_attention_expand", "output");
   const MlaExpandTo to{&kv_b, nope, v, &out};
   if (!run_mla(q_latent, q_rope, kv_cache, layout, scale, latent, out.strides()[2] == 1 ? &to : nullptr))
