@@ -3,7 +3,8 @@
 
 Reads the median-replay timelines that bench/kernel_trace_summary.py prints (one file each) and,
 taking the layers to start at each MoE combine+norm kernel (rms_norm_rows_kernel<..., MoeAddend...>,
-or at batch 1 moe_slabs_add_rms_norm_kernel or moe_slabs_cluster_norm_kernel),
+or at batch 1 moe_slabs_add_rms_norm_kernel or moe_slabs_cluster_norm_kernel, unless it follows
+merge_project_kernel: then it is the post-attention norm),
 prints for each kernel of a layer its end minus the end of the kernel before it, averaged over the
 whole layers of the replay: the time the chain spends on that kernel after its predecessor is done.
 
@@ -28,7 +29,10 @@ def kernels(path):
 def main(paths):
     for path in paths:
         rows = kernels(path)
-        starts = [i for i, (_, name) in enumerate(rows) if "MoeAddend" in name or "moe_slabs_" in name]
+        # The slab norm after merge_project_kernel is the post-attention norm, not a layer's start.
+        starts = [i for i, (_, name) in enumerate(rows)
+                  if ("MoeAddend" in name or "moe_slabs_" in name)
+                  and not (i > 0 and "merge_project" in rows[i - 1][1])]
         if len(starts) < 2:
             print(f"{path}: fewer than two MoE layers in the timeline")
             continue

@@ -115,6 +115,13 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
   MS_DISPATCH(q, rope_store_kv_attention(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm, layout, scale,
                                          out));
 }
+void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope,
+                                        std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache,
+                                        Tensor& v_cache, const HeadNorm* qk_norm, const AttentionLayout& layout,
+                                        float scale, Tensor& attn, const PostAttention& post) {
+  MS_DISPATCH(q, rope_store_kv_attention_o_add_norm(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm,
+                                                    layout, scale, attn, post));
+}
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
                    float scale, Tensor& out) {
   MS_DISPATCH(q_latent, mla_attention(q_latent, q_rope, kv_cache, layout, scale, out));

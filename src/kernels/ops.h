@@ -137,6 +137,27 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
                              std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
                              const HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out);
 
+// What follows a GQA layer's attention in a decoder layer: o's product, added to the residual
+// and normed (the post-attention norm): residual += attn . o^T, out = rms_norm(residual) * norm_weight.
+struct PostAttention {
+  const Weight& o;  // [hidden, Hq * Dv]
+  Tensor& residual;  // [T, hidden]
+  const Tensor& norm_weight;
+  float eps;
+  Tensor& out;  // [T, hidden]
+};
+
+// rope_store_kv_attention into attn [T, Hq, Dv], then `post`; round_bf16 also rounds attn and
+// the product's output, as their storage would. On the GPU a decode step of one query whose
+// attention kernel ropes (rope_store_kv_attention's case) merges the attention's splits inside
+// o's product, each block those of its head (merge_project.h), and the norm sums the heads'
+// products: one kernel fewer, and o's weight streams during the attention. attn is then left
+// unwritten.
+void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope,
+                                        std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache,
+                                        Tensor& v_cache, const HeadNorm* qk_norm, const AttentionLayout& layout,
+                                        float scale, Tensor& attn, const PostAttention& post);
+
 // MLA in the absorbed form over the latent cache [slots, L + R] (L = kv_lora_rank, the
 // normalised latent; R = roped key part). q_latent [T, H, L], q_rope [T, H, R]; out [T, H, L]
 // is the attention-weighted latent (the caller applies W_uv).

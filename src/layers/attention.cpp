@@ -24,31 +24,49 @@ GqaAttention::GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int he
   w_.o_proj.mark_fetch_early();
 }
 
-Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
-  const auto& b = ctx.batch;
+GqaAttention::Heads GqaAttention::project(const Tensor& x, const ForwardContext& ctx) const {
   const int64_t T = x.size(0);
-  Tensor q3, k3, v3;  // [T, heads, D] each
   if (w_.qkv_proj.defined()) {
     Tensor qkv = w_.qkv_proj(x);
     ctx.round(qkv);
     Tensor heads = qkv.view({T, heads_ + 2 * kv_heads_, head_dim_});
-    q3 = heads.slice(1, 0, heads_);
-    k3 = heads.slice(1, heads_, heads_ + kv_heads_);
-    v3 = heads.slice(1, heads_ + kv_heads_, heads_ + 2 * kv_heads_);
-  } else {
-    Tensor q = w_.q_proj(x), k = w_.k_proj(x), v = w_.v_proj(x);
-    ctx.round(q), ctx.round(k), ctx.round(v);
-    q3 = q.view({T, heads_, head_dim_}), k3 = k.view({T, kv_heads_, head_dim_}), v3 = v.view({T, kv_heads_, head_dim_});
+    return {heads.slice(1, 0, heads_), heads.slice(1, heads_, heads_ + kv_heads_),
+            heads.slice(1, heads_ + kv_heads_, heads_ + 2 * kv_heads_)};
   }
+  Tensor q = w_.q_proj(x), k = w_.k_proj(x), v = w_.v_proj(x);
+  ctx.round(q), ctx.round(k), ctx.round(v);
+  return {q.view({T, heads_, head_dim_}), k.view({T, kv_heads_, head_dim_}), v.view({T, kv_heads_, head_dim_})};
+}
+
+Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& ctx) const {
+  const auto& b = ctx.batch;
+  const int64_t T = x.size(0);
+  Heads h = project(x, ctx);
   const ops::HeadNorm qk_norm{w_.q_norm.weight(), w_.k_norm.weight(), w_.q_norm.eps()};
   Tensor o = ctx.empty({T, heads_, head_dim_});
-  ops::rope_store_kv_attention(q3, k3, v3, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations,
+  ops::rope_store_kv_attention(h.q, h.k, h.v, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations,
                                ctx.kv.buffer(layer, 0), ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr,
                                b.attn, 1.0f / std::sqrt(float(head_dim_)), o);
   ctx.round(o);
   Tensor out = w_.o_proj(o.view({T, int64_t(heads_) * head_dim_}));
   ctx.round(out);
   return out;
+}
+
+void GqaAttention::forward_add_norm(const Tensor& x, int layer, const ForwardContext& ctx, Tensor& residual,
+                                    const RmsNorm& norm, Tensor& out) const {
+  if (w_.o_proj.bias().defined()) {  // the op's product has no bias
+    norm.add_forward(residual, forward(x, layer, ctx), out);
+    return;
+  }
+  const auto& b = ctx.batch;
+  Heads h = project(x, ctx);
+  const ops::HeadNorm qk_norm{w_.q_norm.weight(), w_.k_norm.weight(), w_.q_norm.eps()};
+  Tensor o = ctx.empty({x.size(0), heads_, head_dim_});
+  ops::rope_store_kv_attention_o_add_norm(
+      h.q, h.k, h.v, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations, ctx.kv.buffer(layer, 0),
+      ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr, b.attn, 1.0f / std::sqrt(float(head_dim_)), o,
+      ops::PostAttention{w_.o_proj.weight(), residual, norm.weight(), norm.eps(), out});
 }
 
 MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(std::move(w)), d_(d), rope_(rope) {

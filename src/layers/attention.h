@@ -22,10 +22,19 @@ class GqaAttention {
   GqaAttention(GqaWeights w, int num_heads, int num_kv_heads, int head_dim, const RopeTable* rope);
   // x [T, hidden] -> [T, hidden]; writes this layer's keys/values to kv buffers (0: K, 1: V).
   Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
+  // forward, then the decoder layer's post-attention norm: residual += forward(x), out =
+  // norm(residual). One op (ops::rope_store_kv_attention_o_add_norm), which lets a GPU decode
+  // step merge the attention's splits inside o's product.
+  void forward_add_norm(const Tensor& x, int layer, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
+                        Tensor& out) const;
   static std::vector<Shape> kv_shapes(int num_kv_heads, int head_dim) { return {{num_kv_heads, head_dim}, {num_kv_heads, head_dim}}; }
   bool fused_projection() const { return w_.qkv_proj.defined(); }
 
  private:
+  struct Heads {
+    Tensor q, k, v;  // [T, heads, D] each
+  };
+  Heads project(const Tensor& x, const ForwardContext& ctx) const;  // q, k and v, rounded
   GqaWeights w_;
   int heads_, kv_heads_, head_dim_;
   const RopeTable* rope_;

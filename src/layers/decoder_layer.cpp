@@ -6,10 +6,16 @@ namespace ms {
 
 void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx,
                            const RmsNorm& next_norm) const {
-  Tensor a = std::visit([&](const auto& attn) { return attn.forward(h, layer, ctx); }, attention);
-  if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
+  const Tensor in = h;
   h = ctx.empty(hidden.shape());
-  post_attention_norm.add_forward(hidden, a, h);
+  const auto* gqa = std::get_if<GqaAttention>(&attention);
+  if (gqa && !(ctx.parallel && ctx.parallel->attn_tp->size() > 1)) {
+    gqa->forward_add_norm(in, layer, ctx, hidden, post_attention_norm, h);  // nothing between them to reduce
+  } else {
+    Tensor a = std::visit([&](const auto& attn) { return attn.forward(in, layer, ctx); }, attention);
+    if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
+    post_attention_norm.add_forward(hidden, a, h);
+  }
   ctx.round(h);
   const Tensor x = h;
   h = ctx.empty(hidden.shape());

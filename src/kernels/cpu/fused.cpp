@@ -103,4 +103,17 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
   cpu::attention(q, k_cache, v_cache, layout, scale, out);
 }
 
+// The attention, then o's product and the post-attention norm, rounded where the layer rounded them.
+void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                                        std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache,
+                                        Tensor& v_cache, const ops::HeadNorm* qk_norm, const AttentionLayout& layout,
+                                        float scale, Tensor& attn, const ops::PostAttention& post) {
+  cpu::rope_store_kv_attention(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm, layout, scale, attn);
+  if (round_bf16) cpu::round_to_bf16(attn);
+  Tensor y = Tensor::uninit(attn.dtype(), {q.size(0), post.o.out_features()}, Device::CPU);
+  cpu::linear(attn.view({q.size(0), attn.size(1) * attn.size(2)}), post.o, nullptr, y);
+  if (round_bf16) cpu::round_to_bf16(y);
+  cpu::add_rms_norm(post.residual, y, post.norm_weight, post.eps, post.out);
+}
+
 }  // namespace ms::cpu

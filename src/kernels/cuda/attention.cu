@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_prefill.h"
+#include "kernels/cuda/merge_project.h"
 #include "kernels/cuda/mla_absorb.h"
 #include "kernels/cuda/rope_head.cuh"
 #include "kernels/cuda/split_merge.cuh"
@@ -28,6 +29,13 @@ struct MlaExpandTo {
   const ops::Weight* kv_b;
   int nope, v;
   Tensor* out;
+};
+
+// GQA's output projection after the attention (rope_store_kv_attention_o_add_norm): a batch-1
+// decode's partials may be merged by o's product itself (merge_project) into per-head slabs.
+struct GqaProjectTo {
+  const ops::Weight* o;
+  Tensor* slabs;
 };
 
 struct AttnParams {
@@ -48,6 +56,7 @@ struct AttnParams {
   bool with_rope;                                // ... roping q and the new keys itself (rope)
   GqaDecodeRope rope;
   const MlaExpandTo* expand_to;                  // MLA: the merge may expand the latent (host only)
+  const GqaProjectTo* project_to;                // GQA: o's product may merge the splits (host only)
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -272,7 +281,7 @@ bool run_staged(AttnParams p, int kv_heads, const StagedStep& st, const char* op
 }
 
 // Fills the layout part of `p` (uploads, split-KV choice), launches, and merges the splits; true
-// when the merge also expanded MLA's latent (p.expand_to).
+// when the merge also expanded MLA's latent (p.expand_to) or o's product merged them (p.project_to).
 bool run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& layout, const char* op) {
   if (const StagedStep* st = staged_step(); st && st->layout == &layout) return run_staged(p, kv_heads, *st, op);
   std::vector<int32_t> begin, visible;
@@ -296,7 +305,7 @@ bool run(AttnParams p, int kv_heads, int64_t num_slots, const AttentionLayout& l
 }
 
 // Launches the attention kernel for p's value width and merges the splits (and expands, when
-// mla_merge_expand takes p.expand_to: true).
+// mla_merge_expand takes p.expand_to, or merges and projects them by p.project_to: true).
 bool launch_all(AttnParams p, int kv_heads, const char* op) {
   Tensor part_acc, part_ml;
   if (p.splits > 1) {
@@ -317,6 +326,10 @@ bool launch_all(AttnParams p, int kv_heads, const char* op) {
     launch_kernel(p, kv_heads, op);
   }
   if (p.splits < 2) return false;
+  if (p.project_to) {  // the caller checked merge_project_takes
+    merge_project(partials_of(p), *p.project_to->o, *p.project_to->slabs);
+    return true;
+  }
   if (p.expand_to && p.dv % 4 == 0 &&
       mla_merge_expand(partials_of(p), p.T, *p.expand_to->kv_b, p.expand_to->nope, p.expand_to->v, *p.expand_to->out))
     return true;
@@ -411,6 +424,24 @@ bool rope_in_decode(const Tensor& q, const Tensor& k, const Tensor& v, const ops
   return true;
 }
 
+// The decode kernel roping the step itself (rope_in_decode holds), then the merge; true when o's
+// product merged the splits (project_to).
+bool run_decode_rope(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                     std::span<const int32_t> slots, Tensor& k_cache, Tensor& v_cache, const ops::HeadNorm* qk_norm,
+                     const AttentionLayout& layout, float scale, Tensor& out, const GqaProjectTo* project_to) {
+  check_gqa(q, k_cache, v_cache, out);
+  check_rope("rope_store_kv_attention", rope, q.size(0), 128, slots, k_cache.size(0));
+  AttnParams p = gqa_params(q, k_cache, v_cache, scale, out);
+  const Tensor positions = upload_i32(rope.positions), new_slots = upload_i32(slots);
+  p.with_rope = true;
+  p.rope = GqaDecodeRope{k.data<bf16>(), k.strides()[0], k.strides()[1], v.data<bf16>(), v.strides()[0],
+                         v.strides()[1], positions.data<int32_t>(), new_slots.data<int32_t>(), rope.cos.data<float>(),
+                         rope.sin.data<float>(), qk_norm ? qk_norm->q.data<bf16>() : nullptr,
+                         qk_norm ? qk_norm->k.data<bf16>() : nullptr, qk_norm ? qk_norm->eps : 0.f};
+  p.project_to = project_to;
+  return run(p, int(k_cache.size(1)), k_cache.size(0), layout, "rope_store_kv_attention");
+}
+
 }  // namespace
 
 void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
@@ -432,16 +463,33 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
     cuda::rope_store_kv(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm);
     return cuda::attention(q, k_cache, v_cache, layout, scale, out);
   }
-  check_gqa(q, k_cache, v_cache, out);
-  check_rope("rope_store_kv_attention", rope, q.size(0), 128, slots, k_cache.size(0));
-  AttnParams p = gqa_params(q, k_cache, v_cache, scale, out);
-  const Tensor positions = upload_i32(rope.positions), new_slots = upload_i32(slots);
-  p.with_rope = true;
-  p.rope = GqaDecodeRope{k.data<bf16>(), k.strides()[0], k.strides()[1], v.data<bf16>(), v.strides()[0],
-                         v.strides()[1], positions.data<int32_t>(), new_slots.data<int32_t>(), rope.cos.data<float>(),
-                         rope.sin.data<float>(), qk_norm ? qk_norm->q.data<bf16>() : nullptr,
-                         qk_norm ? qk_norm->k.data<bf16>() : nullptr, qk_norm ? qk_norm->eps : 0.f};
-  run(p, int(k_cache.size(1)), k_cache.size(0), layout, "rope_store_kv_attention");
+  run_decode_rope(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout, scale, out, nullptr);
+}
+
+void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                                        std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache,
+                                        Tensor& v_cache, const ops::HeadNorm* qk_norm, const AttentionLayout& layout,
+                                        float scale, Tensor& attn, const ops::PostAttention& post) {
+  const int64_t T = q.size(0), Hq = q.size(1), N = post.o.out_features();
+  MS_CHECK(post.o.in_features() == attn.size(1) * attn.size(2) && post.residual.dim() == 2 &&
+               post.residual.size(0) == T && post.residual.size(1) == N && post.out.shape() == post.residual.shape(),
+           "rope_store_kv_attention_o_add_norm: o ", post.o.w.describe(), " after ", attn.describe(), " into ",
+           post.residual.describe(), " and ", post.out.describe());
+  if (T == 1 && merge_project_takes(Hq, post.o) && slab_norm_takes(Hq, post.residual, post.norm_weight, post.out) &&
+      rope_in_decode(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout)) {
+    Tensor slabs = scratch(DType::F32, {Hq, N});
+    const GqaProjectTo to{&post.o, &slabs};
+    if (run_decode_rope(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout, scale, attn, &to))
+      return slabs_sum_add_rms_norm(slabs, post.residual, post.norm_weight, post.eps, post.out);
+  } else {
+    cuda::rope_store_kv_attention(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm, layout, scale, attn);
+  }
+  // The attention wrote attn (one split: no partials to merge): the product and the norm apart.
+  if (round_bf16) cuda::round_to_bf16(attn);
+  Tensor y = scratch(attn.dtype(), {T, N});
+  cuda::linear(attn.view({T, attn.size(1) * attn.size(2)}), post.o, nullptr, y);
+  if (round_bf16) cuda::round_to_bf16(y);
+  cuda::add_rms_norm(post.residual, y, post.norm_weight, post.eps, post.out);
 }
 
 namespace {

@@ -43,6 +43,10 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
 void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
                              std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
                              const ops::HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out);
+void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
+                                        std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache,
+                                        Tensor& v_cache, const ops::HeadNorm* qk_norm, const AttentionLayout& layout,
+                                        float scale, Tensor& attn, const ops::PostAttention& post);
 void mla_attention(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache, const AttentionLayout& layout,
                    float scale, Tensor& out);
 void mla_attention_expand(const Tensor& q_latent, const Tensor& q_rope, const Tensor& kv_cache,

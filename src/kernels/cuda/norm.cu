@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/merge_project.h"
 #include "kernels/cuda/moe_grouped.h"
 
 namespace ms::cuda {
@@ -249,8 +250,8 @@ __global__ void __launch_bounds__(Addend::kMaxGroup)
 // whose 16-byte loads used half a sector each and kept fewer in flight, had lost.
 struct MoeSlabs {
   const float* parts;  // [K * slabs, H]
-  const int32_t* row_of;
-  const float* weights;
+  const int32_t* row_of;  // null: slot s is row s (slabs_sum_add_rms_norm's groups)
+  const float* weights;   // null: every slot weighs 1
   int K, slabs;
   const bf16* shared;  // [H] or null
   const bf16* gate;    // [1] or null: added ungated
@@ -288,7 +289,10 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   int32_t rows[8];
   float weights[8];
 #pragma unroll
-  for (int s = 0; s < 8; ++s) rows[s] = s < m.K ? m.row_of[s] : -1, weights[s] = s < m.K ? m.weights[s] : 0.f;
+  for (int s = 0; s < 8; ++s) {
+    rows[s] = s >= m.K ? -1 : m.row_of ? m.row_of[s] : s;
+    weights[s] = s >= m.K ? 0.f : m.weights ? m.weights[s] : 1.f;
+  }
   const float residual = mixes ? __bfloat162float(x[col]) : 0.f;
   const float sh = mixes && m.shared ? __bfloat162float(m.shared[col]) : 0.f;
   const float gate = m.gate ? load_f(m.gate) : 0.f;
@@ -433,6 +437,16 @@ bool moe_slab_norm_takes(int64_t H, int64_t K) {
 
 namespace {
 
+void launch_slab_norm(const MoeSlabs& m, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t H = residual.size(1);
+  const dim3 grid(unsigned(H / kSlabCols));  // one cluster
+  MS_FLOAT_DISPATCH(weight.dtype(), TW, {
+    launch_pdl_cluster(moe_slabs_add_rms_norm_kernel<TW>, grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(),
+                       weight.data<TW>(), eps, int(H), out.data<bf16>());
+  });
+  MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
+}
+
 // The slabs' consumer: one launch where the token's tensors fit it (true), else nothing.
 bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate, Tensor& residual,
                         const Tensor& weight, float eps, Tensor& out) {
@@ -443,19 +457,32 @@ bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Te
                     (!shared || (shared->dtype() == DType::BF16 && shared->strides()[1] == 1)) &&
                     (!shared_gate || shared_gate->dtype() == DType::BF16);
   if (!fits) return false;
-  const MoeSlabs m{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(), int(K),
-                   routed.slabs, shared ? shared->data<bf16>() : nullptr,
-                   shared_gate ? shared_gate->data<bf16>() : nullptr};
-  const dim3 grid(unsigned(H / kSlabCols));  // one cluster
-  MS_FLOAT_DISPATCH(weight.dtype(), TW, {
-    launch_pdl_cluster(moe_slabs_add_rms_norm_kernel<TW>, grid, grid, dim3(kSlabThreads), 0, m, residual.data<bf16>(),
-                       weight.data<TW>(), eps, int(H), out.data<bf16>());
-  });
-  MS_CUDA_LAUNCHED("moe_slabs_add_rms_norm_kernel");
+  launch_slab_norm(MoeSlabs{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(),
+                            int(K), routed.slabs, shared ? shared->data<bf16>() : nullptr,
+                            shared_gate ? shared_gate->data<bf16>() : nullptr},
+                   residual, weight, eps, out);
   return true;
 }
 
 }  // namespace
+
+// The slabs as K groups of slabs / K (K = 8, or S when S < 8): the kernel's slots of weight 1,
+// each group summed in order by one thread a column piece, in one round trip up to 96 slabs.
+bool slab_norm_takes(int64_t S, const Tensor& residual, const Tensor& weight, const Tensor& out) {
+  const int64_t H = residual.dim() == 2 ? residual.size(1) : 0, K = std::min<int64_t>(S, 8);
+  return residual.size(0) == 1 && S >= 1 && S % K == 0 && S / K <= kSlabBatch && moe_slab_norm_takes(H, K) &&
+         residual.dtype() == DType::BF16 && out.dtype() == DType::BF16 && residual.strides()[1] == 1 &&
+         out.strides()[1] == 1 && wide(residual.raw(), 0) && wide(out.raw(), 0) && wide(weight.raw(), 0);
+}
+
+void slabs_sum_add_rms_norm(const Tensor& slabs, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t S = slabs.size(0), H = residual.size(1), K = std::min<int64_t>(S, 8);
+  MS_CHECK(slab_norm_takes(S, residual, weight, out) && slabs.dtype() == DType::F32 && slabs.is_contiguous() &&
+               slabs.size(1) == H,
+           "slabs_sum_add_rms_norm: ", slabs.describe(), " into ", residual.describe());
+  launch_slab_norm(MoeSlabs{slabs.data<float>(), nullptr, nullptr, int(K), int(S / K), nullptr, nullptr}, residual,
+                   weight, eps, out);
+}
 
 ExpertRows summed_slabs(const ExpertRows& routed) {
   if (routed.slabs == 0) return routed;

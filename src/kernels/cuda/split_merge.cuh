@@ -55,30 +55,31 @@ __device__ __forceinline__ void merge_few(const SplitPartials& p, int64_t row, i
   for (int i = 0; i < V; ++i) out[i] = acc[i] * inv;
 }
 
-template <int V>
+template <int V, int WARPS = kCombineWarps>
 struct MergeManyScratch {
-  float acc[kCombineWarps][kCombineCols * V];
-  float2 ml[kCombineWarps];
+  float acc[WARPS][kCombineCols * V];
+  float2 ml[WARPS];
 };
 
 // More splits than a row's pieces alone can keep in flight: called by every thread of a block of
-// kCombineWarps warps (it has a barrier), which merges dims [c 32V, (c + 1) 32V) of `row`. Each
-// warp loads the (m, l) and the V-float piece of kCombineBatch of its splits at once and merges
-// them online; the warps' merges meet in shared memory. Returns dim c 32V + threadIdx.x for the
-// block's first 32V threads (garbage past dv and for the other threads).
-template <int V>
-__device__ __forceinline__ float merge_many(const SplitPartials& p, int64_t row, int c, MergeManyScratch<V>& s) {
+// WARPS warps (it has a barrier), which merges dims [c 32V, (c + 1) 32V) of `row`. Each warp
+// loads the (m, l) and the V-float piece of kCombineBatch of its splits at once and merges them
+// online; the warps' merges meet in shared memory. Returns dim c 32V + threadIdx.x for the
+// block's first 32V threads (garbage past dv and for the other threads). The bits depend on WARPS.
+template <int V, int WARPS = kCombineWarps>
+__device__ __forceinline__ float merge_many(const SplitPartials& p, int64_t row, int c,
+                                            MergeManyScratch<V, WARPS>& s) {
   using Vec = std::conditional_t<V == 4, float4, float2>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = c * kCombineCols + lane;  // in V-wide pieces
   const bool in = col * V < p.dv;
   float m = -INFINITY, l = 0.f, acc[V] = {};
-  for (int z0 = warp; z0 < p.splits; z0 += kCombineWarps * kCombineBatch) {
+  for (int z0 = warp; z0 < p.splits; z0 += WARPS * kCombineBatch) {
     float2 ml[kCombineBatch];
     Vec a[kCombineBatch];
 #pragma unroll
     for (int b = 0; b < kCombineBatch; ++b) {
-      const int64_t z = z0 + b * kCombineWarps;
+      const int64_t z = z0 + b * WARPS;
       ml[b] = z < p.splits ? reinterpret_cast<const float2*>(p.ml)[z * p.rows + row] : make_float2(-INFINITY, 0.f);
       a[b] = z < p.splits && in ? reinterpret_cast<const Vec*>(p.acc + (z * p.rows + row) * p.dv)[col] : Vec{};
     }
@@ -100,10 +101,10 @@ __device__ __forceinline__ float merge_many(const SplitPartials& p, int64_t row,
   if (threadIdx.x >= kCombineCols * V) return 0.f;
   float M = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, s.ml[w].x);
+  for (int w = 0; w < WARPS; ++w) M = fmaxf(M, s.ml[w].x);
   float total = 0.f, L = 0.f;
 #pragma unroll
-  for (int w = 0; w < kCombineWarps; ++w) {
+  for (int w = 0; w < WARPS; ++w) {
     const float f = s.ml[w].x == -INFINITY ? 0.f : expf(s.ml[w].x - M);
     total += f * s.acc[w][threadIdx.x], L += f * s.ml[w].y;
   }

@@ -1,0 +1,24 @@
+#!/bin/bash
+# Session 30's device calls (bench/BENCHMARKS.md, "Session 30"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh && snapshots_ready $SRC
+
+# PHASE=1: the batch-1 GQA split merge inside o's product (merge_project; MOESERVE_MERGE_PROJECT=0:
+#   the merge kernel, o's product and the norm as before). Its tests and the models', greedy ids
+#   off against on, Qwen3 B = 1 rotating, timelines, the engine's step.
+if [ $PHASE = 1 ]; then
+  TESTS="test_cuda_merge_project test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+    test_cuda_moe_combine_norm test_cuda_graphs"
+  JOBS=14 build_after ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b $TESTS
+  wait
+  gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
+  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
+  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  trace qwen3 1 4096 off MOESERVE_MERGE_PROJECT=0; trace qwen3 1 4096 on
+  for o in 16 528 16 528; do offline qwen3 $o on-qwen3; MOESERVE_MERGE_PROJECT=0 offline qwen3 $o off-qwen3; done
+  log done
+fi

@@ -1,0 +1,138 @@
+// A batch-1 GQA decode's split merge inside the output projection (merge_project.h).
+//
+// Why: at batch 1 the attention's tail was three dependent kernels, the decode (writing split
+// partials), the split merge (a few KB read and written, yet ~5.5 µs of a Qwen3 layer) and o's
+// product (16.8 MB), whose early fetch held its weight in registers (230 a thread) and so could
+// not share a multiprocessor with the decode or the merge: o's weight streamed only once both had
+// left (BENCHMARKS, session 29). Here o's product is split by head (K) instead of by output row:
+// block (r, h) needs only head h's partials, merges them itself (merge_many over its 8 warps)
+// and multiplies them by o's 512 x 128 piece of rows [512 r, 512 r + 512), columns of head h.
+// That piece (128 KB) is copied into shared memory before the wait, all but its last rows, which
+// the block loads into registers after it, so that a block fits beside a decode block (106 KB of
+// shared memory, 154 registers a thread) and o's weight streams during the attention. The heads'
+// products are summed by the norm after (slabs_sum_add_rms_norm), a sum it makes anyway.
+#include "kernels/cuda/merge_project.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/split_merge.cuh"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kHead = 128;              // dims of a head (the partials' dv)
+constexpr int kPieces = kHead / 8;      // 16-byte pieces of a weight row's head columns
+constexpr int kThreads = 256;           // a thread two output rows: t and t + 256
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 2 * kThreads;     // output features a block
+constexpr int kSmemRows = 448;          // of them copied into shared memory (112 KB); the rest into registers
+constexpr size_t kSmemBytes = size_t(kSmemRows) * kPieces * 16;
+static_assert(kSmemRows >= kThreads && kSmemRows <= kRows, "a thread's first row is in shared memory");
+
+struct MergeProjectParams {
+  SplitPartials part;  // rows: the query's heads
+  const bf16* w;       // o [N, ld]
+  int64_t ld;
+  float* slabs;        // [heads, N]
+  int N;
+  bool evict_first;
+};
+
+// Row r's 128 weights (16-byte pieces in `w`) times the head's output x (BF16, in shared memory),
+// the pieces taken from `first` on (rotated by the thread, so that 8 neighbouring threads reading
+// 8 rows 256 bytes apart hit 8 different bank groups).
+__device__ __forceinline__ float dot_piece(uint4 w, uint4 x, float acc) {
+  float wf[8], xf[8];
+  unpack8(w, wf), unpack8(x, xf);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc = fmaf(wf[i], xf[i], acc);
+  return acc;
+}
+
+__global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectParams p) {
+  extern __shared__ uint4 w_s[];  // [kSmemRows][kPieces]
+  __shared__ MergeManyScratch<4, kWarps> scratch;
+  __shared__ uint4 x_s[kPieces];  // the head's merged output, BF16
+  const int t = int(threadIdx.x), h = int(blockIdx.y), r0 = int(blockIdx.x) * kRows;
+  const uint64_t policy = l2_policy(p.evict_first);
+  const bf16* w = p.w + int64_t(h) * kHead;
+  // No kernel of a step writes weights: the shared rows are asked for before the wait, 16 bytes a
+  // thread in row order (a warp two whole 256-byte rows), rows past N zero-filled.
+  for (int i = t; i < kSmemRows * kPieces; i += kThreads) {
+    const int n = r0 + i / kPieces;
+    cp_async16(w_s + i, w + int64_t(n < p.N ? n : 0) * p.ld + (i % kPieces) * 8, n < p.N, policy);
+  }
+  cp_async_commit();
+  pdl_wait();  // the partials are the attention kernel's
+  pdl_trigger();
+  // The rest of the block's rows: thread t's second row, from registers, asked for with the partials.
+  const int n2 = r0 + t + kThreads;
+  const bool in_regs = t + kThreads >= kSmemRows;
+  uint4 wr[kPieces];
+#pragma unroll
+  for (int c = 0; c < kPieces; ++c)
+    wr[c] = in_regs && n2 < p.N ? ldg16(w + int64_t(n2) * p.ld + c * 8, policy) : make_uint4(0, 0, 0, 0);
+  const float v = merge_many<4, kWarps>(p.part, h, 0, scratch);
+  if (t < kHead) reinterpret_cast<bf16*>(x_s)[t] = __float2bfloat16_rn(v);  // as the merge kernel stores it
+  cp_async_wait<0>();
+  __syncthreads();
+  auto from_smem = [&](int r) {
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPieces; ++k) {
+      const int c = (k + t) % kPieces;
+      acc = dot_piece(w_s[r * kPieces + c], x_s[c], acc);
+    }
+    return acc;
+  };
+  float y2 = 0.f;
+  if (in_regs) {
+#pragma unroll
+    for (int c = 0; c < kPieces; ++c) y2 = dot_piece(wr[c], x_s[c], y2);
+  } else {
+    y2 = from_smem(t + kThreads);
+  }
+  const float y1 = from_smem(t);
+  float* out = p.slabs + int64_t(h) * p.N + r0;
+  if (r0 + t < p.N) out[t] = y1;
+  if (n2 < p.N) out[t + kThreads] = y2;
+}
+
+std::atomic<bool>& merge_project_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("MOESERVE_MERGE_PROJECT");
+    return !env || std::string(env) != "0";
+  }()};
+  return on;
+}
+
+}  // namespace
+
+void set_merge_project(bool on) { merge_project_flag().store(on); }
+
+bool merge_project_takes(int64_t hq, const ops::Weight& o) {
+  return merge_project_flag().load() && hq >= 1 && o.w.dtype() == DType::BF16 && o.w.dim() == 2 &&
+         o.in_features() == hq * kHead && o.w.strides()[1] == 1 && aligned16(o.w.raw(), o.w.strides()[0] * 2) &&
+         o.out_features() <= (int64_t(1) << 30) && o.w.device() == Device::CUDA;
+}
+
+void merge_project(const SplitPartials& part, const ops::Weight& o, Tensor& slabs) {
+  const int64_t hq = part.rows, N = o.out_features();
+  MS_CHECK(merge_project_takes(hq, o) && part.dv == kHead && part.splits >= 2 && slabs.dtype() == DType::F32 &&
+               slabs.is_contiguous() && slabs.dim() == 2 && slabs.size(0) == hq && slabs.size(1) == N,
+           "merge_project: ", part.splits, " splits of ", hq, " heads of ", part.dv, " by o ", o.w.describe(),
+           " into ", slabs.describe());
+  static PerDeviceOnce smem_limit;
+  smem_limit([] {
+    MS_CUDA(cudaFuncSetAttribute(merge_project_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+  });
+  const MergeProjectParams p{part, o.w.data<bf16>(), o.w.strides()[0], slabs.data<float>(), int(N),
+                             weights_evict_first()};
+  launch_pdl(merge_project_kernel, dim3(unsigned(blocks_for(N, kRows)), unsigned(hq)), dim3(kThreads), kSmemBytes, p);
+  MS_CUDA_LAUNCHED("merge_project_kernel");
+}
+
+}  // namespace ms::cuda
