@@ -22,3 +22,22 @@ if [ $PHASE = 1 ]; then
   for o in 16 528 16 528; do offline qwen3 $o on-qwen3; MOESERVE_MERGE_PROJECT=0 offline qwen3 $o off-qwen3; done
   log done
 fi
+
+# PHASE=2: merge_project's stages timed inside (MOESERVE_MERGE_PROJECT_STAMPS=1: clock64 a block at
+#   its start, the wait's return, the merge, the weights' landing and its end, printed at exit), and
+#   its register rows asked of L2 before the wait (MOESERVE_MERGE_PROJECT_PREFETCH=1).
+if [ $PHASE = 2 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_merge_project
+  model qwen3 qwen3-30b-a3b 12 &
+  gtest merge-project 120 /tmp/b/tests/test_cuda_merge_project
+  MOESERVE_MERGE_PROJECT_PREFETCH=1 gtest merge-project-pf 120 /tmp/b/tests/test_cuda_merge_project
+  wait
+  for r in 0 1 2; do
+    SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on pf:MOESERVE_MERGE_PROJECT_PREFETCH=1" rotated $r)" bench_sides qwen3 "1 4096 16"
+  done
+  SIDES="stamps:MOESERVE_MERGE_PROJECT_STAMPS=1 stamps-pf:MOESERVE_MERGE_PROJECT_STAMPS=1,MOESERVE_MERGE_PROJECT_PREFETCH=1" \
+    bench_sides qwen3 "1 4096 16"
+  grep -E '^\[stamps\]' $L/bench.log >> $OUT/summary.log
+  trace qwen3 1 4096 on; trace qwen3 1 4096 pf MOESERVE_MERGE_PROJECT_PREFETCH=1
+  log done
+fi

@@ -14,7 +14,9 @@
 #include "kernels/cuda/merge_project.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kernels/cuda/cuda_common.h"
@@ -39,7 +41,9 @@ struct MergeProjectParams {
   float* slabs;        // [heads, N]
   int N;
   bool evict_first;
+  long long* stamps;   // MEASUREMENT (MOESERVE_MERGE_PROJECT_STAMPS=1): clock64 a block at 5 points
 };
+constexpr int kStamps = 5;
 
 // Row r's 128 weights (16-byte pieces in `w`) times the head's output x (BF16, in shared memory),
 // the pieces taken from `first` on (rotated by the thread, so that 8 neighbouring threads reading
@@ -52,6 +56,7 @@ __device__ __forceinline__ float dot_piece(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
+template <bool PREFETCH>
 __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectParams p) {
   extern __shared__ uint4 w_s[];  // [kSmemRows][kPieces]
   __shared__ MergeManyScratch<4, kWarps> scratch;
@@ -66,7 +71,14 @@ __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectPar
     cp_async16(w_s + i, w + int64_t(n < p.N ? n : 0) * p.ld + (i % kPieces) * 8, n < p.N, policy);
   }
   cp_async_commit();
+  long long st[kStamps];
+  st[0] = clock64();
+  // MEASUREMENT (MOESERVE_MERGE_PROJECT_PREFETCH=1): the register rows asked of L2 before the wait.
+  if (PREFETCH && t + kThreads >= kSmemRows && r0 + t + kThreads < p.N)
+    for (int c = 0; c < kPieces; c += 8)  // two 128-byte lines a row
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + int64_t(r0 + t + kThreads) * p.ld + c * 8));
   pdl_wait();  // the partials are the attention kernel's
+  st[1] = clock64();
   pdl_trigger();
   // The rest of the block's rows: thread t's second row, from registers, asked for with the partials.
   const int n2 = r0 + t + kThreads;
@@ -77,8 +89,10 @@ __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectPar
     wr[c] = in_regs && n2 < p.N ? ldg16(w + int64_t(n2) * p.ld + c * 8, policy) : make_uint4(0, 0, 0, 0);
   const float v = merge_many<4, kWarps>(p.part, h, 0, scratch);
   if (t < kHead) reinterpret_cast<bf16*>(x_s)[t] = __float2bfloat16_rn(v);  // as the merge kernel stores it
+  st[2] = clock64();
   cp_async_wait<0>();
   __syncthreads();
+  st[3] = clock64();
   auto from_smem = [&](int r) {
     float acc = 0.f;
 #pragma unroll
@@ -99,6 +113,41 @@ __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectPar
   float* out = p.slabs + int64_t(h) * p.N + r0;
   if (r0 + t < p.N) out[t] = y1;
   if (n2 < p.N) out[t + kThreads] = y2;
+  if (p.stamps && t == kThreads - 1) {
+    st[4] = clock64();
+    long long* to = p.stamps + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kStamps;
+    for (int i = 0; i < kStamps; ++i) to[i] = st[i];
+  }
+}
+
+// MEASUREMENT: the last launch's stamps, printed at exit as each stage's mean and max cycles over
+// the blocks (start -> wait returned -> merged -> weights landed -> end).
+long long* stamps_buffer(size_t blocks) {
+  static long long* host = nullptr;
+  static size_t held = 0;
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_MERGE_PROJECT_STAMPS");
+    return env && std::string(env) == "1";
+  }();
+  if (!on) return nullptr;
+  if (!host) {
+    held = blocks;
+    host = static_cast<long long*>(alloc_mapped(blocks * kStamps * sizeof(long long)));
+    std::memset(host, 0, blocks * kStamps * sizeof(long long));
+    std::atexit([] {
+      cudaDeviceSynchronize();
+      double mean[kStamps - 1] = {}, most[kStamps - 1] = {};
+      for (size_t b = 0; b < held; ++b)
+        for (int i = 0; i + 1 < kStamps; ++i) {
+          const double d = double(host[b * kStamps + i + 1] - host[b * kStamps + i]);
+          mean[i] += d / double(held), most[i] = d > most[i] ? d : most[i];
+        }
+      std::fprintf(stderr, "[stamps] merge_project cycles, mean/max over %zu blocks: wait %.0f/%.0f merge %.0f/%.0f "
+                   "weights %.0f/%.0f product %.0f/%.0f\n", held, mean[0], most[0], mean[1], most[1], mean[2],
+                   most[2], mean[3], most[3]);
+    });
+  }
+  return blocks <= held ? static_cast<long long*>(mapped_device_ptr(host)) : nullptr;
 }
 
 std::atomic<bool>& merge_project_flag() {
@@ -127,11 +176,20 @@ void merge_project(const SplitPartials& part, const ops::Weight& o, Tensor& slab
            " into ", slabs.describe());
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(merge_project_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(merge_project_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(merge_project_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kSmemBytes)));
   });
+  const dim3 grid(unsigned(blocks_for(N, kRows)), unsigned(hq));
   const MergeProjectParams p{part, o.w.data<bf16>(), o.w.strides()[0], slabs.data<float>(), int(N),
-                             weights_evict_first()};
-  launch_pdl(merge_project_kernel, dim3(unsigned(blocks_for(N, kRows)), unsigned(hq)), dim3(kThreads), kSmemBytes, p);
+                             weights_evict_first(), stamps_buffer(size_t(grid.x) * grid.y)};
+  static const bool prefetch = [] {
+    const char* env = std::getenv("MOESERVE_MERGE_PROJECT_PREFETCH");
+    return env && std::string(env) == "1";
+  }();
+  launch_pdl(prefetch ? merge_project_kernel<true> : merge_project_kernel<false>, grid, dim3(kThreads), kSmemBytes,
+             p);
   MS_CUDA_LAUNCHED("merge_project_kernel");
 }
 
