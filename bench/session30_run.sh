@@ -41,3 +41,22 @@ if [ $PHASE = 2 ]; then
   trace qwen3 1 4096 on; trace qwen3 1 4096 pf MOESERVE_MERGE_PROJECT_PREFETCH=1
   log done
 fi
+
+# PHASE=3: merge_project's shared rows' products on the tensor cores (MOESERVE_MERGE_PROJECT_MMA=1)
+#   against the CUDA cores, the shared rows now permuted a row (both read them conflict-free); the
+#   stamps again (the first attempt allocated its buffer inside a capture, which a capture forbids).
+if [ $PHASE = 3 ]; then
+  JOBS=14 build_after ms_kernel_trace test_cuda_merge_project
+  model qwen3 qwen3-30b-a3b 12 &
+  gtest merge-project 120 /tmp/b/tests/test_cuda_merge_project
+  MOESERVE_MERGE_PROJECT_MMA=1 gtest merge-project-mma 120 /tmp/b/tests/test_cuda_merge_project
+  wait
+  for r in 0 1 2; do
+    SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on mma:MOESERVE_MERGE_PROJECT_MMA=1" rotated $r)" bench_sides qwen3 "1 4096 16"
+  done
+  SIDES="stamps:MOESERVE_MERGE_PROJECT_STAMPS=1 stamps-mma:MOESERVE_MERGE_PROJECT_STAMPS=1,MOESERVE_MERGE_PROJECT_MMA=1" \
+    bench_sides qwen3 "1 4096 16"
+  grep -E '^\[stamps\]|^error' $L/bench.log >> $OUT/summary.log
+  trace qwen3 1 4096 on; trace qwen3 1 4096 mma MOESERVE_MERGE_PROJECT_MMA=1
+  log done
+fi

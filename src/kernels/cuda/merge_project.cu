@@ -20,6 +20,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/mma.h"
 #include "kernels/cuda/split_merge.cuh"
 
 namespace ms::cuda {
@@ -45,9 +46,12 @@ struct MergeProjectParams {
 };
 constexpr int kStamps = 5;
 
-// Row r's 128 weights (16-byte pieces in `w`) times the head's output x (BF16, in shared memory),
-// the pieces taken from `first` on (rotated by the thread, so that 8 neighbouring threads reading
-// 8 rows 256 bytes apart hit 8 different bank groups).
+// Where piece c of shared row r lies: the pieces of each row permuted by r % 8, so that 8
+// consecutive rows' piece c (ldmatrix's 8 rows of a matrix, or 8 threads a row each) fall in 8
+// different bank groups.
+__device__ __forceinline__ int slot(int r, int c) { return r * kPieces + (c ^ (r & 7)); }
+
+// acc + the 8 products of a weight piece and the matching piece of x (BF16 each).
 __device__ __forceinline__ float dot_piece(uint4 w, uint4 x, float acc) {
   float wf[8], xf[8];
   unpack8(w, wf), unpack8(x, xf);
@@ -56,7 +60,35 @@ __device__ __forceinline__ float dot_piece(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
-template <bool PREFETCH>
+// MEASUREMENT (MOESERVE_MERGE_PROJECT_MMA=1): the shared rows' products on the tensor cores. Warp w
+// takes 16-row tiles w, w + 8, ...; A from ldmatrix, B every column x (so C's columns are equal
+// and lane 4g + 0 holds rows g and g + 8).
+__device__ __forceinline__ void shared_rows_mma(const uint4* w_s, const uint4* x_s, float* out, int r0, int N) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const bf16* xb = reinterpret_cast<const bf16*>(x_s);
+  uint32_t b[kPieces / 2][2];
+#pragma unroll
+  for (int kt = 0; kt < kPieces / 2; ++kt) {
+    b[kt][0] = *reinterpret_cast<const uint32_t*>(xb + kt * 16 + 2 * q);
+    b[kt][1] = *reinterpret_cast<const uint32_t*>(xb + kt * 16 + 8 + 2 * q);
+  }
+  for (int tile = warp; tile < kSmemRows / 16; tile += kWarps) {
+    float c[4] = {};
+    const int row = tile * 16 + lane % 8 + (lane / 8 % 2) * 8;  // this lane's ldmatrix row
+#pragma unroll
+    for (int kt = 0; kt < kPieces / 2; ++kt) {
+      uint32_t a[4];
+      ldmatrix_x4<false>(reinterpret_cast<const bf16*>(w_s + slot(row, 2 * kt + lane / 16)), a);
+      mma_bf16(c, a, b[kt][0], b[kt][1]);
+    }
+    if (q == 0) {
+      if (r0 + tile * 16 + g < N) out[tile * 16 + g] = c[0];
+      if (r0 + tile * 16 + g + 8 < N) out[tile * 16 + g + 8] = c[2];
+    }
+  }
+}
+
+template <bool PREFETCH, bool MMA>
 __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectParams p) {
   extern __shared__ uint4 w_s[];  // [kSmemRows][kPieces]
   __shared__ MergeManyScratch<4, kWarps> scratch;
@@ -67,8 +99,8 @@ __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectPar
   // No kernel of a step writes weights: the shared rows are asked for before the wait, 16 bytes a
   // thread in row order (a warp two whole 256-byte rows), rows past N zero-filled.
   for (int i = t; i < kSmemRows * kPieces; i += kThreads) {
-    const int n = r0 + i / kPieces;
-    cp_async16(w_s + i, w + int64_t(n < p.N ? n : 0) * p.ld + (i % kPieces) * 8, n < p.N, policy);
+    const int r = i / kPieces, n = r0 + r;
+    cp_async16(w_s + slot(r, i % kPieces), w + int64_t(n < p.N ? n : 0) * p.ld + (i % kPieces) * 8, n < p.N, policy);
   }
   cp_async_commit();
   long long st[kStamps];
@@ -96,23 +128,30 @@ __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectPar
   auto from_smem = [&](int r) {
     float acc = 0.f;
 #pragma unroll
-    for (int k = 0; k < kPieces; ++k) {
-      const int c = (k + t) % kPieces;
-      acc = dot_piece(w_s[r * kPieces + c], x_s[c], acc);
-    }
+    for (int c = 0; c < kPieces; ++c) acc = dot_piece(w_s[slot(r, c)], x_s[c], acc);
     return acc;
   };
-  float y2 = 0.f;
-  if (in_regs) {
-#pragma unroll
-    for (int c = 0; c < kPieces; ++c) y2 = dot_piece(wr[c], x_s[c], y2);
-  } else {
-    y2 = from_smem(t + kThreads);
-  }
-  const float y1 = from_smem(t);
   float* out = p.slabs + int64_t(h) * p.N + r0;
-  if (r0 + t < p.N) out[t] = y1;
-  if (n2 < p.N) out[t + kThreads] = y2;
+  if constexpr (MMA) {
+    shared_rows_mma(w_s, x_s, out, r0, p.N);
+    if (in_regs) {
+      float y2 = 0.f;
+#pragma unroll
+      for (int c = 0; c < kPieces; ++c) y2 = dot_piece(wr[c], x_s[c], y2);
+      if (n2 < p.N) out[t + kThreads] = y2;
+    }
+  } else {
+    float y2 = 0.f;
+    if (in_regs) {
+#pragma unroll
+      for (int c = 0; c < kPieces; ++c) y2 = dot_piece(wr[c], x_s[c], y2);
+    } else {
+      y2 = from_smem(t + kThreads);
+    }
+    const float y1 = from_smem(t);
+    if (r0 + t < p.N) out[t] = y1;
+    if (n2 < p.N) out[t + kThreads] = y2;
+  }
   if (p.stamps && t == kThreads - 1) {
     st[4] = clock64();
     long long* to = p.stamps + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kStamps;
@@ -132,7 +171,10 @@ long long* stamps_buffer(size_t blocks) {
   if (!on) return nullptr;
   if (!host) {
     held = blocks;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // the first call may be a capture's
+    MS_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
     host = static_cast<long long*>(alloc_mapped(blocks * kStamps * sizeof(long long)));
+    MS_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
     std::memset(host, 0, blocks * kStamps * sizeof(long long));
     std::atexit([] {
       cudaDeviceSynchronize();
@@ -176,20 +218,21 @@ void merge_project(const SplitPartials& part, const ops::Weight& o, Tensor& slab
            " into ", slabs.describe());
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(merge_project_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(kSmemBytes)));
-    MS_CUDA(cudaFuncSetAttribute(merge_project_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(kSmemBytes)));
+    for (auto kernel : {merge_project_kernel<false, false>, merge_project_kernel<true, false>,
+                        merge_project_kernel<false, true>, merge_project_kernel<true, true>})
+      MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
   });
   const dim3 grid(unsigned(blocks_for(N, kRows)), unsigned(hq));
   const MergeProjectParams p{part, o.w.data<bf16>(), o.w.strides()[0], slabs.data<float>(), int(N),
                              weights_evict_first(), stamps_buffer(size_t(grid.x) * grid.y)};
-  static const bool prefetch = [] {
-    const char* env = std::getenv("MOESERVE_MERGE_PROJECT_PREFETCH");
+  auto set = [](const char* name) {
+    const char* env = std::getenv(name);
     return env && std::string(env) == "1";
-  }();
-  launch_pdl(prefetch ? merge_project_kernel<true> : merge_project_kernel<false>, grid, dim3(kThreads), kSmemBytes,
-             p);
+  };
+  static const bool prefetch = set("MOESERVE_MERGE_PROJECT_PREFETCH"), mma = set("MOESERVE_MERGE_PROJECT_MMA");
+  auto kernel = prefetch ? (mma ? merge_project_kernel<true, true> : merge_project_kernel<true, false>)
+                         : (mma ? merge_project_kernel<false, true> : merge_project_kernel<false, false>);
+  launch_pdl(kernel, grid, dim3(kThreads), kSmemBytes, p);
   MS_CUDA_LAUNCHED("merge_project_kernel");
 }
 
