@@ -60,3 +60,16 @@ if [ $PHASE = 3 ]; then
   trace qwen3 1 4096 on; trace qwen3 1 4096 mma MOESERVE_MERGE_PROJECT_MMA=1
   log done
 fi
+
+# PHASE=4 ($SRC = the session's final tree: merge_project's weights all asked for before the wait,
+#   its shared rows' products on the tensor cores, the measurement switches removed; $BEFORE_SRC =
+#   the session's start, 9a1e713): every single-GPU test program; the ceilings; greedy ids before
+#   and after; B = 1 rotating (Qwen3 also with MOESERVE_MERGE_PROJECT=0) and B = 64, before and
+#   after; the engine's step; timelines.
+if [ $PHASE = 4 ]; then
+  build_all_and_test
+  [ -x /tmp/before/moeserve ] || { tail -20 $L/build-before.log; log "before build failed"; }
+  before_after_figures "before after off:MOESERVE_MERGE_PROJECT=0" "before after"
+  trace qwen3 1 4096 after; trace qwen3 1 4096 off MOESERVE_MERGE_PROJECT=0
+  log done
+fi

@@ -7,16 +7,16 @@
 // left (BENCHMARKS, session 29). Here o's product is split by head (K) instead of by output row:
 // block (r, h) needs only head h's partials, merges them itself (merge_many over its 8 warps)
 // and multiplies them by o's 512 x 128 piece of rows [512 r, 512 r + 512), columns of head h.
-// That piece (128 KB) is copied into shared memory before the wait, all but its last rows, which
-// the block loads into registers after it, so that a block fits beside a decode block (106 KB of
-// shared memory, 154 registers a thread) and o's weight streams during the attention. The heads'
-// products are summed by the norm after (slabs_sum_add_rms_norm), a sum it makes anyway.
+// That piece (128 KB) is loaded before the wait, into shared memory but for its last 64 rows,
+// which go into registers, so that a block fits beside a decode block (106 KB of shared memory,
+// 154 registers a thread) and o's weight streams during the attention. The heads' products are
+// summed by the norm after (slabs_sum_add_rms_norm), a sum it makes anyway. Qwen3 at batch 1: the
+// merge and o's product 9.6 -> ~5.9 µs after the decode, the decode +1.7 µs under o's stream,
+// -2.6 % a step (BENCHMARKS, session 30).
 #include "kernels/cuda/merge_project.h"
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "kernels/cuda/cuda_common.h"
@@ -28,7 +28,7 @@ namespace {
 
 constexpr int kHead = 128;              // dims of a head (the partials' dv)
 constexpr int kPieces = kHead / 8;      // 16-byte pieces of a weight row's head columns
-constexpr int kThreads = 256;           // a thread two output rows: t and t + 256
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 2 * kThreads;     // output features a block
 constexpr int kSmemRows = 448;          // of them copied into shared memory (112 KB); the rest into registers
@@ -42,13 +42,10 @@ struct MergeProjectParams {
   float* slabs;        // [heads, N]
   int N;
   bool evict_first;
-  long long* stamps;   // MEASUREMENT (MOESERVE_MERGE_PROJECT_STAMPS=1): clock64 a block at 5 points
 };
-constexpr int kStamps = 5;
 
 // Where piece c of shared row r lies: the pieces of each row permuted by r % 8, so that 8
-// consecutive rows' piece c (ldmatrix's 8 rows of a matrix, or 8 threads a row each) fall in 8
-// different bank groups.
+// consecutive rows' piece c (ldmatrix's 8 rows of a matrix) fall in 8 different bank groups.
 __device__ __forceinline__ int slot(int r, int c) { return r * kPieces + (c ^ (r & 7)); }
 
 // acc + the 8 products of a weight piece and the matching piece of x (BF16 each).
@@ -60,9 +57,10 @@ __device__ __forceinline__ float dot_piece(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
-// MEASUREMENT (MOESERVE_MERGE_PROJECT_MMA=1): the shared rows' products on the tensor cores. Warp w
-// takes 16-row tiles w, w + 8, ...; A from ldmatrix, B every column x (so C's columns are equal
-// and lane 4g + 0 holds rows g and g + 8).
+// The shared rows' products on the tensor cores: warp w takes 16-row tiles w, w + 8, ...; A from
+// ldmatrix, B every column x (so C's columns are equal and lane 4g holds rows g and g + 8). On
+// the CUDA cores (a thread a row, 8 conversions and 8 FMAs a piece) a block's product took ~1250
+// cycles longer (session 30's stamps).
 __device__ __forceinline__ void shared_rows_mma(const uint4* w_s, const uint4* x_s, float* out, int r0, int N) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const bf16* xb = reinterpret_cast<const bf16*>(x_s);
@@ -88,108 +86,42 @@ __device__ __forceinline__ void shared_rows_mma(const uint4* w_s, const uint4* x
   }
 }
 
-template <bool PREFETCH, bool MMA>
 __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectParams p) {
-  extern __shared__ uint4 w_s[];  // [kSmemRows][kPieces]
+  extern __shared__ uint4 w_s[];  // [kSmemRows][kPieces], permuted a row (slot)
   __shared__ MergeManyScratch<4, kWarps> scratch;
   __shared__ uint4 x_s[kPieces];  // the head's merged output, BF16
   const int t = int(threadIdx.x), h = int(blockIdx.y), r0 = int(blockIdx.x) * kRows;
   const uint64_t policy = l2_policy(p.evict_first);
   const bf16* w = p.w + int64_t(h) * kHead;
-  // No kernel of a step writes weights: the shared rows are asked for before the wait, 16 bytes a
-  // thread in row order (a warp two whole 256-byte rows), rows past N zero-filled.
+  // No kernel of a step writes weights, so all of the block's are asked for before the wait: the
+  // shared rows 16 bytes a thread in row order (a warp two whole 256-byte rows; rows past N
+  // zero-filled), then the last rows into registers, thread t's second row t + 256. Loaded after
+  // the wait, those register rows kept the product waiting on HBM (session 30's stamps).
   for (int i = t; i < kSmemRows * kPieces; i += kThreads) {
     const int r = i / kPieces, n = r0 + r;
     cp_async16(w_s + slot(r, i % kPieces), w + int64_t(n < p.N ? n : 0) * p.ld + (i % kPieces) * 8, n < p.N, policy);
   }
   cp_async_commit();
-  long long st[kStamps];
-  st[0] = clock64();
-  // MEASUREMENT (MOESERVE_MERGE_PROJECT_PREFETCH=1): the register rows asked of L2 before the wait.
-  if (PREFETCH && t + kThreads >= kSmemRows && r0 + t + kThreads < p.N)
-    for (int c = 0; c < kPieces; c += 8)  // two 128-byte lines a row
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + int64_t(r0 + t + kThreads) * p.ld + c * 8));
-  pdl_wait();  // the partials are the attention kernel's
-  st[1] = clock64();
-  pdl_trigger();
-  // The rest of the block's rows: thread t's second row, from registers, asked for with the partials.
   const int n2 = r0 + t + kThreads;
   const bool in_regs = t + kThreads >= kSmemRows;
   uint4 wr[kPieces];
 #pragma unroll
   for (int c = 0; c < kPieces; ++c)
     wr[c] = in_regs && n2 < p.N ? ldg16(w + int64_t(n2) * p.ld + c * 8, policy) : make_uint4(0, 0, 0, 0);
+  pdl_wait();  // the partials are the attention kernel's
+  pdl_trigger();
   const float v = merge_many<4, kWarps>(p.part, h, 0, scratch);
   if (t < kHead) reinterpret_cast<bf16*>(x_s)[t] = __float2bfloat16_rn(v);  // as the merge kernel stores it
-  st[2] = clock64();
   cp_async_wait<0>();
   __syncthreads();
-  st[3] = clock64();
-  auto from_smem = [&](int r) {
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < kPieces; ++c) acc = dot_piece(w_s[slot(r, c)], x_s[c], acc);
-    return acc;
-  };
   float* out = p.slabs + int64_t(h) * p.N + r0;
-  if constexpr (MMA) {
-    shared_rows_mma(w_s, x_s, out, r0, p.N);
-    if (in_regs) {
-      float y2 = 0.f;
+  shared_rows_mma(w_s, x_s, out, r0, p.N);
+  if (in_regs) {
+    float y = 0.f;
 #pragma unroll
-      for (int c = 0; c < kPieces; ++c) y2 = dot_piece(wr[c], x_s[c], y2);
-      if (n2 < p.N) out[t + kThreads] = y2;
-    }
-  } else {
-    float y2 = 0.f;
-    if (in_regs) {
-#pragma unroll
-      for (int c = 0; c < kPieces; ++c) y2 = dot_piece(wr[c], x_s[c], y2);
-    } else {
-      y2 = from_smem(t + kThreads);
-    }
-    const float y1 = from_smem(t);
-    if (r0 + t < p.N) out[t] = y1;
-    if (n2 < p.N) out[t + kThreads] = y2;
+    for (int c = 0; c < kPieces; ++c) y = dot_piece(wr[c], x_s[c], y);
+    if (n2 < p.N) out[t + kThreads] = y;
   }
-  if (p.stamps && t == kThreads - 1) {
-    st[4] = clock64();
-    long long* to = p.stamps + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kStamps;
-    for (int i = 0; i < kStamps; ++i) to[i] = st[i];
-  }
-}
-
-// MEASUREMENT: the last launch's stamps, printed at exit as each stage's mean and max cycles over
-// the blocks (start -> wait returned -> merged -> weights landed -> end).
-long long* stamps_buffer(size_t blocks) {
-  static long long* host = nullptr;
-  static size_t held = 0;
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_MERGE_PROJECT_STAMPS");
-    return env && std::string(env) == "1";
-  }();
-  if (!on) return nullptr;
-  if (!host) {
-    held = blocks;
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // the first call may be a capture's
-    MS_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
-    host = static_cast<long long*>(alloc_mapped(blocks * kStamps * sizeof(long long)));
-    MS_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
-    std::memset(host, 0, blocks * kStamps * sizeof(long long));
-    std::atexit([] {
-      cudaDeviceSynchronize();
-      double mean[kStamps - 1] = {}, most[kStamps - 1] = {};
-      for (size_t b = 0; b < held; ++b)
-        for (int i = 0; i + 1 < kStamps; ++i) {
-          const double d = double(host[b * kStamps + i + 1] - host[b * kStamps + i]);
-          mean[i] += d / double(held), most[i] = d > most[i] ? d : most[i];
-        }
-      std::fprintf(stderr, "[stamps] merge_project cycles, mean/max over %zu blocks: wait %.0f/%.0f merge %.0f/%.0f "
-                   "weights %.0f/%.0f product %.0f/%.0f\n", held, mean[0], most[0], mean[1], most[1], mean[2],
-                   most[2], mean[3], most[3]);
-    });
-  }
-  return blocks <= held ? static_cast<long long*>(mapped_device_ptr(host)) : nullptr;
 }
 
 std::atomic<bool>& merge_project_flag() {
@@ -218,21 +150,11 @@ void merge_project(const SplitPartials& part, const ops::Weight& o, Tensor& slab
            " into ", slabs.describe());
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    for (auto kernel : {merge_project_kernel<false, false>, merge_project_kernel<true, false>,
-                        merge_project_kernel<false, true>, merge_project_kernel<true, true>})
-      MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(merge_project_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
   });
-  const dim3 grid(unsigned(blocks_for(N, kRows)), unsigned(hq));
   const MergeProjectParams p{part, o.w.data<bf16>(), o.w.strides()[0], slabs.data<float>(), int(N),
-                             weights_evict_first(), stamps_buffer(size_t(grid.x) * grid.y)};
-  auto set = [](const char* name) {
-    const char* env = std::getenv(name);
-    return env && std::string(env) == "1";
-  };
-  static const bool prefetch = set("MOESERVE_MERGE_PROJECT_PREFETCH"), mma = set("MOESERVE_MERGE_PROJECT_MMA");
-  auto kernel = prefetch ? (mma ? merge_project_kernel<true, true> : merge_project_kernel<true, false>)
-                         : (mma ? merge_project_kernel<false, true> : merge_project_kernel<false, false>);
-  launch_pdl(kernel, grid, dim3(kThreads), kSmemBytes, p);
+                             weights_evict_first()};
+  launch_pdl(merge_project_kernel, dim3(unsigned(blocks_for(N, kRows)), unsigned(hq)), dim3(kThreads), kSmemBytes, p);
   MS_CUDA_LAUNCHED("merge_project_kernel");
 }
 
