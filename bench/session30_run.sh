@@ -23,43 +23,31 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2: merge_project's stages timed inside (MOESERVE_MERGE_PROJECT_STAMPS=1: clock64 a block at
-#   its start, the wait's return, the merge, the weights' landing and its end, printed at exit), and
-#   its register rows asked of L2 before the wait (MOESERVE_MERGE_PROJECT_PREFETCH=1).
-if [ $PHASE = 2 ]; then
+# PHASE=2 and 3: one measurement switch $1 (VAR, set to 1; label $2) of merge_project against the
+#   switch off and the merge kernel: its test with and without it, B = 1 rotating, the in-kernel
+#   stamps (MOESERVE_MERGE_PROJECT_STAMPS=1: clock64 a block at its start, the wait's return, the
+#   merge, the weights' landing and its end, printed at exit) with and without it, timelines.
+#   PHASE=2 (75d5f12): the register rows asked of L2 before the wait (MOESERVE_MERGE_PROJECT_PREFETCH;
+#   the stamps' buffer was then allocated inside a capture, which a capture forbids). PHASE=3
+#   (5697f56): the shared rows, permuted a row, multiplied on the tensor cores (MOESERVE_MERGE_PROJECT_MMA).
+switch_call() {
+  local var=$1 tag=$2
   JOBS=14 build_after ms_kernel_trace test_cuda_merge_project
   model qwen3 qwen3-30b-a3b 12 &
   gtest merge-project 120 /tmp/b/tests/test_cuda_merge_project
-  MOESERVE_MERGE_PROJECT_PREFETCH=1 gtest merge-project-pf 120 /tmp/b/tests/test_cuda_merge_project
+  env $var=1 gtest merge-project-$tag 120 /tmp/b/tests/test_cuda_merge_project
   wait
   for r in 0 1 2; do
-    SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on pf:MOESERVE_MERGE_PROJECT_PREFETCH=1" rotated $r)" bench_sides qwen3 "1 4096 16"
+    SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on $tag:$var=1" rotated $r)" bench_sides qwen3 "1 4096 16"
   done
-  SIDES="stamps:MOESERVE_MERGE_PROJECT_STAMPS=1 stamps-pf:MOESERVE_MERGE_PROJECT_STAMPS=1,MOESERVE_MERGE_PROJECT_PREFETCH=1" \
-    bench_sides qwen3 "1 4096 16"
-  grep -E '^\[stamps\]' $L/bench.log >> $OUT/summary.log
-  trace qwen3 1 4096 on; trace qwen3 1 4096 pf MOESERVE_MERGE_PROJECT_PREFETCH=1
-  log done
-fi
-
-# PHASE=3: merge_project's shared rows' products on the tensor cores (MOESERVE_MERGE_PROJECT_MMA=1)
-#   against the CUDA cores, the shared rows now permuted a row (both read them conflict-free); the
-#   stamps again (the first attempt allocated its buffer inside a capture, which a capture forbids).
-if [ $PHASE = 3 ]; then
-  JOBS=14 build_after ms_kernel_trace test_cuda_merge_project
-  model qwen3 qwen3-30b-a3b 12 &
-  gtest merge-project 120 /tmp/b/tests/test_cuda_merge_project
-  MOESERVE_MERGE_PROJECT_MMA=1 gtest merge-project-mma 120 /tmp/b/tests/test_cuda_merge_project
-  wait
-  for r in 0 1 2; do
-    SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on mma:MOESERVE_MERGE_PROJECT_MMA=1" rotated $r)" bench_sides qwen3 "1 4096 16"
-  done
-  SIDES="stamps:MOESERVE_MERGE_PROJECT_STAMPS=1 stamps-mma:MOESERVE_MERGE_PROJECT_STAMPS=1,MOESERVE_MERGE_PROJECT_MMA=1" \
+  SIDES="stamps:MOESERVE_MERGE_PROJECT_STAMPS=1 stamps-$tag:MOESERVE_MERGE_PROJECT_STAMPS=1,$var=1" \
     bench_sides qwen3 "1 4096 16"
   grep -E '^\[stamps\]|^error' $L/bench.log >> $OUT/summary.log
-  trace qwen3 1 4096 on; trace qwen3 1 4096 mma MOESERVE_MERGE_PROJECT_MMA=1
+  trace qwen3 1 4096 on; trace qwen3 1 4096 $tag $var=1
   log done
-fi
+}
+[ $PHASE = 2 ] && switch_call MOESERVE_MERGE_PROJECT_PREFETCH pf
+[ $PHASE = 3 ] && switch_call MOESERVE_MERGE_PROJECT_MMA mma
 
 # PHASE=4 ($SRC = the session's final tree: merge_project's weights all asked for before the wait,
 #   its shared rows' products on the tensor cores, the measurement switches removed; $BEFORE_SRC =
