@@ -61,3 +61,22 @@ if [ $PHASE = 4 ]; then
   trace qwen3 1 4096 after; trace qwen3 1 4096 off MOESERVE_MERGE_PROJECT=0
   log done
 fi
+
+# PHASE=5 (the device time left after refused starts did not hold PHASE=4): the final tree alone,
+#   MOESERVE_MERGE_PROJECT=0 standing for the session's start (the only path the session changed):
+#   every single-GPU test program, the ceilings, Qwen3's greedy ids off against on, B = 1 rotating,
+#   B = 64; V2-Lite (no kernel of its changed) B = 1 and 64 once; a Qwen3 timeline.
+if [ $PHASE = 5 ]; then
+  JOBS=14 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
+  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
+  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  trace qwen3 1 4096 on
+  SIDES="off:MOESERVE_MERGE_PROJECT=0 on" bench_sides qwen3 "64 256 16"
+  SIDES=on bench_sides v2lite "1 4096 16" "64 256 16"
+  log done
+fi
