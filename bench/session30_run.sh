@@ -64,13 +64,14 @@ fi
 
 # PHASE=5 (the device time left after refused starts did not hold PHASE=4): the final tree alone,
 #   MOESERVE_MERGE_PROJECT=0 standing for the session's start (the only path the session changed):
-#   every single-GPU test program, the ceilings, Qwen3's greedy ids off against on, B = 1 rotating,
+#   the test programs of the kernels and ops it touched and the models', Qwen3's greedy ids off against on, B = 1 rotating,
 #   B = 64; V2-Lite (no kernel of its changed) B = 1 and 64 once; a Qwen3 timeline.
 if [ $PHASE = 5 ]; then
-  JOBS=14 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+  TESTS="test_cuda_merge_project test_cuda_attention_moe test_cuda_fixtures test_cuda_engine_graphs
+    test_cuda_moe_combine_norm test_cuda_moe_one_token test_cuda_graphs test_cuda_ops"
+  JOBS=15 build_after ms_kernel_trace $TESTS
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  run_gpu_tests /tmp/b $TESTS
   wait
   gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
   cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
