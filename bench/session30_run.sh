@@ -81,3 +81,17 @@ if [ $PHASE = 5 ]; then
   SIDES=on bench_sides v2lite "1 4096 16" "64 256 16"
   log done
 fi
+
+# PHASE=6 (less device time still): the final tree's merge_project, fixtures and graph tests, Qwen3's
+#   greedy ids off against on, B = 1 off / on rotating.
+if [ $PHASE = 6 ]; then
+  TESTS="test_cuda_merge_project test_cuda_fixtures test_cuda_engine_graphs"
+  JOBS=15 build_after $TESTS
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b $TESTS
+  wait
+  gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
+  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
+  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  log done
+fi
