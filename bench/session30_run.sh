@@ -5,6 +5,13 @@ set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
+# Qwen3's greedy ids with merge_project off (MOESERVE_MERGE_PROJECT=0) against on, then B = 1 rotating.
+off_on_qwen3() {
+  gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
+  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
+  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+}
+
 # PHASE=1: the batch-1 GQA split merge inside o's product (merge_project; MOESERVE_MERGE_PROJECT=0:
 #   the merge kernel, o's product and the norm as before). Its tests and the models', greedy ids
 #   off against on, Qwen3 B = 1 rotating, timelines, the engine's step.
@@ -15,9 +22,7 @@ if [ $PHASE = 1 ]; then
   model qwen3 qwen3-30b-a3b 12 &
   run_gpu_tests /tmp/b $TESTS
   wait
-  gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
-  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
-  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  off_on_qwen3
   trace qwen3 1 4096 off MOESERVE_MERGE_PROJECT=0; trace qwen3 1 4096 on
   for o in 16 528 16 528; do offline qwen3 $o on-qwen3; MOESERVE_MERGE_PROJECT=0 offline qwen3 $o off-qwen3; done
   log done
@@ -73,9 +78,7 @@ if [ $PHASE = 5 ]; then
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   run_gpu_tests /tmp/b $TESTS
   wait
-  gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
-  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
-  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  off_on_qwen3
   trace qwen3 1 4096 on
   SIDES="off:MOESERVE_MERGE_PROJECT=0 on" bench_sides qwen3 "64 256 16"
   SIDES=on bench_sides v2lite "1 4096 16" "64 256 16"
@@ -90,8 +93,6 @@ if [ $PHASE = 6 ]; then
   model qwen3 qwen3-30b-a3b 12 &
   run_gpu_tests /tmp/b $TESTS
   wait
-  gen_ids qwen3 MOESERVE_MERGE_PROJECT=0 qwen3-off; gen_ids qwen3 - qwen3-on
-  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
-  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_MERGE_PROJECT=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  off_on_qwen3
   log done
 fi
