@@ -242,10 +242,7 @@ struct ExpertRows {
   Tensor weights;  // F32 [T, K]
   int slabs = 0;
 };
-// warm: a weight the step reads soon after (the next layer's first product), or null. A hint: a
-// GPU batch-1 experts kernel asks L2 for it while it waits for the routing, when HBM idles.
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                           const Weight* warm = nullptr);
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts);
 // A MoE block's output added to the residual stream, fused with the norm after it: f = the
 // weighted sum of `routed` in residual's dtype; with a shared expert's output, f += shared
 // (f += sigmoid(shared_gate[t]) * shared[t] with Qwen2-MoE's gate [T, 1]), rounded again; then

@@ -29,7 +29,6 @@ class GqaAttention {
                         Tensor& out) const;
   static std::vector<Shape> kv_shapes(int num_kv_heads, int head_dim) { return {{num_kv_heads, head_dim}, {num_kv_heads, head_dim}}; }
   bool fused_projection() const { return w_.qkv_proj.defined(); }
-  const ops::Weight& first_weight() const { return (fused_projection() ? w_.qkv_proj : w_.q_proj).weight(); }
 
  private:
   struct Heads {
@@ -64,9 +63,6 @@ class MlaAttention {
   Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
   static std::vector<Shape> kv_shapes(const MlaDims& d) { return {{d.kv_lora_rank + d.qk_rope_head_dim}}; }
   bool fused_projection() const { return w_.q_kv_a_proj.defined(); }
-  const ops::Weight& first_weight() const {
-    return (fused_projection() ? w_.q_kv_a_proj : w_.q_a_proj.defined() ? w_.q_a_proj : w_.q_proj).weight();
-  }
   // Whether a step runs MLA in the expanded form (ops::mla_prefill_expanded): when it brings at
   // least kExpandedMinTokens queries and expanding its keys (its cached prefix included) costs
   // fewer flops than the absorbed form's wider (query, key) pairs save. Decode and verify steps,

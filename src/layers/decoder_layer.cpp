@@ -4,8 +4,8 @@
 
 namespace ms {
 
-void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx, const RmsNorm& next_norm,
-                           const DecoderLayer* next) const {
+void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx,
+                           const RmsNorm& next_norm) const {
   const Tensor in = h;
   h = ctx.empty(hidden.shape());
   const auto* gqa = std::get_if<GqaAttention>(&attention);
@@ -23,8 +23,7 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
   if (const auto* moe = std::get_if<SparseMoe>(&ffn); moe && local) {
     // Nothing comes between the block's output and the residual add (no reduction), so the
     // experts' rows are summed inside the next norm's kernel: one launch fewer a layer.
-    // HBM idles while the router runs: the next layer's first weight may be fetched then.
-    moe->forward_add_norm(x, ctx, hidden, next_norm, h, next ? &next->first_weight() : nullptr);
+    moe->forward_add_norm(x, ctx, hidden, next_norm, h);
   } else {
     Tensor f;
     if (local) {
@@ -45,15 +44,9 @@ Tensor forward_layers(std::span<const DecoderLayer> layers, Tensor& hidden, cons
   MS_CHECK(!layers.empty(), "forward_layers: no layers");
   Tensor h = layers[0].input_norm(hidden);
   ctx.round(h);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    if (i + 1 < layers.size()) layers[i].forward(hidden, h, int(i), ctx, layers[i + 1].input_norm, &layers[i + 1]);
-    else layers[i].forward(hidden, h, int(i), ctx, final_norm);
-  }
+  for (size_t i = 0; i < layers.size(); ++i)
+    layers[i].forward(hidden, h, int(i), ctx, i + 1 < layers.size() ? layers[i + 1].input_norm : final_norm);
   return h;
-}
-
-const ops::Weight& DecoderLayer::first_weight() const {
-  return std::visit([](const auto& attn) -> const ops::Weight& { return attn.first_weight(); }, attention);
 }
 
 Tensor DecoderLayer::feed_forward(const Tensor& h, const ForwardContext& ctx) const {

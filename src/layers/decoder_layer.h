@@ -31,12 +31,8 @@ struct DecoderLayer {
   FfnMode ffn_mode = FfnMode::Local;
 
   // hidden [T, H] is the residual stream, updated in place; h = input_norm(hidden) on entry,
-  // next_norm(hidden) on return (a new tensor). `layer` picks this layer's KV buffers. `next`: the
-  // layer after this one (null for the last), whose first weight may be fetched ahead.
-  void forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx, const RmsNorm& next_norm,
-               const DecoderLayer* next = nullptr) const;
-  // The attention's first product's weight: the first weight a layer reads.
-  const ops::Weight& first_weight() const;
+  // next_norm(hidden) on return (a new tensor). `layer` picks this layer's KV buffers.
+  void forward(Tensor& hidden, Tensor& h, int layer, const ForwardContext& ctx, const RmsNorm& next_norm) const;
 
  private:
   Tensor feed_forward(const Tensor& h, const ForwardContext& ctx) const;

@@ -192,18 +192,6 @@ __device__ __forceinline__ uint4 ldg16(const void* p, uint64_t policy) {
                : "l"(p), "l"(policy));
   return v;
 }
-// This block's share of [base, base + bytes) asked of L2 (a 128-byte line a thread at a time,
-// each block a contiguous run of lines), under evict_last or the normal priority.
-__device__ __forceinline__ void prefetch_l2_share(const void* base, int64_t bytes, bool evict_last) {
-  const int64_t lines = (bytes + 127) / 128, blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
-  const int64_t b = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-  const int64_t per = (lines + blocks - 1) / blocks, end = min(lines, (b + 1) * per);
-  const char* p = static_cast<const char*>(base);
-  for (int64_t i = b * per + threadIdx.x; i < end; i += blockDim.x) {
-    if (evict_last) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + i * 128));
-    else asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
-  }
-}
 // Closes the group of copies issued since the last commit (an empty group when none were).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's groups are still in flight.

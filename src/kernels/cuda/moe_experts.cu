@@ -168,13 +168,13 @@ Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K
 
 // slabs_ok: the caller takes a token's rows as the one-token kernel's unsummed slabs (ExpertRows::slabs).
 ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
-                           int first, bool slabs_ok, L2Warm warm) {
+                           int first, bool slabs_ok) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
   if (slabs_ok) {
     Tensor parts;
-    if (const int slabs = one_token_expert_parts(x, ids, perm.row_of, table, first, parts, warm))
+    if (const int slabs = one_token_expert_parts(x, ids, perm.row_of, table, first, parts))
       return {parts, perm.row_of, weights, slabs};
   }
   Tensor ye = scratch(DType::F32, {pairs, H});
@@ -317,7 +317,7 @@ bool fp8_grouped_takes(const ExpertTable& t, const Tensor& x, int64_t pairs, int
 
 // The experts' rows as moe_expert_rows gives them; slabs_ok: one token's may be left as slabs.
 ExpertRows expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                       bool slabs_ok, L2Warm warm = {}) {
+                       bool slabs_ok) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
   const int E = experts.num_experts();
   check_device_tensor(x, {DType::BF16}, "moe_experts", "input");
@@ -336,7 +336,7 @@ ExpertRows expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights
   const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_gemm_all_rows(mode));
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
-    return grouped_experts(x, ids, weights, *table, first, slabs_ok, warm);
+    return grouped_experts(x, ids, weights, *table, first, slabs_ok);
   // The grouped GEMM beats per-expert cuBLASLt while experts get few rows each, where the
   // per-expert calls are small and paced by the host; with many rows cuBLASLt's own kernels catch
   // up. On mma.sync (~250 TFLOP/s) that was past ~384 rows an expert (BENCHMARKS, session 6: a
@@ -378,10 +378,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   combine_expert_rows(rows.rows, rows.row_of, rows.weights, out);
 }
 
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                           const Weight* warm) {
-  const L2Warm w = warm ? L2Warm{warm->w.raw(), int64_t(warm->w.nbytes())} : L2Warm{};
-  return expert_rows(x, ids, weights, experts, moe_slab_norm_takes(x.size(1), ids.dim() == 2 ? ids.size(1) : 0), w);
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
+  return expert_rows(x, ids, weights, experts, moe_slab_norm_takes(x.size(1), ids.dim() == 2 ? ids.size(1) : 0));
 }
 
 void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe) {

@@ -30,12 +30,6 @@ const ExpertTable* expert_table(const ops::ExpertWeights& experts);
 // order), token_of_row [T * K] and row_of [T * K] (-1 for another rank's expert). The sort that
 // the fused routing of a decode batch made in its own kernel for these very ids over [0, E)
 // (keep_routed_pairs; taken once), else one block's kernel (align_kernel).
-// A range of global memory to ask L2 for ahead of its readers (null: none).
-struct L2Warm {
-  const void* base = nullptr;
-  int64_t bytes = 0;
-};
-
 struct Permuted {
   Tensor offsets, active, n_active, token_of_row, row_of;
 };
@@ -63,10 +57,8 @@ bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of,
 // whose row_of is -1 are not written). Its blocks then need not meet at a counter, and whoever
 // reads the parts (moe_combine_add_rms_norm) does the sum on its way. Returns slabs; 0, with
 // nothing launched, where one_token_experts would decline.
-// `warm`: bytes the step reads soon after, asked of L2 by the blocks before they wait for the
-// routing (moe_expert_rows' hint; MOESERVE_WARM_NEXT=0: never, =last: under evict_last).
 int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                           Tensor& parts, L2Warm warm = {});
+                           Tensor& parts);
 
 // Whether moe_combine_add_rms_norm takes one token's rows of hidden size H over K slots as the
 // one-token kernel's slabs in its own launch (so moe_expert_rows leaves them unsummed): H a

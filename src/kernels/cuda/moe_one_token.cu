@@ -56,15 +56,7 @@ struct Params {
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]; null: the parts are the result (one_token_expert_parts), no sum_slot
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
-  L2Warm warm;       // asked of L2 before the wait (one_token_expert_parts)
-  bool warm_last;    // under evict_last
 };
-
-// The kernels' first act, before they wait for the routing: HBM idles while the router runs, so
-// the step's next weights (moe_expert_rows' hint) are asked of L2 then.
-__device__ __forceinline__ void warm_next(const Params& p) {
-  if (p.warm.bytes > 0) prefetch_l2_share(p.warm.base, p.warm.bytes, p.warm_last);
-}
 
 // The slot's expert's gate, up and down addresses.
 struct ExpertWeightsAt {
@@ -190,7 +182,6 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   extern __shared__ uint4 xs[];  // [H / 8] the token's row, then the experts' addresses
   __shared__ float hs[F];
   const int j = blockIdx.x, s = blockIdx.y;
-  warm_next(p);
   const void* const* table = stage_expert_table(p, xs + p.H / 8);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
@@ -250,7 +241,6 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
   extern __shared__ uint4 smem[];
   __shared__ float hs[64];
   const int j = blockIdx.x, s = blockIdx.y;
-  warm_next(p);
   const void* const* table = stage_expert_table(p, smem + p.H / 8 + D * kPieces * kThreads);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
@@ -352,18 +342,8 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
 // Both entry points: the first launch shape that takes the slots (MOESERVE_MOE_ONE_TOKEN: 0 off;
 // unset or 1 the first shape that fits; a shape's name, ring, 64 or 32, that shape only), its
 // partials into `parts` and, with ye, their sums into ye. Returns slabs (0: nothing launched).
-// MOESERVE_WARM_NEXT (read once): 0 no L2 warm-up; `last` under evict_last; else the normal priority.
-int warm_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("MOESERVE_WARM_NEXT");
-    const std::string_view v = env ? env : "1";
-    return v == "0" ? 0 : v == "last" ? 2 : 1;
-  }();
-  return mode;
-}
-
 int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                     float* ye, Tensor& parts, L2Warm warm) {
+                     float* ye, Tensor& parts) {
   const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN");
   const std::string_view mode = env ? env : "1";
   if (mode == "0") return 0;
@@ -380,7 +360,7 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
     parts = scratch(DType::F32, {K * slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
              t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-             parts.data<float>(), ye, weights_evict_first(), warm_mode() ? warm : L2Warm{}, warm_mode() == 2};
+             parts.data<float>(), ye, weights_evict_first()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return slabs;
   }
@@ -392,12 +372,12 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
 bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
                        Tensor& ye) {
   Tensor parts;
-  return launch_one_token(x, ids, row_of, t, first, ye.data<float>(), parts, {}) > 0;
+  return launch_one_token(x, ids, row_of, t, first, ye.data<float>(), parts) > 0;
 }
 
 int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                           Tensor& parts, L2Warm warm) {
-  return launch_one_token(x, ids, row_of, t, first, nullptr, parts, warm);
+                           Tensor& parts) {
+  return launch_one_token(x, ids, row_of, t, first, nullptr, parts);
 }
 
 }  // namespace ms::cuda
