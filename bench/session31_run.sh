@@ -1,0 +1,23 @@
+#!/bin/bash
+# Session 31's device calls (bench/BENCHMARKS.md, "Session 31"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh && snapshots_ready $SRC
+
+# PHASE=1: the next layer's first weight asked of L2 by the batch-1 experts kernel before it waits
+#   for the routing (MOESERVE_WARM_NEXT: 0 off, 1 the normal priority, last evict_last). The
+#   experts' tests and the models', greedy ids off against on, B = 1 rotating over the three
+#   (Qwen3) and off / on (V2-Lite), timelines off and on.
+if [ $PHASE = 1 ]; then
+  TESTS="test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_combine_norm"
+  JOBS=15 build_after ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $TESTS
+  wait
+  ids_alike MOESERVE_WARM_NEXT=0 - off on
+  b1_rounds "off:MOESERVE_WARM_NEXT=0 on last:MOESERVE_WARM_NEXT=last" "off:MOESERVE_WARM_NEXT=0 on"
+  trace qwen3 1 4096 off MOESERVE_WARM_NEXT=0; trace qwen3 1 4096 on
+  trace v2lite 1 4096 off MOESERVE_WARM_NEXT=0; trace v2lite 1 4096 on
+  log done
+fi
