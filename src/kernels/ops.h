@@ -137,38 +137,22 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
                              std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache, Tensor& v_cache,
                              const HeadNorm* qk_norm, const AttentionLayout& layout, float scale, Tensor& out);
 
-struct RouterParams;
-
-// The MoE router that reads a norm's output, run by the op that makes it: ids and weights as
-// moe_route(out, gate, gate_bias, bias, params, ids, weights) gives them.
-struct RouteAfterNorm {
-  const Weight& gate;
-  const Tensor* gate_bias;
-  const Tensor* bias;  // the correction bias
-  const RouterParams& params;
-  Tensor& ids;
-  Tensor& weights;
-};
-
 // What follows a GQA layer's attention in a decoder layer: o's product, added to the residual
-// and normed (the post-attention norm): residual += attn . o^T, out = rms_norm(residual) * norm_weight;
-// with `route`, the MoE's routing of out too.
+// and normed (the post-attention norm): residual += attn . o^T, out = rms_norm(residual) * norm_weight.
 struct PostAttention {
   const Weight& o;  // [hidden, Hq * Dv]
   Tensor& residual;  // [T, hidden]
   const Tensor& norm_weight;
   float eps;
   Tensor& out;  // [T, hidden]
-  const RouteAfterNorm* route = nullptr;
 };
 
 // rope_store_kv_attention into attn [T, Hq, Dv], then `post`; round_bf16 also rounds attn and
-// the product's output, as their storage would, and out before a router reads it. On the GPU a
-// decode step of one query whose attention kernel ropes (rope_store_kv_attention's case) merges
-// the attention's splits inside o's product, each block those of its head (merge_project.h), and
-// the norm sums the heads' products: one kernel fewer, and o's weight streams during the
-// attention. attn is then left unwritten. The router then runs in the norm's cluster where it
-// fits (a second kernel fewer).
+// the product's output, as their storage would. On the GPU a decode step of one query whose
+// attention kernel ropes (rope_store_kv_attention's case) merges the attention's splits inside
+// o's product, each block those of its head (merge_project.h), and the norm sums the heads'
+// products: one kernel fewer, and o's weight streams during the attention. attn is then left
+// unwritten.
 void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor& v, const RopeArgs& rope,
                                         std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache,
                                         Tensor& v_cache, const HeadNorm* qk_norm, const AttentionLayout& layout,

@@ -54,11 +54,9 @@ Tensor GqaAttention::forward(const Tensor& x, int layer, const ForwardContext& c
 }
 
 void GqaAttention::forward_add_norm(const Tensor& x, int layer, const ForwardContext& ctx, Tensor& residual,
-                                    const RmsNorm& norm, Tensor& out, const ops::RouteAfterNorm* route) const {
+                                    const RmsNorm& norm, Tensor& out) const {
   if (w_.o_proj.bias().defined()) {  // the op's product has no bias
     norm.add_forward(residual, forward(x, layer, ctx), out);
-    ctx.round(out);
-    if (route) ops::moe_route(out, route->gate, route->gate_bias, route->bias, route->params, route->ids, route->weights);
     return;
   }
   const auto& b = ctx.batch;
@@ -68,7 +66,7 @@ void GqaAttention::forward_add_norm(const Tensor& x, int layer, const ForwardCon
   ops::rope_store_kv_attention_o_add_norm(
       h.q, h.k, h.v, rope_->at(b.positions), b.out_cache_loc, ctx.bf16_activations, ctx.kv.buffer(layer, 0),
       ctx.kv.buffer(layer, 1), w_.qk_norm ? &qk_norm : nullptr, b.attn, 1.0f / std::sqrt(float(head_dim_)), o,
-      ops::PostAttention{w_.o_proj.weight(), residual, norm.weight(), norm.eps(), out, route});
+      ops::PostAttention{w_.o_proj.weight(), residual, norm.weight(), norm.eps(), out});
 }
 
 MlaAttention::MlaAttention(MlaWeights w, MlaDims d, const RopeTable* rope) : w_(std::move(w)), d_(d), rope_(rope) {

@@ -23,12 +23,10 @@ class GqaAttention {
   // x [T, hidden] -> [T, hidden]; writes this layer's keys/values to kv buffers (0: K, 1: V).
   Tensor forward(const Tensor& x, int layer, const ForwardContext& ctx) const;
   // forward, then the decoder layer's post-attention norm: residual += forward(x), out =
-  // norm(residual); with `route`, the MoE's routing of out too (out rounded first, as ctx.round
-  // would round it). One op
-  // (ops::rope_store_kv_attention_o_add_norm), which lets a GPU decode step merge the attention's
-  // splits inside o's product and run the router in the norm's kernel.
+  // norm(residual). One op (ops::rope_store_kv_attention_o_add_norm), which lets a GPU decode
+  // step merge the attention's splits inside o's product.
   void forward_add_norm(const Tensor& x, int layer, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
-                        Tensor& out, const ops::RouteAfterNorm* route = nullptr) const;
+                        Tensor& out) const;
   static std::vector<Shape> kv_shapes(int num_kv_heads, int head_dim) { return {{num_kv_heads, head_dim}, {num_kv_heads, head_dim}}; }
   bool fused_projection() const { return w_.qkv_proj.defined(); }
 

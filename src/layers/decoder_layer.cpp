@@ -1,7 +1,5 @@
 #include "layers/decoder_layer.h"
 
-#include <optional>
-
 #include "core/check.h"
 
 namespace ms {
@@ -10,18 +8,9 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
                            const RmsNorm& next_norm) const {
   const Tensor in = h;
   h = ctx.empty(hidden.shape());
-  const bool local = !ctx.parallel || ffn_mode == FfnMode::Local;
-  const auto* moe = std::get_if<SparseMoe>(&ffn);
   const auto* gqa = std::get_if<GqaAttention>(&attention);
-  std::optional<SparseMoe::Routing> routed;  // made by the attention's op, with its norm
-  if (gqa && !(ctx.parallel && ctx.parallel->attn_tp->size() > 1)) {  // nothing between them to reduce
-    if (moe && local && moe->routes_ahead()) {
-      routed = moe->routing_buffers(in.size(0), ctx);
-      const ops::RouteAfterNorm route = moe->route_after_norm(*routed);
-      gqa->forward_add_norm(in, layer, ctx, hidden, post_attention_norm, h, &route);
-    } else {
-      gqa->forward_add_norm(in, layer, ctx, hidden, post_attention_norm, h);
-    }
+  if (gqa && !(ctx.parallel && ctx.parallel->attn_tp->size() > 1)) {
+    gqa->forward_add_norm(in, layer, ctx, hidden, post_attention_norm, h);  // nothing between them to reduce
   } else {
     Tensor a = std::visit([&](const auto& attn) { return attn.forward(in, layer, ctx); }, attention);
     if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
@@ -30,10 +19,11 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
   ctx.round(h);
   const Tensor x = h;
   h = ctx.empty(hidden.shape());
-  if (moe && local) {
+  const bool local = !ctx.parallel || ffn_mode == FfnMode::Local;
+  if (const auto* moe = std::get_if<SparseMoe>(&ffn); moe && local) {
     // Nothing comes between the block's output and the residual add (no reduction), so the
     // experts' rows are summed inside the next norm's kernel: one launch fewer a layer.
-    moe->forward_add_norm(x, ctx, hidden, next_norm, h, routed ? &*routed : nullptr);
+    moe->forward_add_norm(x, ctx, hidden, next_norm, h);
   } else {
     Tensor f;
     if (local) {

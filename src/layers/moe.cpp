@@ -53,20 +53,10 @@ void SparseMoe::add_shared(const Tensor& x, const ForwardContext& ctx, Tensor& o
   ctx.round(out);
 }
 
-SparseMoe::Routing SparseMoe::routing_buffers(int64_t T, const ForwardContext& ctx) const {
-  return {ctx.empty({T, router_.columns()}, DType::I32), ctx.empty({T, router_.columns()}, DType::F32)};
-}
-
-ops::RouteAfterNorm SparseMoe::route_after_norm(Routing& r) const {
-  MS_CHECK(routes_ahead(), "MoE: a block with a shared expert routes its own input");
-  const Tensor& gate_bias = w_.gate.bias();
-  return {w_.gate.weight(), gate_bias.defined() ? &gate_bias : nullptr,
-          w_.correction_bias.defined() ? &w_.correction_bias : nullptr, router_, r.ids, r.weights};
-}
-
 void SparseMoe::route_traced(const Tensor& x, const ForwardContext& ctx, Tensor& ids, Tensor& weights) const {
-  Routing r = routing_buffers(x.size(0), ctx);
-  ids = r.ids, weights = r.weights;
+  const int64_t T = x.size(0);
+  ids = ctx.empty({T, router_.columns()}, DType::I32);
+  weights = ctx.empty({T, router_.columns()}, DType::F32);
   route(x, ids, weights);
   if (ctx.routing_trace) ctx.routing_trace->push_back(ids.to(Device::CPU).clone());
 }
@@ -82,7 +72,7 @@ Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
 }
 
 void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
-                                 Tensor& out, const Routing* ahead) const {
+                                 Tensor& out) const {
   // The shared expert does not need the routing: its products run beside the router's kernel
   // and the routed experts' (ops::Overlap::BesideLast), its gate|up streaming its weights while
   // the router's top-k leaves HBM idle, its down product in the experts' tail, as their
@@ -91,13 +81,7 @@ void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Ten
   Tensor shared_act, shared, gate;
   if (w_.shared.defined()) shared_act = w_.shared.activations(x, ctx), shared = ctx.empty(x.shape());
   Tensor ids, weights;
-  if (ahead) {
-    MS_CHECK(routes_ahead(), "MoE: a block with a shared expert routes its own input");
-    ids = ahead->ids, weights = ahead->weights;
-    if (ctx.routing_trace) ctx.routing_trace->push_back(ids.to(Device::CPU).clone());
-  } else {
-    route_traced(x, ctx, ids, weights);
-  }
+  route_traced(x, ctx, ids, weights);
   if (w_.shared.defined()) w_.shared.gate_up(x, ctx, shared_act, ops::Overlap::BesideLast);
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
   const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);

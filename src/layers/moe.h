@@ -31,23 +31,12 @@ class SparseMoe {
   SparseMoe(MoeWeights w, ops::RouterParams router);
   // Partial output of this rank's experts (and shard of the shared expert) for tokens x.
   Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
-  // The routing of T tokens made ahead, by the op whose norm makes the block's input (the
-  // attention's: ops::PostAttention::route), into buffers allocated before that op. Only where
-  // routes_ahead: not with a shared expert, whose product runs beside the router's kernel and so
-  // could not read that norm's output.
-  struct Routing {
-    Tensor ids, weights;
-  };
-  bool routes_ahead() const { return !w_.shared.defined(); }
-  Routing routing_buffers(int64_t T, const ForwardContext& ctx) const;
-  ops::RouteAfterNorm route_after_norm(Routing& r) const;
   // residual += forward(x), then out = norm(residual), bit for bit as norm.add_forward after
   // forward gives them, but with the experts' weighted sum (and the shared expert's add) made
   // inside the norm's kernel on the GPU (ops::moe_combine_add_rms_norm). Only where nothing
   // comes between the block's output and the add: a rank holding all of it (no reduction).
-  // `ahead`: x's routing made ahead (routes_ahead), or null.
   void forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
-                        Tensor& out, const Routing* ahead = nullptr) const;
+                        Tensor& out) const;
   // All-to-all dispatch (ep == tp): this rank's share of x (rows t with t % group == index)
   // goes to the ranks owning its experts and comes back weighted; returns the rows it owns
   // (others zero) — the attention-TP all-reduce completes them.

@@ -74,14 +74,14 @@ struct NewToken {
 
 template <class Op>
 void run_op(Op op, const Inputs& in, Side& side, const RopeTable& table, const ops::AttentionLayout& layout,
-            const NewToken& tok, bool on_gpu, const ops::RouteAfterNorm* route = nullptr) {
+            const NewToken& tok, bool on_gpu) {
   const int64_t hq = in.s.hq, hkv = in.s.hkv;
   Tensor q = side.qkv.slice(1, 0, hq);
   const ops::HeadNorm norms{on_gpu ? in.qn_gpu : in.qn_cpu, on_gpu ? in.kn_gpu : in.kn_cpu, 1e-6f};
   op(q, side.qkv.slice(1, hq, hq + hkv), side.qkv.slice(1, hq + hkv, hq + 2 * hkv), table.at(tok.pos),
      std::span<const int32_t>(tok.loc), !on_gpu, side.kc, side.vc, &norms, layout, 0.088f, side.attn,
      ops::PostAttention{on_gpu ? in.o_gpu : in.o_cpu, side.residual, on_gpu ? in.norm_gpu : in.norm_cpu, 1e-6f,
-                        side.out, route});
+                        side.out});
 }
 
 void gpu_op(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& r, std::span<const int32_t> slots,
@@ -175,66 +175,6 @@ TEST(CudaMergeProject, ReplayedStepsMatchTheThreeKernels) {
     graph_merged->replay(ops::StepArrays{ids, t2.pos, t2.loc, &layout});
     graph_apart->replay(ops::StepArrays{ids, t2.pos, t2.loc, &layout});
     expect_close(merged, apart, true, "replayed at " + std::to_string(keys) + " keys");
-  }
-}
-
-// With a router after the norm (Qwen3's: 128 experts, top-8), the op runs it in the norm's
-// cluster (merge_project's case) or after the norm (one split): either way the same bits as the
-// op without it followed by moe_route, eagerly and replayed from captured steps.
-TEST(CudaMergeProject, TheRouterAfterTheNormGivesTheSameBits) {
-  MS_REQUIRE_CUDA();
-  const RopeTable table = RopeTable::build(int(kD), 1e6, 16384, false).to(Device::CUDA);
-  const Shape3 s{32, 4, 2048};
-  const Inputs in(s, 5000);
-  ops::Weight gate;
-  gate.w = gpu(randn({128, s.hidden}, 0.03f));
-  ops::RouterParams p;
-  p.top_k = 8, p.renormalize = true;
-  struct Routed {
-    Side side;
-    Tensor ids = poisoned(DType::I32, {1, 8}), weights = poisoned(DType::F32, {1, 8});
-  };
-  // One step of each side at `layout`: the op routing (with) or the op, then moe_route (apart).
-  auto step = [&](Routed& r, bool with, const ops::AttentionLayout& layout, const NewToken& tok) {
-    const ops::RouteAfterNorm route{gate, nullptr, nullptr, p, r.ids, r.weights};
-    run_op(gpu_op, in, r.side, table, layout, tok, true, with ? &route : nullptr);
-    if (!with) cuda::moe_route(r.side.out, gate, nullptr, nullptr, p, r.ids, r.weights);
-  };
-  auto expect_same = [](const Routed& a, const Routed& b, const std::string& what) {
-    EXPECT_EQ(bit_mismatches(a.side.residual, b.side.residual), 0) << what << ": residual";
-    EXPECT_EQ(bit_mismatches(a.side.out, b.side.out), 0) << what << ": normed";
-    EXPECT_EQ(bit_mismatches(a.ids, b.ids), 0) << what << ": ids";
-    EXPECT_EQ(bit_mismatches(a.weights, b.weights), 0) << what << ": weights";
-  };
-  for (const int keys : {33, 4096}) {  // one split (the three kernels), then merge_project
-    const auto layout = make_layout({{1, keys}}, int(in.pool));
-    const NewToken tok(layout);
-    Routed with{in.gpu_side()}, apart{in.gpu_side()};
-    step(with, true, layout, tok), step(apart, false, layout, tok);
-    expect_same(with, apart, std::to_string(keys) + " keys, eager");
-  }
-  const auto captured = make_layout({{1, 4096}}, int(in.pool));
-  const NewToken tok(captured);
-  const std::vector<int32_t> ids(1, 0);
-  auto graph_pool = ops::make_graph_pool(Device::CUDA);
-  const ops::StepArrays arrays{ids, tok.pos, tok.loc, &captured};
-  Routed with{in.gpu_side()}, apart{in.gpu_side()};
-  auto capture = [&](Routed& r, bool w) {
-    step(r, w, captured, tok);  // eagerly first, as the runner does
-    return ops::capture_step(Device::CUDA, arrays, 4096, 4096, *graph_pool, [&] { step(r, w, captured, tok); });
-  };
-  auto graph_with = capture(with, true), graph_apart = capture(apart, false);
-  for (const int keys : {1, 3000}) {
-    const auto layout = make_layout({{1, keys}}, int(in.pool));
-    const NewToken t2(layout);
-    const Side fresh = in.gpu_side();
-    for (Routed* r : {&with, &apart}) {
-      r->side.kc.copy_from(fresh.kc), r->side.vc.copy_from(fresh.vc), r->side.residual.copy_from(fresh.residual);
-      r->side.qkv.copy_from(fresh.qkv);
-    }
-    graph_with->replay(ops::StepArrays{ids, t2.pos, t2.loc, &layout});
-    graph_apart->replay(ops::StepArrays{ids, t2.pos, t2.loc, &layout});
-    expect_same(with, apart, "replayed at " + std::to_string(keys) + " keys");
   }
 }
 

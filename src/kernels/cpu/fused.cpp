@@ -114,10 +114,6 @@ void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor
   cpu::linear(attn.view({q.size(0), attn.size(1) * attn.size(2)}), post.o, nullptr, y);
   if (round_bf16) cpu::round_to_bf16(y);
   cpu::add_rms_norm(post.residual, y, post.norm_weight, post.eps, post.out);
-  if (!post.route) return;
-  if (round_bf16) cpu::round_to_bf16(post.out);
-  const ops::RouteAfterNorm& r = *post.route;
-  cpu::moe_route(post.out, r.gate, r.gate_bias, r.bias, r.params, r.ids, r.weights);
 }
 
 }  // namespace ms::cpu

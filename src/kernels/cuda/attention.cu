@@ -466,18 +466,6 @@ void rope_store_kv_attention(Tensor& q, const Tensor& k, const Tensor& v, const 
   run_decode_rope(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout, scale, out, nullptr);
 }
 
-namespace {
-
-// post's router, when it has one, over the norm's output (rounded first, as the layer rounds it).
-void route_normed(const ops::PostAttention& post, bool round_bf16) {
-  if (!post.route) return;
-  if (round_bf16 && post.out.dtype() != DType::BF16) cuda::round_to_bf16(post.out);
-  const ops::RouteAfterNorm& r = *post.route;
-  cuda::moe_route(post.out, r.gate, r.gate_bias, r.bias, r.params, r.ids, r.weights);
-}
-
-}  // namespace
-
 void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor& v, const ops::RopeArgs& rope,
                                         std::span<const int32_t> slots, bool round_bf16, Tensor& k_cache,
                                         Tensor& v_cache, const ops::HeadNorm* qk_norm, const AttentionLayout& layout,
@@ -491,13 +479,8 @@ void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor
       rope_in_decode(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout)) {
     Tensor slabs = scratch(DType::F32, {Hq, N});
     const GqaProjectTo to{&post.o, &slabs};
-    if (run_decode_rope(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout, scale, attn, &to)) {
-      if (post.route &&
-          slabs_sum_add_rms_norm_route(slabs, post.residual, post.norm_weight, post.eps, post.out, *post.route))
-        return;
-      slabs_sum_add_rms_norm(slabs, post.residual, post.norm_weight, post.eps, post.out);
-      return route_normed(post, round_bf16);
-    }
+    if (run_decode_rope(q, k, v, rope, slots, k_cache, v_cache, qk_norm, layout, scale, attn, &to))
+      return slabs_sum_add_rms_norm(slabs, post.residual, post.norm_weight, post.eps, post.out);
   } else {
     cuda::rope_store_kv_attention(q, k, v, rope, slots, round_bf16, k_cache, v_cache, qk_norm, layout, scale, attn);
   }
@@ -507,7 +490,6 @@ void rope_store_kv_attention_o_add_norm(Tensor& q, const Tensor& k, const Tensor
   cuda::linear(attn.view({T, attn.size(1) * attn.size(2)}), post.o, nullptr, y);
   if (round_bf16) cuda::round_to_bf16(y);
   cuda::add_rms_norm(post.residual, y, post.norm_weight, post.eps, post.out);
-  route_normed(post, round_bf16);
 }
 
 namespace {

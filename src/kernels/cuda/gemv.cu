@@ -291,18 +291,6 @@ struct RouteTask {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (int64_t(n) * p.w.ld + int64_t(c) * kChunk) * (FP8 ? 1 : 2)));
     }
   }
-  // Every chunk of the task asked of L2 (norm_route_cluster_kernel: its registers are the norm's
-  // until the norm ends, so its first round is loaded only then, from L2, beside x).
-  __device__ void prefetch_all() const {
-    const int mine = (p.chunks - first + S - 1) / S;
-    for (int i = lane; i < mine * kSlab; i += 32) {
-      const int n = n0 + i % kSlab, c = first + i / kSlab * S;
-      if (n < p.N)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (int64_t(n) * p.w.ld + int64_t(c) * kChunk) * (FP8 ? 1 : 2)));
-    }
-  }
-  // L2_ONLY: x read past L1 (other blocks of the cluster wrote it in this kernel).
-  template <bool L2_ONLY = false>
   __device__ void finish(float* part) {
     const int src = g < p.rows.rows ? (p.in.x_rows ? p.in.x_rows[g] : g) : -1;
     float acc[4] = {};
@@ -310,7 +298,7 @@ struct RouteTask {
       if (c0 != first) load_round(c0);
       uint32_t xs[U][8];
 #pragma unroll
-      for (int u = 0; u < U; ++u) load_inputs<L2_ONLY>(p, src, k0_of(c0 + u * S), xs[u]);
+      for (int u = 0; u < U; ++u) load_inputs(p, src, k0_of(c0 + u * S), xs[u]);
       // gemv_kernel's mmas, in its order.
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -370,34 +358,6 @@ __global__ void __launch_bounds__(256) route_cluster_kernel(GemvParams p, RouteT
   pdl_trigger();
   if (streams) w.finish(cluster.map_shared_rank(smem, 0));
   cluster.sync();  // every part in the first block's shared memory (release / acquire)
-  if (cluster.block_rank() != 0) return;
-  route_tail<NV, true>(route, smem, S, p.bias, static_cast<float*>(p.out), smem + S * route.tp.T * route.tp.E);
-}
-
-// The router of one row whose input the cluster makes first (gemv_route_after_norm): x = the
-// slab norm's output (slab_norm.cuh: a block a 256 columns, kSlabThreads threads), then
-// route_cluster_kernel's tasks (per_block a block, its first warps) and top-k over that row. The
-// tasks' weights are asked of L2 before the wait and loaded into registers once the norm is done
-// (until then the registers are the norm's), beside x: one L2 round trip, as x alone was in the
-// router's own kernel. So the boundary between the norm's kernel and the router's is gone (its
-// launch, and the router's wait for the norm's end). The parts are route_cluster_kernel's, so
-// the logits and choices are the same bits.
-template <int NV>
-__global__ void __launch_bounds__(kSlabThreads) norm_route_cluster_kernel(GemvParams p, RouteTail route, int S,
-                                                                          int per_block, SlabNormArgs n) {
-  extern __shared__ float smem[];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int warp = threadIdx.x / 32, task = blockIdx.x * per_block + warp;
-  const bool streams = warp < per_block && task < p.slabs * S;
-  RouteTask<false> w(p, task, S);
-  if (streams) w.prefetch_all();
-  slabs_add_rms_norm_block(n.m, n.residual, n.weight, n.eps, n.H, n.out);
-  cluster.sync();  // every block's columns of x stored (release / acquire)
-  if (streams) {
-    w.load_round(w.first);
-    w.finish<true>(cluster.map_shared_rank(smem, 0));
-  }
-  cluster.sync();  // every part in the first block's shared memory
   if (cluster.block_rank() != 0) return;
   route_tail<NV, true>(route, smem, S, p.bias, static_cast<float*>(p.out), smem + S * route.tp.T * route.tp.E);
 }
@@ -480,12 +440,6 @@ bool route_as_cluster(int tasks, size_t smem) {
   return allowed && tasks <= 64 && smem <= 48 * 1024;
 }
 
-// Shared memory for the top-k's group scores (warps of them) or the sort of the pairs,
-// whichever needs more.
-size_t route_tail_smem(const RouteTail& r, int warps) {
-  return std::max(size_t(warps) * topk_warp_smem(r.tp), r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
-}
-
 // The router's launch: one cluster where it fits, else a warp for each of the slabs x S tasks,
 // per_block of them a block (as few as fill the multiprocessors, or tuning().route_tasks), with
 // at least a warp a row for the top-k. Shared memory for the top-k's group scores or the sort of
@@ -494,7 +448,9 @@ template <bool FP8>
 void launch_routed(const GemvParams& p, const RouteTail& r, int S) {
   MS_CHECK(S <= kRouteMaxParts, "gemv: a routed product in ", S, " parts");
   const int tasks = p.slabs * S, tuned = tuning().route_tasks;
-  auto tail_smem = [&](int warps) { return route_tail_smem(r, warps); };
+  auto tail_smem = [&](int warps) {
+    return std::max(size_t(warps) * topk_warp_smem(r.tp), r.sort.offsets ? sort_pairs_smem(r.sort.experts) : size_t(0));
+  };
   const int cluster = std::min(8, tasks), cluster_warps = std::max((tasks + cluster - 1) / cluster, int(r.tp.T));
   const size_t cluster_smem = size_t(S) * r.tp.T * r.tp.E * sizeof(float) + tail_smem(cluster_warps);
   if (!tuned && cluster_warps <= 8 && route_as_cluster(tasks, cluster_smem)) {
@@ -550,16 +506,6 @@ GemvTuning& tuning() {
   return t;
 }
 
-// The parameters of a dense product of x (of in.x's rows) and its warps splitting K: four, eight
-// when few slabs would leave multiprocessors idle.
-GemvParams dense_params(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-                        const GemvOutput& out, int& warps) {
-  const GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-                     int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};
-  warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
-  return p;
-}
-
 }  // namespace
 
 GemvTuning gemv_tuning() { return tuning(); }
@@ -577,14 +523,16 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");
   if (N == 0 || rows.rows == 0) return;
-  int warps;
-  const GemvParams p = dense_params(N, K, w, rows, in, out, warps);
+  GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
+               int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
   int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
                         : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
-  // Enough blocks over slabs for several waves, each block walking the rest in turn.
+  // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
+  // over slabs for several waves, each block walking the rest in turn.
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
   dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {
@@ -608,34 +556,6 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
     if (swiglu) dispatch_out<false, true>(p, out.dtype, nt, grid, warps);
     else dispatch_out<false, false>(p, out.dtype, nt, grid, warps);
   }
-}
-
-bool gemv_route_after_norm(int64_t N, int64_t K, const GemvWeights& w, const GemvInput& in, const GemvOutput& out,
-                           const RouteTail& route, const SlabNormArgs& norm) {
-  if (w.fp8 || w.w || !gemv_supported(K, w.ld, false, in.x, in.x_ld) || in.x_rows || in.beside_last ||
-      in.x != norm.out || route.tp.T != 1 || route.tp.E != N || route.tp.ls != out.out_ld ||
-      out.dtype != DType::F32 || tuning().route_tasks)
-    return false;
-  GemvRows rows;
-  rows.rows = 1;
-  int S;
-  const GemvParams p = dense_params(N, K, w, rows, in, out, S);  // route_cluster_kernel's parts
-  const int tasks = p.slabs * S, blocks = norm.H / kSlabCols, per_block = (tasks + blocks - 1) / blocks;
-  const size_t smem = size_t(S) * N * sizeof(float) + route_tail_smem(route, kSlabThreads / 32);
-  if (S > kRouteMaxParts || per_block > kSlabThreads / 32 || !route_as_cluster(tasks, smem)) return false;
-  const dim3 grid{unsigned(blocks)};
-  auto launch = [&](auto kernel) {
-    launch_pdl_cluster(kernel, grid, grid, dim3(kSlabThreads), smem, p, route, S, per_block, norm);
-  };
-  switch (route.nv) {
-    case 1: launch(norm_route_cluster_kernel<1>); break;
-    case 2: launch(norm_route_cluster_kernel<2>); break;
-    case 4: launch(norm_route_cluster_kernel<4>); break;
-    case 8: launch(norm_route_cluster_kernel<8>); break;
-    default: return false;
-  }
-  MS_CUDA_LAUNCHED("norm_route_cluster_kernel");
-  return true;
 }
 
 }  // namespace ms::cuda

@@ -5,7 +5,6 @@
 #pragma once
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/moe_topk.cuh"
-#include "kernels/cuda/slab_norm.cuh"
 
 namespace ms::cuda {
 
@@ -85,13 +84,5 @@ void set_gemv_tuning(const GemvTuning& t);
 // runs the router's top-k over the whole output (moe_topk.cuh).
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
           const GemvOutput& out, bool swiglu, const RouteTail* route = nullptr);
-
-// gemv with `route` for one row whose x the same launch makes first: x = norm.out, the slab norm
-// of norm (slab_norm.cuh), then the router's product and top-k as one cluster, the same bits as
-// the norm's kernel and gemv's route_cluster_kernel one after the other. False, with nothing
-// launched, where that cluster does not fit (a BF16 dense weight, the norm's blocks holding the
-// router's tasks at most 16 a block, its parts and scratch in 48 KB).
-bool gemv_route_after_norm(int64_t N, int64_t K, const GemvWeights& w, const GemvInput& in, const GemvOutput& out,
-                           const RouteTail& route, const SlabNormArgs& norm);
 
 }  // namespace ms::cuda

@@ -219,15 +219,4 @@ bool linear_then_topk(const Tensor& x, const Weight& w, const Tensor* bias, Tens
   return linear_rows(x, w, bias, logits, &tail);
 }
 
-bool linear_then_topk_after_norm(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& logits,
-                                 const RouteTail& tail, const SlabNormArgs& norm) {
-  if (x.dtype() != DType::BF16 || x.size(0) != 1 || w.in_features() != x.size(1) || !gemv_takes(x, w) || w.is_fp8() ||
-      logits.dtype() != DType::F32 || !logits.is_contiguous() || logits.size(1) != w.out_features() ||
-      (bias && (bias->dtype() != DType::F32 || bias->numel() != w.out_features())))
-    return false;
-  const GemvInput in{x.data<bf16>(), x.strides()[0]};
-  const GemvOutput o{logits.raw(), DType::F32, logits.strides()[0], bias ? bias->data<float>() : nullptr};
-  return gemv_route_after_norm(w.out_features(), x.size(1), gemv_weights(w), in, o, tail, norm);
-}
-
 }  // namespace ms::cuda

@@ -30,12 +30,5 @@ void merge_project(const SplitPartials& part, const ops::Weight& o, Tensor& slab
 // up to 96; BF16 rows).
 bool slab_norm_takes(int64_t S, const Tensor& residual, const Tensor& weight, const Tensor& out);
 void slabs_sum_add_rms_norm(const Tensor& slabs, Tensor& residual, const Tensor& weight, float eps, Tensor& out);
-// slabs_sum_add_rms_norm, then moe_route of out as `route` asks, in one launch: the router's
-// cluster norms its row first (gemv.h's gemv_route_after_norm; moe.cu), the same bits as the two.
-// False, with nothing launched, where it does not fit (as slab_norm_takes, a BF16 norm weight, and
-// a router that runs as one cluster of the norm's blocks); MOESERVE_NORM_ROUTE=0 (read once): never.
-bool slabs_sum_add_rms_norm_route(const Tensor& slabs, Tensor& residual, const Tensor& weight, float eps, Tensor& out,
-                                  const ops::RouteAfterNorm& route);
-bool route_after_norm_allowed();
 
 }  // namespace ms::cuda

@@ -4,13 +4,10 @@
 // expert for moe_experts (moe_grouped.h): one kernel where there were three. Experts:
 // moe_experts.cu.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/merge_project.h"
 #include "kernels/cuda/moe_grouped.h"
 #include "kernels/cuda/moe_topk.cuh"
 
@@ -72,29 +69,6 @@ TopkParams topk_params(int64_t T, int64_t E, int64_t ls, const Tensor* bias, con
                     bias ? bias->data<float>() : nullptr};
 }
 
-// The router's product with its top-k and the sort of the chosen pairs in one kernel (a decode
-// batch: linear_then_topk; with `norm`, x made first in that kernel too), the sort kept for
-// moe_experts. False, with nothing launched, where the product takes another path.
-bool route_in_product(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias,
-                      const RouterParams& p, Tensor& ids, Tensor& weights, const SlabNormArgs* norm) {
-  const int64_t T = x.size(0), E = gate.out_features();
-  if (T == 0 || T > kFusedRouteMaxTokens || topk_lanes(E) > kRouteMaxLanes) return false;
-  // F32 logits, as the reference computes them (bf16 logits would flip near-tied expert choices).
-  Tensor logits = scratch(DType::F32, {T, E});
-  const TopkParams tp = topk_params(T, E, E, bias, p, ids, weights);
-  // The sort of the pairs by expert, over every expert id the router names (the shared expert's
-  // replicas too), in the same kernel: moe_experts takes it when it holds all of them (no expert
-  // parallelism) instead of launching its own (align_kernel).
-  const int experts = int(E) + p.fused_shared_experts();
-  Permuted perm = permuted_scratch(T * tp.C, experts);
-  const RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts)};
-  if (norm ? !linear_then_topk_after_norm(x, gate, gate_bias, logits, tail, *norm)
-           : !linear_then_topk(x, gate, gate_bias, logits, tail))
-    return false;
-  keep_routed_pairs(ids, experts, std::move(perm));
-  return true;
-}
-
 }  // namespace
 
 void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, Tensor& ids, Tensor& weights) {
@@ -113,30 +87,25 @@ void moe_topk(const Tensor& logits, const Tensor* bias, const RouterParams& p, T
 
 void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, const Tensor* bias, const RouterParams& p,
                Tensor& ids, Tensor& weights) {
+  const int64_t T = x.size(0), E = gate.out_features();
+  // F32 logits, as the reference computes them (bf16 logits would flip near-tied expert choices).
+  Tensor logits = scratch(DType::F32, {T, E});
   drop_routed_pairs();
-  if (route_in_product(x, gate, gate_bias, bias, p, ids, weights, nullptr)) return;
-  Tensor logits = scratch(DType::F32, {x.size(0), gate.out_features()});
+  if (T > 0 && T <= kFusedRouteMaxTokens && topk_lanes(E) <= kRouteMaxLanes) {
+    const TopkParams tp = topk_params(T, E, E, bias, p, ids, weights);
+    // The sort of the pairs by expert, over every expert id the router names (the shared
+    // expert's replicas too), in the same kernel: moe_experts takes it when it holds all of them
+    // (no expert parallelism) instead of launching its own (align_kernel).
+    const int experts = int(E) + p.fused_shared_experts();
+    Permuted perm = permuted_scratch(T * tp.C, experts);
+    const RouteTail tail{tp, ids.data<int32_t>(), weights.data<float>(), topk_lanes(E), sorted_pairs(perm, experts)};
+    if (linear_then_topk(x, gate, gate_bias, logits, tail)) {
+      keep_routed_pairs(ids, experts, std::move(perm));
+      return;
+    }
+  }
   cuda::linear(x, gate, gate_bias, logits);
   cuda::moe_topk(logits, bias, p, ids, weights);
-}
-
-bool slabs_sum_add_rms_norm_route(const Tensor& slabs, Tensor& residual, const Tensor& weight, float eps, Tensor& out,
-                                  const ops::RouteAfterNorm& r) {
-  const int64_t S = slabs.size(0), H = residual.size(1), K = std::min<int64_t>(S, 8);
-  if (!slab_norm_takes(S, residual, weight, out) || weight.dtype() != DType::BF16 || !route_after_norm_allowed())
-    return false;
-  const SlabNormArgs norm{MoeSlabs{slabs.data<float>(), nullptr, nullptr, int(K), int(S / K), nullptr, nullptr},
-                          residual.data<bf16>(), weight.data<bf16>(), eps, int(H), out.data<bf16>()};
-  drop_routed_pairs();
-  return route_in_product(out, r.gate, r.gate_bias, r.bias, r.params, r.ids, r.weights, &norm);
-}
-
-bool route_after_norm_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("MOESERVE_NORM_ROUTE");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return allowed;
 }
 
 }  // namespace ms::cuda

@@ -9,7 +9,6 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/slab_norm.cuh"
 
 namespace ms::cuda {
 
@@ -62,10 +61,6 @@ inline size_t sort_pairs_smem(int E) { return size_t(2) * E * sizeof(int32_t); }
 // false (nothing launched) when linear would take another path. Defined in linear.cu.
 bool linear_then_topk(const Tensor& x, const ops::Weight& w, const Tensor* bias, Tensor& logits,
                       const RouteTail& tail);
-// The same for a row x that `norm` makes in the same launch (gemv_route_after_norm): false, with
-// nothing launched (x not yet made), where that launch does not fit. Defined in linear.cu.
-bool linear_then_topk_after_norm(const Tensor& x, const ops::Weight& w, const Tensor* bias, Tensor& logits,
-                                 const RouteTail& tail, const SlabNormArgs& norm);
 
 #ifdef __CUDACC__
 
