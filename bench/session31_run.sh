@@ -21,3 +21,21 @@ if [ $PHASE = 1 ]; then
   trace v2lite 1 4096 off MOESERVE_WARM_NEXT=0; trace v2lite 1 4096 on
   log done
 fi
+
+# PHASE=2: the router inside the post-attention norm's cluster (norm_route_cluster_kernel;
+#   MOESERVE_NORM_ROUTE=0: the norm's kernel and the router's as before). Its tests and the
+#   models', Qwen3's greedy ids off against on, B = 1 rotating, timelines off and on.
+if [ $PHASE = 2 ]; then
+  TESTS="test_cuda_norm_route test_cuda_merge_project test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route
+    test_cuda_moe_combine_norm test_cuda_graphs"
+  JOBS=15 build_after ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b $TESTS
+  wait
+  gen_ids qwen3 MOESERVE_NORM_ROUTE=0 qwen3-off; gen_ids qwen3 - qwen3-on
+  cmp -s $L/gen-qwen3-off.txt $L/gen-qwen3-on.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
+  for r in 0 1 2; do SIDES="$(SIDES="off:MOESERVE_NORM_ROUTE=0 on" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  trace qwen3 1 4096 off MOESERVE_NORM_ROUTE=0; trace qwen3 1 4096 on
+  for o in 16 528; do offline qwen3 $o on-qwen3; MOESERVE_NORM_ROUTE=0 offline qwen3 $o off-qwen3; done
+  log done
+fi
