@@ -39,3 +39,19 @@ if [ $PHASE = 2 ]; then
   for o in 16 528; do offline qwen3 $o on-qwen3; MOESERVE_NORM_ROUTE=0 offline qwen3 $o off-qwen3; done
   log done
 fi
+
+# PHASE=3: the session's final tree (its src/ is session 30's final, 976c347's, both experiments
+#   reverted): every single-GPU test program, the ceilings, B = 1 three rounds, B = 64, the 8k
+#   prefills, the engine's step, timelines: the figures for "where the targets stand".
+if [ $PHASE = 3 ]; then
+  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  wait
+  b1_rounds final final
+  SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
+  for m in qwen3 v2lite; do for o in 16 528; do offline $m $o final-$m; done; done
+  trace qwen3 1 4096 final; trace v2lite 1 4096 final
+  log done
+fi
