@@ -346,6 +346,9 @@ __global__ void __launch_bounds__(256) route_kernel(GemvParams p, RouteTail rout
 // hardware barrier, and that block runs the top-k. Where route_kernel's blocks wrote their parts
 // to L2, fenced them, counted themselves at a device counter and the last read them back (round
 // trips in series), this is one barrier. smem: [S][T][E] parts, then route_tail's scratch.
+// (Run inside the batch-1 post-attention norm's cluster instead, its weights loaded after that
+// norm rather than into registers while it ran, the pair took 2.15 us more a Qwen3 layer:
+// BENCHMARKS, session 31. Its launch and wait, resident behind the norm, cost less than that.)
 template <bool FP8, int NV>
 __global__ void __launch_bounds__(256) route_cluster_kernel(GemvParams p, RouteTail route, int S) {
   extern __shared__ float smem[];

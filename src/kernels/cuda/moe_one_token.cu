@@ -18,7 +18,9 @@
 //
 // Before it waits for the routing, every block copies the local experts' weight addresses into
 // shared memory (stage_expert_table), so that from the slot's expert id to its first weight load
-// no other round trip lies.
+// no other round trip lies. (Asking L2 there for the next layer's first weight too, while HBM
+// idles under the router, made q|k|v 0.8 us shorter and this kernel and the attention as much
+// longer: BENCHMARKS, session 31.)
 //
 // With ye, the kernel lets the next one start (PDL) only once its partials are stored. Earlier would be
 // safe too (that launch waits until every block here has triggered, so is resident), but the
