@@ -101,16 +101,19 @@ build_after() {
   configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j${JOBS:-11} --target moeserve "$@" >> $L/build.log 2>&1
   log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
 }
-# $BEFORE_SRC's moeserve (build_before) beside $SRC's every GPU test program, ms_kernel_trace and
-# ms_cuda_ceilings (build_after, -j11); both random models; the ceilings; every test run. Returns
-# once the models and the before build are done.
-build_all_and_test() {
-  build_before 5
-  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+# $SRC's every GPU test program, ms_kernel_trace and ms_cuda_ceilings (build_after, -j$JOBS); both
+# random models; the ceilings; every test run. Returns once every background job is done.
+every_test_program() {
+  build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
   model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
   run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
   wait
+}
+# $BEFORE_SRC's moeserve (build_before) beside every_test_program (-j11).
+build_all_and_test() {
+  build_before 5
+  JOBS=11 every_test_program
 }
 # A test program under its own timeout ($2 s), logged as $L/$1.log, its verdicts and failures in summary.log.
 gtest() {

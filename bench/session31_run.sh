@@ -44,11 +44,7 @@ fi
 #   reverted): every single-GPU test program, the ceilings, B = 1 three rounds, B = 64, the 8k
 #   prefills, the engine's step, timelines: the figures for "where the targets stand".
 if [ $PHASE = 3 ]; then
-  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
-  wait
+  JOBS=15 every_test_program
   b1_rounds final final
   SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
   for m in qwen3 v2lite; do for o in 16 528; do offline $m $o final-$m; done; done
