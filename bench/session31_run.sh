@@ -51,3 +51,22 @@ if [ $PHASE = 3 ]; then
   trace qwen3 1 4096 final; trace v2lite 1 4096 final
   log done
 fi
+
+# PHASE=4 (not run: this session's device time was spent): $SRC = main with bench/gpu_pending.patch
+#   applied (merge_project's tiles' mma chains interleaved, the register-row warps given fewer
+#   tiles; the same bits), $BEFORE_SRC = main without it: merge_project, fixtures and engine_graphs
+#   tests, Qwen3's greedy ids before and after, B = 1 rotating, timelines of both.
+if [ $PHASE = 4 ]; then
+  snapshots_ready $BEFORE_SRC
+  build_before 5
+  TESTS="test_cuda_merge_project test_cuda_fixtures test_cuda_engine_graphs"
+  JOBS=11 build_after ms_kernel_trace $TESTS
+  model qwen3 qwen3-30b-a3b 12 &
+  run_gpu_tests /tmp/b $TESTS
+  wait
+  gen_ids qwen3 - qwen3-after; B=/tmp/before/moeserve gen_ids qwen3 - qwen3-before
+  cmp -s $L/gen-qwen3-after.txt $L/gen-qwen3-before.txt && log "generate qwen3 ids equal" || log "generate qwen3 ids DIFFER"
+  for r in 0 1 2; do SIDES="$(SIDES="before after" rotated $r)" bench_sides qwen3 "1 4096 16"; done
+  trace qwen3 1 4096 after; B=/tmp/before/moeserve trace qwen3 1 4096 before
+  log done
+fi
