@@ -5,8 +5,8 @@ set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
-# PHASE=1: the next layer's first weight asked of L2 by the batch-1 experts kernel before it waits
-#   for the routing (MOESERVE_WARM_NEXT: 0 off, 1 the normal priority, last evict_last). The
+# PHASE=1 ($SRC = 2cb215e, reverted after it): the next layer's first weight asked of L2 by the
+#   batch-1 experts kernel before it waits for the routing (MOESERVE_WARM_NEXT: 0 off, 1 the normal priority, last evict_last). The
 #   experts' tests and the models', greedy ids off against on, B = 1 rotating over the three
 #   (Qwen3) and off / on (V2-Lite), timelines off and on.
 if [ $PHASE = 1 ]; then
@@ -22,7 +22,8 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2: the router inside the post-attention norm's cluster (norm_route_cluster_kernel;
+# PHASE=2 ($SRC = 5d16379, reverted after it): the router inside the post-attention norm's
+#   cluster (norm_route_cluster_kernel;
 #   MOESERVE_NORM_ROUTE=0: the norm's kernel and the router's as before). Its tests and the
 #   models', Qwen3's greedy ids off against on, B = 1 rotating, timelines off and on.
 if [ $PHASE = 2 ]; then

@@ -8,12 +8,13 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
                            const RmsNorm& next_norm) const {
   const Tensor in = h;
   h = ctx.empty(hidden.shape());
+  const bool reduce_attn = ctx.parallel && ctx.parallel->attn_tp->size() > 1;
   const auto* gqa = std::get_if<GqaAttention>(&attention);
-  if (gqa && !(ctx.parallel && ctx.parallel->attn_tp->size() > 1)) {
+  if (gqa && !reduce_attn) {
     gqa->forward_add_norm(in, layer, ctx, hidden, post_attention_norm, h);  // nothing between them to reduce
   } else {
     Tensor a = std::visit([&](const auto& attn) { return attn.forward(in, layer, ctx); }, attention);
-    if (ctx.parallel && ctx.parallel->attn_tp->size() > 1) ctx.parallel->attn_tp->all_reduce(a);
+    if (reduce_attn) ctx.parallel->attn_tp->all_reduce(a);
     post_attention_norm.add_forward(hidden, a, h);
   }
   ctx.round(h);
