@@ -27,3 +27,15 @@ if [ $PHASE = 1 ]; then
   trace v2lite 1 4096 off MOESERVE_GEMV_STAGED=0; trace v2lite 1 4096 on
   log done
 fi
+
+# PHASE=2: the session's final tree: every single-GPU test program, the ceilings, B = 1 three
+#   rounds, B = 64, the 8k prefills, the engine's step, timelines: the figures for "where the
+#   targets stand".
+if [ $PHASE = 2 ]; then
+  JOBS=15 every_test_program
+  b1_rounds final final
+  SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
+  for m in qwen3 v2lite; do for o in 16 528; do offline $m $o final-$m; done; done
+  trace qwen3 1 4096 final; trace v2lite 1 4096 final
+  log done
+fi
