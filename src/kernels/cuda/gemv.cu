@@ -8,6 +8,10 @@
 // 16 consecutive k (two 16-byte bf16 loads, or one of fp8) of weight rows g and g + 8 and of input
 // row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
 // FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy).
+// (A block asking for all of its slab at once into shared memory instead, cp.async, then these
+// mmas in this order, was measured and dropped: Qwen3's q|k|v 7.95 -> 8.32 us a layer, V2-Lite's
+// q|kv_a 2.45 -> 2.93; the rounds in registers are not what holds these products back.
+// BENCHMARKS, session 32.)
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/mma.h"
 
@@ -16,9 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <string_view>
-#include <tuple>
 
 namespace ms::cuda {
 namespace {
@@ -254,119 +256,6 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   if constexpr (BESIDE) pdl_wait();
 }
 
-// The staged product: a dense BF16 product of at most 8 rows whose blocks, a slab each, can all be
-// resident at once (gemv_kernel's automatic shape otherwise). gemv_kernel holds a round of 4
-// chunks a warp in registers and asks for the next only once they are multiplied, so Qwen3's
-// q|k|v (320 slabs of 4 warps, 8 chunks each) streamed in two dependent rounds: ~9 us alone for
-// 21 MB, 2.3 TB/s (BENCHMARKS, session 22). Here every warp asks for all of its chunks at once,
-// into shared memory (cp.async), and the block's input rows with them; the mmas then run as
-// gemv_kernel's do, the same chunks in the same order, so the outputs are the same bits.
-// EARLY (a weight marked fetch_early): the weights are asked for before pdl_wait.
-// Shared memory: [S][per_warp][MATS][16 rows][8 pieces of 16 B] (piece c of row r at c ^ (r & 7),
-// so that a quad's two pieces and the next row's fall in distinct banks), the input rows
-// [rows][K + 8] (padded a piece), then the reduction [S][MATS][16][8] floats.
-constexpr int kStagedPieces = kChunk / 8;  // 16-byte pieces of a weight row's chunk
-
-__host__ __device__ inline int staged_per_warp(int chunks, int S) { return (chunks + S - 1) / S; }
-__host__ __device__ inline int64_t staged_x_ld(int K) { return K + 8; }  // BF16 elements a staged input row
-
-size_t staged_smem(const GemvParams& p, int S, int mats) {
-  return size_t(S) * staged_per_warp(p.chunks, S) * mats * kSlab * kChunk * 2 +
-         size_t(p.rows.rows) * staged_x_ld(p.K) * 2 + size_t(S) * mats * kSlab * 8 * sizeof(float);
-}
-
-template <class TO, bool SWIGLU, bool EARLY>
-__global__ void __launch_bounds__(256) gemv_staged_kernel(GemvParams p) {
-  constexpr int MATS = SWIGLU ? 2 : 1;
-  extern __shared__ uint4 stage[];
-  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int per_warp = staged_per_warp(p.chunks, S), n0 = blockIdx.y * kSlab;
-  uint4* w_s = stage + int64_t(warp) * per_warp * MATS * kSlab * kStagedPieces;
-  bf16* x_s = reinterpret_cast<bf16*>(stage + int64_t(S) * per_warp * MATS * kSlab * kStagedPieces);
-  float* red = reinterpret_cast<float*>(x_s + p.rows.rows * staged_x_ld(p.K));
-  const uint64_t policy = l2_policy(p.evict_first);
-  const char* W[2] = {static_cast<const char*>(p.w.w_one), static_cast<const char*>(p.w.w2_one)};
-  auto ask_weights = [&] {  // this warp's chunks warp, warp + S, ...: 4 pieces a lane each
-    for (int j = 0; j < per_warp; ++j) {
-      const int c = warp + j * S;
-#pragma unroll
-      for (int m = 0; m < MATS; ++m)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int piece = lane + 32 * i, r = piece / kStagedPieces, col = piece % kStagedPieces;
-          const int n = n0 + r, k = c * kChunk + col * 8;
-          const bool valid = c < p.chunks && n < p.N && k < p.K;
-          cp_async16(w_s + ((j * MATS + m) * kSlab + r) * kStagedPieces + (col ^ (r & 7)),
-                     valid ? W[m] + (int64_t(n) * p.w.ld + k) * 2 : W[m], valid, policy);
-        }
-    }
-  };
-  if constexpr (EARLY) ask_weights();
-  pdl_wait();
-  pdl_trigger();
-  if constexpr (!EARLY) ask_weights();
-  for (int i = threadIdx.x; i < p.rows.rows * (p.K / 8); i += blockDim.x) {
-    const int r = i / (p.K / 8), k = i % (p.K / 8) * 8, src = p.in.x_rows ? p.in.x_rows[r] : r;
-    cp_async16(x_s + r * staged_x_ld(p.K) + k, p.in.x + int64_t(src) * p.in.x_ld + k, true);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-  float acc[MATS][4] = {};
-  for (int j = 0; j < per_warp; ++j) {
-    const int c = warp + j * S;
-    if (c >= p.chunks) break;
-    const int k0 = c * kChunk + q * 16;
-    uint32_t x[8] = {};
-    if (g < p.rows.rows && k0 < p.K) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x_s + g * staged_x_ld(p.K) + k0);
-      const uint4 lo = xr[0], hi = k0 + 8 < p.K ? xr[1] : make_uint4(0, 0, 0, 0);
-      x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
-    }
-    uint32_t a[MATS][2][8];
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // rows g and g + 8: pieces 2q and 2q + 1 of the chunk
-        const int r = g + 8 * h;
-        const uint4* row = w_s + ((j * MATS + m) * kSlab + r) * kStagedPieces;
-        const uint4 lo = row[(2 * q) ^ (r & 7)], hi = row[(2 * q + 1) ^ (r & 7)];
-        const uint32_t v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) a[m][h][i] = v[i];
-      }
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int m = 0; m < MATS; ++m) {
-        const uint32_t frag[4] = {a[m][0][2 * s], a[m][1][2 * s], a[m][0][2 * s + 1], a[m][1][2 * s + 1]};
-        mma_bf16(acc[m], frag, x[2 * s], x[2 * s + 1]);
-      }
-  }
-  // gemv_kernel's reduction over the warps, in its order (one tile of 8 rows).
-#pragma unroll
-  for (int m = 0; m < MATS; ++m) {
-    float* r = red + ((warp * MATS + m) * kSlab) * 8;
-    r[g * 8 + 2 * q] = acc[m][0], r[g * 8 + 2 * q + 1] = acc[m][1];
-    r[(g + 8) * 8 + 2 * q] = acc[m][2], r[(g + 8) * 8 + 2 * q + 1] = acc[m][3];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 8 * kSlab; i += blockDim.x) {
-    const int row = i / kSlab, n = n0 + i % kSlab;
-    if (row >= p.rows.rows || n >= p.N) continue;
-    float v[MATS];
-#pragma unroll
-    for (int m = 0; m < MATS; ++m) {
-      v[m] = 0.f;
-      for (int w = 0; w < S; ++w) v[m] += red[((w * MATS + m) * kSlab + i % kSlab) * 8 + row];
-    }
-    float out = v[0];
-    if constexpr (SWIGLU) out = v[0] / (1.0f + expf(-v[0])) * v[MATS - 1];
-    else if (p.bias) out += p.bias[n];
-    store_out<TO>(p, row, n, out);
-  }
-}
-
 // Blocks of the running router product that have finished; its last block resets it. One
 // stream a GPU runs these products one after another, so one counter a GPU serves them all.
 __device__ unsigned g_route_blocks_done = 0;
@@ -480,55 +369,6 @@ __global__ void __launch_bounds__(256) route_cluster_kernel(GemvParams p, RouteT
   route_tail<NV, true>(route, smem, S, p.bias, static_cast<float*>(p.out), smem + S * route.tp.T * route.tp.E);
 }
 
-GemvTuning& tuning();
-// MOESERVE_GEMV_STAGED: where gemv_staged_kernel runs. `all` (the default): every dense BF16
-// product of at most 8 rows whose blocks are all resident at once, a weight marked fetch_early
-// asked for before the wait; `wait`: the same but for marked weights, which keep gemv_kernel's
-// early round; `0`: never (gemv_kernel alone, as GemvTuning::streamed for one launch).
-int staged_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("MOESERVE_GEMV_STAGED");
-    const std::string_view v = env ? env : "all";
-    MS_CHECK(v == "all" || v == "wait" || v == "0", "MOESERVE_GEMV_STAGED=", v, ": expected all, wait or 0");
-    return v == "0" ? 0 : v == "wait" ? 1 : 2;
-  }();
-  return mode;
-}
-
-// Whether `blocks` blocks of `kernel` (threads, smem bytes each) are resident together.
-bool all_resident(const void* kernel, int blocks, int threads, size_t smem) {
-  static int optin = [] {
-    int v = 0;
-    MS_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-    return v;
-  }();
-  if (smem > size_t(optin)) return false;
-  thread_local std::map<std::tuple<int, const void*, int, size_t>, int> per_sm;
-  const auto key = std::make_tuple(current_device(), kernel, threads, smem);
-  auto it = per_sm.find(key);
-  if (it == per_sm.end()) {
-    MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-    int n = 0;
-    MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    it = per_sm.emplace(key, n).first;
-  }
-  return int64_t(it->second) * sm_count() >= blocks;
-}
-
-// The staged kernel that takes this product (a dense slab a block, at most 8 rows, all blocks
-// resident, the automatic shape), or null, with its shared memory.
-template <class TO, bool SWIGLU>
-auto staged_kernel(const GemvParams& p, dim3 grid, int warps, size_t& smem) -> void (*)(GemvParams) {
-  const int mode = staged_mode();
-  const GemvTuning& tune = tuning();
-  if (mode == 0 || tune.streamed || tune.warps || tune.blocks_y || tune.nt || p.w.fp8 || p.in.beside_last ||
-      p.rows.offsets || p.rows.rows > 8 || grid.x != 1 || int(grid.y) != p.slabs || (p.early && mode == 1))
-    return nullptr;
-  smem = staged_smem(p, warps, SWIGLU ? 2 : 1);
-  auto kernel = p.early ? gemv_staged_kernel<TO, SWIGLU, true> : gemv_staged_kernel<TO, SWIGLU, false>;
-  return all_resident(reinterpret_cast<const void*>(kernel), int(grid.y), warps * 32, smem) ? kernel : nullptr;
-}
-
 // Whether a warp takes all its chunks in one round of 8 (gemv_kernel's U = 8): when the grid
 // has no more blocks than multiprocessors, a block is alone on its SM and nothing else hides the
 // drain between two rounds of loads (each round waits for all its loads before the next is
@@ -541,13 +381,6 @@ bool one_round(const GemvParams& p, dim3 grid, int warps) {
 
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
-  if constexpr (!FP8 && NT == 1) {
-    size_t smem = 0;
-    if (auto kernel = staged_kernel<TO, SWIGLU>(p, grid, warps, smem)) {
-      launch_pdl(kernel, grid, dim3(warps * 32), smem, p);
-      return;
-    }
-  }
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
   if constexpr (NT == 1)
@@ -580,6 +413,8 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
   else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps);
   else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
 }
+
+GemvTuning& tuning();
 
 // Whether a dense product loads its first round of weights before it waits (gemv_kernel's
 // EARLY), from MOESERVE_GEMV_PREFETCH: `marked` (the default) where the weight is marked
@@ -689,72 +524,44 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
-namespace {
-
-// A product's parameters and automatic launch shape.
-struct Plan {
-  GemvParams p;
-  dim3 grid;
-  int warps, nt;
-};
-
-Plan plan(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-          const GemvOutput& out) {
+void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
+          const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
+  MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");
+  if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
                int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
-  const int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
-                              : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
+  int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
+                        : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
   // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
   // over slabs for several waves, each block walking the rest in turn.
-  const int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
   const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
-  return {p, dim3(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group))), warps, nt};
-}
-
-}  // namespace
-
-bool gemv_staged(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-                 const GemvOutput& out, bool swiglu) {
-  if (N == 0 || rows.rows == 0 || rows.rows > 8) return false;
-  const Plan pl = plan(N, K, w, rows, in, out);
-  size_t smem = 0;
-  if (out.dtype == DType::BF16)
-    return swiglu ? staged_kernel<bf16, true>(pl.p, pl.grid, pl.warps, smem) != nullptr
-                  : staged_kernel<bf16, false>(pl.p, pl.grid, pl.warps, smem) != nullptr;
-  return swiglu ? staged_kernel<float, true>(pl.p, pl.grid, pl.warps, smem) != nullptr
-                : staged_kernel<float, false>(pl.p, pl.grid, pl.warps, smem) != nullptr;
-}
-
-void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-          const GemvOutput& out, bool swiglu, const RouteTail* route) {
-  MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");
-  if (N == 0 || rows.rows == 0) return;
-  Plan pl = plan(N, K, w, rows, in, out);
+  dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {
     MS_CHECK(!swiglu && !rows.offsets && !w.w && rows.rows <= 8 && out.dtype == DType::F32 && route->tp.T == rows.rows &&
                  route->tp.E == N && route->tp.ls == out.out_ld,
              "gemv: a routed product takes a dense F32 output of at most 8 rows");
     // The router's parts are those of gemv_kernel's warps at this automatic shape, so its logits
     // are the unrouted product's (cuda::linear's) bit for bit.
-    if (w.fp8) launch_routed<true>(pl.p, *route, pl.warps);
-    else launch_routed<false>(pl.p, *route, pl.warps);
+    if (w.fp8) launch_routed<true>(p, *route, warps);
+    else launch_routed<false>(p, *route, warps);
     return;
   }
   const GemvTuning& tune = tuning();
-  if (tune.warps) pl.warps = tune.warps;
-  if (tune.blocks_y) pl.grid.y = unsigned(std::min(pl.p.slabs, tune.blocks_y));
-  if (tune.nt) pl.nt = tune.nt;
+  if (tune.warps) warps = tune.warps;
+  if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));
+  if (tune.nt) nt = tune.nt;
   if (w.fp8) {
-    if (swiglu) dispatch_out<true, true>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
-    else dispatch_out<true, false>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
+    if (swiglu) dispatch_out<true, true>(p, out.dtype, nt, grid, warps);
+    else dispatch_out<true, false>(p, out.dtype, nt, grid, warps);
   } else {
-    if (swiglu) dispatch_out<false, true>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
-    else dispatch_out<false, false>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
+    if (swiglu) dispatch_out<false, true>(p, out.dtype, nt, grid, warps);
+    else dispatch_out<false, false>(p, out.dtype, nt, grid, warps);
   }
 }
 

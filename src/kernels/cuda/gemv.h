@@ -71,11 +71,8 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 // as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" says (read once); set_gemv_tuning replaces it for
 // later launches (a captured graph keeps the shape it was captured with). Not for concurrent use:
 // set it while no other thread launches products.
-// streamed: gemv_kernel even where the staged kernel would take the product (gemv.cu; it takes
-// one only at the automatic shape: warps, blocks_y and nt 0).
 struct GemvTuning {
   int warps = 0, blocks_y = 0, nt = 0, route_tasks = 0;
-  bool streamed = false;
 };
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
@@ -87,12 +84,5 @@ void set_gemv_tuning(const GemvTuning& t);
 // runs the router's top-k over the whole output (moe_topk.cuh).
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
           const GemvOutput& out, bool swiglu, const RouteTail* route = nullptr);
-
-// Whether gemv() would run this product (without `route`) as the staged kernel: a dense BF16
-// product of at most 8 rows at the automatic shape whose blocks, a slab each, are all resident
-// at once; its weights and inputs asked for at once into shared memory, the same sums as
-// gemv_kernel's, so the same bits (MOESERVE_GEMV_STAGED=0: never).
-bool gemv_staged(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-                 const GemvOutput& out, bool swiglu);
 
 }  // namespace ms::cuda

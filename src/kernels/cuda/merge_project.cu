@@ -57,12 +57,42 @@ __device__ __forceinline__ float dot_piece(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
-// The shared rows' products on the tensor cores: warp w takes 16-row tiles w, w + 8, ...; A from
-// ldmatrix, B every column x (so C's columns are equal and lane 4g holds rows g and g + 8). On
-// the CUDA cores (a thread a row, 8 conversions and 8 FMAs a piece) a block's product took ~1250
+// The warps whose threads also hold a register row (the last kRows - kSmemRows rows), and the
+// 16-row tiles of shared rows a warp takes: fewer for those warps, which also make a dot product.
+constexpr int kRegWarps = (kRows - kSmemRows) / 32, kTilesMost = 4, kTilesFew = 2;
+static_assert((kWarps - kRegWarps) * kTilesMost + kRegWarps * kTilesFew == kSmemRows / 16, "every tile a warp's");
+
+// Tiles [tile0, tile0 + NT) of the shared rows on the tensor cores: A from ldmatrix, B every column
+// x (so C's columns are equal and lane 4g holds rows g and g + 8). The tiles' chains of 8 mmas are
+// interleaved (k outer), so the warp waits for one mma's latency a step, not a tile's chain; each
+// tile still sums its k in order. On the CUDA cores (a thread a row) a block's product took ~1250
 // cycles longer (session 30's stamps).
+template <int NT>
+__device__ __forceinline__ void tiles_mma(const uint4* w_s, const uint32_t (&b)[kPieces / 2][2], float* out,
+                                          int tile0, int r0, int N) {
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  float c[NT][4] = {};
+#pragma unroll
+  for (int kt = 0; kt < kPieces / 2; ++kt)
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int row = (tile0 + i) * 16 + lane % 8 + (lane / 8 % 2) * 8;  // this lane's ldmatrix row
+      uint32_t a[4];
+      ldmatrix_x4<false>(reinterpret_cast<const bf16*>(w_s + slot(row, 2 * kt + lane / 16)), a);
+      mma_bf16(c[i], a, b[kt][0], b[kt][1]);
+    }
+  if (q == 0)
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int r = (tile0 + i) * 16 + g;
+      if (r0 + r < N) out[r] = c[i][0];
+      if (r0 + r + 8 < N) out[r + 8] = c[i][2];
+    }
+}
+
+// The shared rows' products: B from the merged head x, then the warp's tiles.
 __device__ __forceinline__ void shared_rows_mma(const uint4* w_s, const uint4* x_s, float* out, int r0, int N) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int warp = threadIdx.x / 32, q = threadIdx.x % 4;
   const bf16* xb = reinterpret_cast<const bf16*>(x_s);
   uint32_t b[kPieces / 2][2];
 #pragma unroll
@@ -70,20 +100,9 @@ __device__ __forceinline__ void shared_rows_mma(const uint4* w_s, const uint4* x
     b[kt][0] = *reinterpret_cast<const uint32_t*>(xb + kt * 16 + 2 * q);
     b[kt][1] = *reinterpret_cast<const uint32_t*>(xb + kt * 16 + 8 + 2 * q);
   }
-  for (int tile = warp; tile < kSmemRows / 16; tile += kWarps) {
-    float c[4] = {};
-    const int row = tile * 16 + lane % 8 + (lane / 8 % 2) * 8;  // this lane's ldmatrix row
-#pragma unroll
-    for (int kt = 0; kt < kPieces / 2; ++kt) {
-      uint32_t a[4];
-      ldmatrix_x4<false>(reinterpret_cast<const bf16*>(w_s + slot(row, 2 * kt + lane / 16)), a);
-      mma_bf16(c, a, b[kt][0], b[kt][1]);
-    }
-    if (q == 0) {
-      if (r0 + tile * 16 + g < N) out[tile * 16 + g] = c[0];
-      if (r0 + tile * 16 + g + 8 < N) out[tile * 16 + g + 8] = c[2];
-    }
-  }
+  constexpr int kMost = kWarps - kRegWarps;
+  if (warp < kMost) tiles_mma<kTilesMost>(w_s, b, out, warp * kTilesMost, r0, N);
+  else tiles_mma<kTilesFew>(w_s, b, out, kMost * kTilesMost + (warp - kMost) * kTilesFew, r0, N);
 }
 
 __global__ void __launch_bounds__(kThreads) merge_project_kernel(MergeProjectParams p) {
