@@ -101,14 +101,35 @@ build_after() {
   configure_tree $SRC /tmp/b > $L/build.log 2>&1 && cmake --build /tmp/b -j${JOBS:-11} --target moeserve "$@" >> $L/build.log 2>&1
   log "built rc=$?"; [ -x $B ] || { tail -30 $L/build.log; exit 1; }
 }
+# Both random models made in the background (the caller's `wait` joins them) while /tmp/b's test
+# programs named run.
+models_beside_tests() {
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b "$@"
+}
 # $SRC's every GPU test program, ms_kernel_trace and ms_cuda_ceilings (build_after, -j$JOBS); both
 # random models; the ceilings; every test run. Returns once every background job is done.
 every_test_program() {
   build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  models_beside_tests $(gpu_tests_of $SRC)
   wait
+}
+# B = 1 timelines of both models with env $1 ("VAR=v", labelled off) and without it (on).
+timelines_off_on() {
+  local m
+  for m in qwen3 v2lite; do trace $m 1 4096 off "$1"; trace $m 1 4096 on; done
+}
+# A session's final tree, labelled `final`: every_test_program (-j15), B = 1 three rounds, B = 64,
+# the 8k prefills, the engine's step (bench-offline) and the B = 1 timelines of both models: the
+# figures of BENCHMARKS' "where the targets stand".
+target_figures() {
+  JOBS=15 every_test_program
+  b1_rounds final final
+  SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
+  for m in qwen3 v2lite; do for o in 16 528; do offline $m $o final-$m; done; done
+  trace qwen3 1 4096 final; trace v2lite 1 4096 final
+  log done
 }
 # $BEFORE_SRC's moeserve (build_before) beside every_test_program (-j11).
 build_all_and_test() {

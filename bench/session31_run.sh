@@ -12,13 +12,11 @@ source $SRC/bench/device_env.sh && snapshots_ready $SRC
 if [ $PHASE = 1 ]; then
   TESTS="test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_combine_norm"
   JOBS=15 build_after ms_kernel_trace $TESTS
-  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
-  run_gpu_tests /tmp/b $TESTS
+  models_beside_tests $TESTS
   wait
   ids_alike MOESERVE_WARM_NEXT=0 - off on
   b1_rounds "off:MOESERVE_WARM_NEXT=0 on last:MOESERVE_WARM_NEXT=last" "off:MOESERVE_WARM_NEXT=0 on"
-  trace qwen3 1 4096 off MOESERVE_WARM_NEXT=0; trace qwen3 1 4096 on
-  trace v2lite 1 4096 off MOESERVE_WARM_NEXT=0; trace v2lite 1 4096 on
+  timelines_off_on MOESERVE_WARM_NEXT=0
   log done
 fi
 
@@ -45,12 +43,7 @@ fi
 #   reverted): every single-GPU test program, the ceilings, B = 1 three rounds, B = 64, the 8k
 #   prefills, the engine's step, timelines: the figures for "where the targets stand".
 if [ $PHASE = 3 ]; then
-  JOBS=15 every_test_program
-  b1_rounds final final
-  SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
-  for m in qwen3 v2lite; do for o in 16 528; do offline $m $o final-$m; done; done
-  trace qwen3 1 4096 final; trace v2lite 1 4096 final
-  log done
+  target_figures
 fi
 
 # PHASE=4 (not run: this session's device time was spent): $SRC = main with bench/gpu_pending.patch
