@@ -124,6 +124,7 @@ timelines_off_on() {
 # the 8k prefills, the engine's step (bench-offline) and the B = 1 timelines of both models: the
 # figures of BENCHMARKS' "where the targets stand".
 target_figures() {
+  local m o
   JOBS=15 every_test_program
   b1_rounds final final
   SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"

@@ -46,7 +46,7 @@ if [ $PHASE = 3 ]; then
   target_figures
 fi
 
-# PHASE=4 (not run: this session's device time was spent): $SRC = main with bench/gpu_pending.patch
+# PHASE=4 (not run in session 31; session 32 measured the patch with its own PHASE=1, and applied it): $SRC = main with bench/gpu_pending.patch
 #   applied (merge_project's tiles' mma chains interleaved, the register-row warps given fewer
 #   tiles; the same bits), $BEFORE_SRC = main without it: merge_project, fixtures and engine_graphs
 #   tests, Qwen3's greedy ids before and after, B = 1 rotating, timelines of both.

@@ -66,8 +66,8 @@ static_assert((kWarps - kRegWarps) * kTilesMost + kRegWarps * kTilesFew == kSmem
 // x (so C's columns are equal and lane 4g holds rows g and g + 8). The tiles' chains of 8 mmas are
 // interleaved (k outer), so the warp waits for one mma's latency a step, not a tile's chain; each
 // tile still sums its k in order (the kernel 5.5-5.7 -> 5.2-5.3 us a Qwen3 layer against one
-// tile after another: BENCHMARKS, session 32). On the CUDA cores (a thread a row) a block's product took ~1250
-// cycles longer (session 30's stamps).
+// tile after another: BENCHMARKS, session 32). On the CUDA cores (a thread a row) a block's
+// product took ~1250 cycles longer (session 30's stamps).
 template <int NT>
 __device__ __forceinline__ void tiles_mma(const uint4* w_s, const uint32_t (&b)[kPieces / 2][2], float* out,
                                           int tile0, int r0, int N) {
