@@ -242,7 +242,15 @@ struct ExpertRows {
   Tensor weights;  // F32 [T, K]
   int slabs = 0;
 };
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts);
+// The KV cache rows a step's next attention reads: the next layer's buffers ([slots, ...] each)
+// at the keys of the step's layout. A hint for moe_expert_rows: a GPU's batch-1 experts kernel
+// asks L2 for them while it waits for the routing, when HBM idles.
+struct KvRows {
+  std::span<const Tensor> caches;
+  const AttentionLayout* layout = nullptr;
+};
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
+                           const KvRows* next_kv = nullptr);
 // A MoE block's output added to the residual stream, fused with the norm after it: f = the
 // weighted sum of `routed` in residual's dtype; with a shared expert's output, f += shared
 // (f += sigmoid(shared_gate[t]) * shared[t] with Qwen2-MoE's gate [T, 1]), rounded again; then
