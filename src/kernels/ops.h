@@ -245,9 +245,11 @@ struct ExpertRows {
 // The KV cache rows a step's next attention reads: the next layer's buffers ([slots, ...] each)
 // at the keys of the step's layout. A hint for moe_expert_rows: a GPU's batch-1 experts kernel
 // asks L2 for them while it waits for the routing, when HBM idles.
+// From the last layer, the first layer's rows: the old keys of the next step's first attention.
 struct KvRows {
   std::span<const Tensor> caches;
   const AttentionLayout* layout = nullptr;
+  bool next_step = false;
 };
 ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
                            const KvRows* next_kv = nullptr);

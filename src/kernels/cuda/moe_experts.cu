@@ -386,15 +386,16 @@ namespace {
 
 // The hint's device form: only for a captured decode step of one query (its layout's arrays are
 // on the device: staged_step) and caches whose slot rows are contiguous and 128-byte aligned.
-// MOESERVE_WARM_KV (read once): 0 never; `last` under L2::evict_last; else the normal priority.
+// MOESERVE_WARM_KV (read once): 0 never; `last` under L2::evict_last; `wrap` the last layer's
+// hint too (the next step's); else the normal priority, the next step's hint ignored.
 KvWarm kv_warm(const Tensor& x, const ops::KvRows* next_kv) {
   static const int mode = [] {
     const char* env = std::getenv("MOESERVE_WARM_KV");
     const std::string_view v = env ? env : "1";
-    return v == "0" ? 0 : v == "last" ? 2 : 1;
+    return v == "0" ? 0 : v == "last" ? 2 : v == "wrap" ? 3 : 1;
   }();
   const StagedStep* st = staged_step();
-  if (!mode || !next_kv || !st || st->layout != next_kv->layout || x.size(0) != 1 || st->layout->num_seqs() != 1 ||
+  if (!mode || !next_kv || (next_kv->next_step && mode != 3) || !st || st->layout != next_kv->layout || x.size(0) != 1 || st->layout->num_seqs() != 1 ||
       next_kv->caches.size() > 2)
     return {};
   KvWarm w;
