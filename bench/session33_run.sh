@@ -15,7 +15,7 @@ if [ $PHASE = 1 ]; then
   models_beside_tests $TESTS
   wait
   ids_alike MOESERVE_WARM_KV=0 - off on
-  b1_rounds "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last" "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last"
+  b1_rounds "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last wrap:MOESERVE_WARM_KV=wrap" "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last wrap:MOESERVE_WARM_KV=wrap"
   timelines_off_on MOESERVE_WARM_KV=0
   log done
 fi
