@@ -151,9 +151,8 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out) {
   MS_DISPATCH(x, moe_experts(x, ids, weights, experts, out));
 }
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                           const KvRows* next_kv) {
-  return MS_DISPATCH(x, moe_expert_rows(x, ids, weights, experts, next_kv));
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
+  return MS_DISPATCH(x, moe_expert_rows(x, ids, weights, experts));
 }
 void moe_combine_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {

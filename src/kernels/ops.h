@@ -242,17 +242,7 @@ struct ExpertRows {
   Tensor weights;  // F32 [T, K]
   int slabs = 0;
 };
-// The KV cache rows a step's next attention reads: the next layer's buffers ([slots, ...] each)
-// at the keys of the step's layout. A hint for moe_expert_rows: a GPU's batch-1 experts kernel
-// asks L2 for them while it waits for the routing, when HBM idles.
-// From the last layer, the first layer's rows: the old keys of the next step's first attention.
-struct KvRows {
-  std::span<const Tensor> caches;
-  const AttentionLayout* layout = nullptr;
-  bool next_step = false;
-};
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                           const KvRows* next_kv = nullptr);
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts);
 // A MoE block's output added to the residual stream, fused with the norm after it: f = the
 // weighted sum of `routed` in residual's dtype; with a shared expert's output, f += shared
 // (f += sigmoid(shared_gate[t]) * shared[t] with Qwen2-MoE's gate [T, 1]), rounded again; then

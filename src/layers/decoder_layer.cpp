@@ -23,11 +23,8 @@ void DecoderLayer::forward(Tensor& hidden, Tensor& h, int layer, const ForwardCo
   const bool local = !ctx.parallel || ffn_mode == FfnMode::Local;
   if (const auto* moe = std::get_if<SparseMoe>(&ffn); moe && local) {
     // Nothing comes between the block's output and the residual add (no reduction), so the
-    // experts' rows are summed inside the next norm's kernel: one launch fewer a layer. HBM idles
-    // while the router runs, so the next layer's KV rows may be fetched into L2 then.
-    const bool last = layer + 1 == ctx.kv.num_layers();
-    const ops::KvRows next_kv{ctx.kv.buffers(last ? 0 : layer + 1), &ctx.batch.attn, last};
-    moe->forward_add_norm(x, ctx, hidden, next_norm, h, &next_kv);
+    // experts' rows are summed inside the next norm's kernel: one launch fewer a layer.
+    moe->forward_add_norm(x, ctx, hidden, next_norm, h);
   } else {
     Tensor f;
     if (local) {

@@ -3,7 +3,6 @@
 // ForwardContext that is passed explicitly into every forward.
 #pragma once
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -32,7 +31,6 @@ class KvCache {
   KvCache(int num_layers, const std::vector<Shape>& per_token, int64_t num_slots, DType dtype = DType::F32,
           Device device = Device::CPU);
   Tensor& buffer(int layer, int i) { return buffers_.at(size_t(layer)).at(size_t(i)); }
-  std::span<const Tensor> buffers(int layer) const { return buffers_.at(size_t(layer)); }
   int64_t num_slots() const { return num_slots_; }
   int num_layers() const { return int(buffers_.size()); }
   size_t bytes_per_slot() const { return bytes_per_slot_; }

@@ -72,7 +72,7 @@ Tensor SparseMoe::forward(const Tensor& x, const ForwardContext& ctx) const {
 }
 
 void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
-                                 Tensor& out, const ops::KvRows* next_kv) const {
+                                 Tensor& out) const {
   // The shared expert does not need the routing: its products run beside the router's kernel
   // and the routed experts' (ops::Overlap::BesideLast), its gate|up streaming its weights while
   // the router's top-k leaves HBM idle, its down product in the experts' tail, as their
@@ -84,7 +84,7 @@ void SparseMoe::forward_add_norm(const Tensor& x, const ForwardContext& ctx, Ten
   route_traced(x, ctx, ids, weights);
   if (w_.shared.defined()) w_.shared.gate_up(x, ctx, shared_act, ops::Overlap::BesideLast);
   if (w_.shared.defined() && w_.shared_gate.defined()) gate = w_.shared_gate(x);
-  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts, next_kv);
+  const ops::ExpertRows routed = ops::moe_expert_rows(x, ids, weights, w_.experts);
   if (w_.shared.defined()) w_.shared.project_down(shared_act, ctx, shared, ops::Overlap::BesideLast);
   ops::moe_combine_add_rms_norm(routed, shared.defined() ? &shared : nullptr, gate.defined() ? &gate : nullptr,
                                 ctx.bf16_activations, residual, norm.weight(), norm.eps(), out);

@@ -35,9 +35,8 @@ class SparseMoe {
   // forward gives them, but with the experts' weighted sum (and the shared expert's add) made
   // inside the norm's kernel on the GPU (ops::moe_combine_add_rms_norm). Only where nothing
   // comes between the block's output and the add: a rank holding all of it (no reduction).
-  // `next_kv`: the KV rows the step's next attention reads, or null (a hint: ops::moe_expert_rows).
   void forward_add_norm(const Tensor& x, const ForwardContext& ctx, Tensor& residual, const RmsNorm& norm,
-                        Tensor& out, const ops::KvRows* next_kv = nullptr) const;
+                        Tensor& out) const;
   // All-to-all dispatch (ep == tp): this rank's share of x (rows t with t % group == index)
   // goes to the ranks owning its experts and comes back weighted; returns the rows it owns
   // (others zero) — the attention-TP all-reduce completes them.

@@ -51,7 +51,7 @@ void moe_route(const Tensor& x, const Weight& gate, const Tensor* gate_bias, con
                Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts, Tensor& out);
 ops::ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                                const ExpertWeights& experts, const ops::KvRows* next_kv);
+                                const ExpertWeights& experts);
 void moe_combine_add_rms_norm(const ops::ExpertRows& routed, const Tensor* shared, const Tensor* shared_gate,
                               bool round_bf16, Tensor& residual, const Tensor& weight, float eps, Tensor& out);
 std::vector<int32_t> argmax_rows(const Tensor& logits);

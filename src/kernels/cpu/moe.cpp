@@ -107,7 +107,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 
 // The experts sum inside (in expert order), so the rows are that sum: one a token, weight 1.
 ops::ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                                const ExpertWeights& experts, const ops::KvRows* /*next_kv: a GPU cache hint*/) {
+                                const ExpertWeights& experts) {
   const int64_t T = x.size(0);
   ops::ExpertRows r{Tensor::empty(DType::F32, {T, x.size(1)}), Tensor::empty(DType::I32, {T, 1}),
                     Tensor::empty(DType::F32, {T, 1})};

@@ -20,11 +20,8 @@
 // [gate | up] products, the down products), as the reference model computes them, and every
 // data-moving kernel takes 16-byte accesses. The products accumulate in f32 inside the GEMM and
 // are rounded once on the way out; the combine sums in f32.
-#include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -33,7 +30,6 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe_grouped.h"
-#include "kernels/cuda/step_graph_cuda.h"
 
 namespace ms::cuda {
 
@@ -172,13 +168,13 @@ Permutation sort_by_expert(const std::vector<int32_t>& ids, int64_t T, int64_t K
 
 // slabs_ok: the caller takes a token's rows as the one-token kernel's unsummed slabs (ExpertRows::slabs).
 ExpertRows grouped_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertTable& table,
-                           int first, bool slabs_ok, const KvWarm& next_kv) {
+                           int first, bool slabs_ok) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1), I = table.intermediate, pairs = T * K;
   const int E = table.experts;
   Permuted perm = permute_on_device(ids, first, E);
   if (slabs_ok) {
     Tensor parts;
-    if (const int slabs = one_token_expert_parts(x, ids, perm.row_of, table, first, parts, next_kv))
+    if (const int slabs = one_token_expert_parts(x, ids, perm.row_of, table, first, parts))
       return {parts, perm.row_of, weights, slabs};
   }
   Tensor ye = scratch(DType::F32, {pairs, H});
@@ -321,7 +317,7 @@ bool fp8_grouped_takes(const ExpertTable& t, const Tensor& x, int64_t pairs, int
 
 // The experts' rows as moe_expert_rows gives them; slabs_ok: one token's may be left as slabs.
 ExpertRows expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                       bool slabs_ok, const KvWarm& next_kv = {}) {
+                       bool slabs_ok) {
   const int64_t T = x.size(0), H = x.size(1), K = ids.size(1);
   const int E = experts.num_experts();
   check_device_tensor(x, {DType::BF16}, "moe_experts", "input");
@@ -340,7 +336,7 @@ ExpertRows expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights
   const bool few_tokens = T <= kGroupedMaxTokens && !(table && table->fp8 && fp8_gemm_all_rows(mode));
   if (table && (few_tokens || capturing()) && gemv_supported(H, table->gate_up.ld, table->fp8, x.raw(), x.strides()[0]) &&
       gemv_supported(table->intermediate, table->down.ld, table->fp8, nullptr, table->intermediate))
-    return grouped_experts(x, ids, weights, *table, first, slabs_ok, next_kv);
+    return grouped_experts(x, ids, weights, *table, first, slabs_ok);
   // The grouped GEMM beats per-expert cuBLASLt while experts get few rows each, where the
   // per-expert calls are small and paced by the host; with many rows cuBLASLt's own kernels catch
   // up. On mma.sync (~250 TFLOP/s) that was past ~384 rows an expert (BENCHMARKS, session 6: a
@@ -382,42 +378,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   combine_expert_rows(rows.rows, rows.row_of, rows.weights, out);
 }
 
-namespace {
-
-// The hint's device form: only for a captured decode step of one query (its layout's arrays are
-// on the device: staged_step) and caches whose slot rows are contiguous and 128-byte aligned.
-// MOESERVE_WARM_KV (read once): 0 never; `last` under L2::evict_last; `wrap` the last layer's
-// hint too (the next step's); else the normal priority, the next step's hint ignored.
-KvWarm kv_warm(const Tensor& x, const ops::KvRows* next_kv) {
-  static const int mode = [] {
-    const char* env = std::getenv("MOESERVE_WARM_KV");
-    const std::string_view v = env ? env : "1";
-    return v == "0" ? 0 : v == "last" ? 2 : v == "wrap" ? 3 : 1;
-  }();
-  const StagedStep* st = staged_step();
-  if (!mode || !next_kv || (next_kv->next_step && mode != 3) || !st || st->layout != next_kv->layout || x.size(0) != 1 || st->layout->num_seqs() != 1 ||
-      next_kv->caches.size() > 2)
-    return {};
-  KvWarm w;
-  for (const Tensor& c : next_kv->caches) {
-    const int64_t row = c.numel() / std::max<int64_t>(c.size(0), 1) * dtype_size(c.dtype());
-    if (c.device() != Device::CUDA || c.strides()[c.dim() - 1] != 1 || !c.is_contiguous() ||
-        reinterpret_cast<uintptr_t>(c.raw()) % 128 != 0 || row % 128 != 0)
-      return {};
-    w.base[w.caches] = static_cast<const char*>(c.raw()), w.stride[w.caches] = row;
-    w.lines[w.caches++] = int(row / 128);
-  }
-  w.slots = st->arrays[3].device.data<int32_t>(), w.begin = st->begin.data<int32_t>();
-  w.visible = st->visible.data<int32_t>(), w.evict_last = mode == 2;
-  return w;
-}
-
-}  // namespace
-
-ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts,
-                           const ops::KvRows* next_kv) {
-  return expert_rows(x, ids, weights, experts, moe_slab_norm_takes(x.size(1), ids.dim() == 2 ? ids.size(1) : 0),
-                     kv_warm(x, next_kv));
+ExpertRows moe_expert_rows(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertWeights& experts) {
+  return expert_rows(x, ids, weights, experts, moe_slab_norm_takes(x.size(1), ids.dim() == 2 ? ids.size(1) : 0));
 }
 
 void gather_token_rows(const Tensor& x, const Tensor& token_of_row, Tensor& xe) {

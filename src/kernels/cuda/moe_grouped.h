@@ -57,18 +57,8 @@ bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of,
 // whose row_of is -1 are not written). Its blocks then need not meet at a counter, and whoever
 // reads the parts (moe_combine_add_rms_norm) does the sum on its way. Returns slabs; 0, with
 // nothing launched, where one_token_experts would decline.
-// next_kv: KV rows the step reads next (the next layer's, of the staged step's one query), which
-// the blocks ask L2 for before they wait for the routing (kv_warm; default an empty hint).
-struct KvWarm {
-  const int32_t *slots = nullptr, *begin = nullptr, *visible = nullptr;  // the staged step's arrays
-  const char* base[2] = {};
-  int64_t stride[2] = {};  // bytes between two slots' rows
-  int lines[2] = {};       // 128-byte lines of a slot's row
-  int caches = 0;
-  bool evict_last = false;
-};
 int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                           Tensor& parts, const KvWarm& next_kv = {});
+                           Tensor& parts);
 
 // Whether moe_combine_add_rms_norm takes one token's rows of hidden size H over K slots as the
 // one-token kernel's slabs in its own launch (so moe_expert_rows leaves them unsummed): H a

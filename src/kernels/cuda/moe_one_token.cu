@@ -58,23 +58,7 @@ struct Params {
   float* part;  // [K][slabs][H]
   float* ye;    // [rows][H]; null: the parts are the result (one_token_expert_parts), no sum_slot
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
-  KvWarm next_kv;    // asked of L2 before the wait (one_token_expert_parts)
 };
-
-// The blocks' first act, before they wait for the routing: the next attention's KV rows asked of
-// L2, a 128-byte line a thread at a time over the whole grid. HBM idles while the router runs, and
-// that attention's keys are then a hit where they streamed beside o's weight.
-__device__ __forceinline__ void warm_kv(const KvWarm& w) {
-  if (!w.caches) return;
-  const int kv0 = w.begin[0], keys = w.visible[0], per_key = w.lines[0] + w.lines[1];
-  const int64_t total = int64_t(keys) * per_key, threads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
-  for (int64_t i = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += threads) {
-    const int key = int(i / per_key), line = int(i % per_key), c = line < w.lines[0] ? 0 : 1;
-    const char* at = w.base[c] + int64_t(w.slots[kv0 + key]) * w.stride[c] + int64_t(c ? line - w.lines[0] : line) * 128;
-    if (w.evict_last) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(at));
-    else asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
-  }
-}
 
 // The slot's expert's gate, up and down addresses.
 struct ExpertWeightsAt {
@@ -200,7 +184,6 @@ __global__ void __launch_bounds__(W * 32, B) one_token_kernel(Params p) {
   extern __shared__ uint4 xs[];  // [H / 8] the token's row, then the experts' addresses
   __shared__ float hs[F];
   const int j = blockIdx.x, s = blockIdx.y;
-  warm_kv(p.next_kv);
   const void* const* table = stage_expert_table(p, xs + p.H / 8);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
@@ -260,7 +243,6 @@ __global__ void __launch_bounds__(W * 32, 1) one_token_ring_kernel(Params p) {
   extern __shared__ uint4 smem[];
   __shared__ float hs[64];
   const int j = blockIdx.x, s = blockIdx.y;
-  warm_kv(p.next_kv);
   const void* const* table = stage_expert_table(p, smem + p.H / 8 + D * kPieces * kThreads);
   pdl_wait();
   const int e = p.ids[s] - p.first, row = p.row_of[s];
@@ -363,7 +345,7 @@ bool fits(size_t i, int64_t K, int64_t H, int64_t I) {
 // unset or 1 the first shape that fits; a shape's name, ring, 64 or 32, that shape only), its
 // partials into `parts` and, with ye, their sums into ye. Returns slabs (0: nothing launched).
 int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                     float* ye, Tensor& parts, const KvWarm& next_kv) {
+                     float* ye, Tensor& parts) {
   const char* env = std::getenv("MOESERVE_MOE_ONE_TOKEN");
   const std::string_view mode = env ? env : "1";
   if (mode == "0") return 0;
@@ -380,7 +362,7 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
     parts = scratch(DType::F32, {K * slabs, H});
     Params p{x.data<bf16>(), ids.data<int32_t>(), row_of.data<int32_t>(), t.gate_up.w, t.gate_up.w2, t.down.w,
              t.gate_up.ld, t.down.ld, first, t.experts, int(H), slabs, int((H + slabs - 1) / slabs),
-             parts.data<float>(), ye, weights_evict_first(), next_kv};
+             parts.data<float>(), ye, weights_evict_first()};
     launch_pdl(sh.kernel, dim3(unsigned(slabs), unsigned(K)), dim3(unsigned(sh.warps * 32)), smem, p);
     return slabs;
   }
@@ -392,12 +374,12 @@ int launch_one_token(const Tensor& x, const Tensor& ids, const Tensor& row_of, c
 bool one_token_experts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
                        Tensor& ye) {
   Tensor parts;
-  return launch_one_token(x, ids, row_of, t, first, ye.data<float>(), parts, {}) > 0;
+  return launch_one_token(x, ids, row_of, t, first, ye.data<float>(), parts) > 0;
 }
 
 int one_token_expert_parts(const Tensor& x, const Tensor& ids, const Tensor& row_of, const ExpertTable& t, int first,
-                           Tensor& parts, const KvWarm& next_kv) {
-  return launch_one_token(x, ids, row_of, t, first, nullptr, parts, next_kv);
+                           Tensor& parts) {
+  return launch_one_token(x, ids, row_of, t, first, nullptr, parts);
 }
 
 }  // namespace ms::cuda
