@@ -5,7 +5,7 @@ set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
-# PHASE=1: the batch-1 experts kernel asks L2 for the next layer's KV rows before it waits for the
+# PHASE=1 (ran at c261dba): the batch-1 experts kernel asks L2 for the next layer's KV rows before it waits for the
 #   routing (MOESERVE_WARM_KV: 0 off, 1 on, last under evict_last). The touched tests, greedy ids
 #   off against on, B = 1 rotating over off / on / last, timelines off and on.
 if [ $PHASE = 1 ]; then
@@ -17,6 +17,24 @@ if [ $PHASE = 1 ]; then
   ids_alike MOESERVE_WARM_KV=0 - off on
   b1_rounds "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last wrap:MOESERVE_WARM_KV=wrap" "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last wrap:MOESERVE_WARM_KV=wrap"
   timelines_off_on MOESERVE_WARM_KV=0
+  log done
+fi
+
+# PHASE=3: MOESERVE_SMEM_CARVEOUT (every launch_pdl kernel asks for that shared-memory share; off:
+#   the driver's choice): the fixtures and engine graphs with 100, B = 1 rotating over off / 100 /
+#   50, B = 64 once a side, timelines off and 100.
+if [ $PHASE = 3 ]; then
+  TESTS="test_cuda_fixtures test_cuda_engine_graphs"
+  JOBS=15 build_after ms_kernel_trace $TESTS
+  models_beside_tests $TESTS
+  wait
+  gtest fixtures-c100 120 env MOESERVE_SMEM_CARVEOUT=100 /tmp/b/tests/test_cuda_fixtures
+  gtest graphs-c100 120 env MOESERVE_SMEM_CARVEOUT=100 /tmp/b/tests/test_cuda_engine_graphs
+  b1_rounds "off c100:MOESERVE_SMEM_CARVEOUT=100 c50:MOESERVE_SMEM_CARVEOUT=50" \
+    "off c100:MOESERVE_SMEM_CARVEOUT=100 c50:MOESERVE_SMEM_CARVEOUT=50"
+  SIDES="off c100:MOESERVE_SMEM_CARVEOUT=100 c50:MOESERVE_SMEM_CARVEOUT=50" bench_sides qwen3 "64 256 16"
+  SIDES="c50:MOESERVE_SMEM_CARVEOUT=50 c100:MOESERVE_SMEM_CARVEOUT=100 off" bench_sides v2lite "64 256 16"
+  for m in qwen3 v2lite; do trace $m 1 4096 off; trace $m 1 4096 c100 MOESERVE_SMEM_CARVEOUT=100; done
   log done
 fi
 

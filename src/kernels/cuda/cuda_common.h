@@ -41,6 +41,12 @@ bool hopper();
 // kernel before it in the stream finishes, so it can fetch its weights meanwhile; it calls
 // pdl_wait() before it reads anything an earlier kernel wrote. MOESERVE_PDL=0 turns it off.
 bool pdl_enabled();
+// MOESERVE_SMEM_CARVEOUT=<percent> (an experiment; unset: the driver's choice): every kernel
+// launched by launch_pdl asks for that share of the L1 / shared-memory array as shared memory. An
+// SM changes its split only once it has drained, so a kernel that needs little shared memory
+// (a product) keeps the next one's blocks (the decode's 2 x 106 KB) off its SMs until all of its
+// own blocks there have ended, and their loads before pdl_wait wait with them.
+void prefer_carveout(const void* kernel);
 // Whether the weights a decode step streams once (the batch-1 products, the router and the
 // experts) are read under an L2 policy that evicts them first. A layer streams more weight than
 // L2 holds (Qwen3-30B-A3B: ~120 MB against 50 MB), which otherwise flushes what the small kernels
@@ -209,6 +215,7 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, A
   cudaLaunchConfig_t config{};
   config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream();
   config.attrs = &attr, config.numAttrs = pdl_enabled() ? 1 : 0;
+  prefer_carveout(reinterpret_cast<const void*>(kernel));
   MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
@@ -224,6 +231,7 @@ void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3
   cudaLaunchConfig_t config{};
   config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream();
   config.attrs = attrs, config.numAttrs = pdl_enabled() ? 2 : 1;
+  prefer_carveout(reinterpret_cast<const void*>(kernel));
   MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
