@@ -38,9 +38,15 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 
-# PHASE=2: the session's final tree: every single-GPU test program, the ceilings, B = 1 three
-#   rounds, B = 64, the 8k prefills, the engine's step, timelines: the figures for "where the
-#   targets stand".
+# PHASE=2: the session's final tree, labelled final (the batch-1 products launched with the whole
+#   L1 / shared-memory array as shared memory; off: MOESERVE_GEMV_CARVEOUT=0): every single-GPU
+#   test program, the ceilings, B = 1 three rounds final / off, timelines final / off, B = 64, the
+#   8k prefills, the engine's step: the figures for "where the targets stand".
 if [ $PHASE = 2 ]; then
-  target_figures
+  JOBS=15 every_test_program
+  b1_rounds "final off:MOESERVE_GEMV_CARVEOUT=0" "off:MOESERVE_GEMV_CARVEOUT=0 final"
+  for m in qwen3 v2lite; do trace $m 1 4096 final; trace $m 1 4096 off MOESERVE_GEMV_CARVEOUT=0; done
+  SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
+  for m in qwen3 v2lite; do for o in 16 528; do offline $m $o final-$m; done; done
+  log done
 fi

@@ -41,12 +41,6 @@ bool hopper();
 // kernel before it in the stream finishes, so it can fetch its weights meanwhile; it calls
 // pdl_wait() before it reads anything an earlier kernel wrote. MOESERVE_PDL=0 turns it off.
 bool pdl_enabled();
-// MOESERVE_SMEM_CARVEOUT=<percent> (an experiment; unset: the driver's choice): every kernel
-// launched by launch_pdl asks for that share of the L1 / shared-memory array as shared memory. An
-// SM changes its split only once it has drained, so a kernel that needs little shared memory
-// (a product) keeps the next one's blocks (the decode's 2 x 106 KB) off its SMs until all of its
-// own blocks there have ended, and their loads before pdl_wait wait with them.
-void prefer_carveout(const void* kernel);
 // Whether the weights a decode step streams once (the batch-1 products, the router and the
 // experts) are read under an L2 policy that evicts them first. A layer streams more weight than
 // L2 holds (Qwen3-30B-A3B: ~120 MB against 50 MB), which otherwise flushes what the small kernels
@@ -207,16 +201,29 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Launches `kernel` on this thread's stream, allowed to overlap the tail of the kernel before it.
+// shared_carveout: the launch asks for the whole L1 / shared-memory array as shared memory. For a
+// kernel that needs little shared memory but is followed by one that needs much, whose blocks
+// (launched early) should find room on its multiprocessors while it runs: an SM changes its split
+// of L1 and shared memory only once it has drained, so under the driver's split for this kernel
+// (most of the array as L1) the next kernel's blocks wait for all of its blocks on an SM to end,
+// and so do their loads before pdl_wait.
 template <class... Params, class... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+void launch_pdl_with(bool shared_carveout, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                     Args&&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+  attrs[1].val.sharedMemCarveout = 100;
   cudaLaunchConfig_t config{};
   config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream();
-  config.attrs = &attr, config.numAttrs = pdl_enabled() ? 1 : 0;
-  prefer_carveout(reinterpret_cast<const void*>(kernel));
+  const bool pdl = pdl_enabled();
+  config.attrs = pdl ? attrs : attrs + 1, config.numAttrs = (pdl ? 1 : 0) + (shared_carveout ? 1 : 0);
   MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  launch_pdl_with(false, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 
 // launch_pdl for a grid of thread-block clusters of `cluster` blocks (each grid dimension a
@@ -231,7 +238,6 @@ void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3
   cudaLaunchConfig_t config{};
   config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream();
   config.attrs = attrs, config.numAttrs = pdl_enabled() ? 2 : 1;
-  prefer_carveout(reinterpret_cast<const void*>(kernel));
   MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

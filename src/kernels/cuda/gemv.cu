@@ -379,32 +379,48 @@ bool one_round(const GemvParams& p, dim3 grid, int warps) {
   return int64_t(grid.x) * grid.y <= sm_count() && per_warp > unroll(false) && per_warp <= 8;
 }
 
+// Whether a product launches with the whole L1 / shared-memory array as shared memory
+// (launch_pdl_with's shared_carveout): a dense product of one row tile whose blocks each take one slab, the
+// batch-1 attention's products, so that the next kernel's blocks (Qwen3's decode after q|k|v,
+// 2 x 106 KB an SM) become resident beside its blocks rather than once its SMs have drained.
+// Not the lm_head, whose blocks walk slabs in turn: with a small L1 it streamed 10 % slower
+// (BENCHMARKS, session 33). MOESERVE_GEMV_CARVEOUT=0 (read once): never.
+bool leaves_room(const GemvParams& p, dim3 grid, int nt) {
+  static const bool allowed = [] {
+    const char* env = std::getenv("MOESERVE_GEMV_CARVEOUT");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return allowed && nt == 1 && !p.w.w && !p.rows.offsets && int(grid.y) == p.slabs;
+}
+
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
+  const bool shared = leaves_room(p, grid, NT);
   if constexpr (NT == 1)
     if (p.in.beside_last) {
       if constexpr (!FP8 && !SWIGLU)
         if (one_round(p, grid, warps)) {
-          launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, Start::Beside>, grid, dim3(warps * 32), smem, p);
+          launch_pdl_with(shared, gemv_kernel<FP8, TO, false, 1, 8, Start::Beside>, grid, dim3(warps * 32), smem, p);
           return;
         }
-      launch_pdl(gemv_kernel<FP8, TO, SWIGLU, 1, U, Start::Beside>, grid, dim3(warps * 32), smem, p);
+      launch_pdl_with(shared, gemv_kernel<FP8, TO, SWIGLU, 1, U, Start::Beside>, grid, dim3(warps * 32), smem, p);
       return;
     }
   if constexpr (!FP8 && !SWIGLU && NT == 1)
     if (one_round(p, grid, warps)) {
-      if (p.early) launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, Start::Early>, grid, dim3(warps * 32), smem, p);
-      else launch_pdl(gemv_kernel<FP8, TO, false, 1, 8, Start::Wait>, grid, dim3(warps * 32), smem, p);
+      const dim3 block(warps * 32);
+      if (p.early) launch_pdl_with(shared, gemv_kernel<FP8, TO, false, 1, 8, Start::Early>, grid, block, smem, p);
+      else launch_pdl_with(shared, gemv_kernel<FP8, TO, false, 1, 8, Start::Wait>, grid, block, smem, p);
       return;
     }
   if constexpr (NT == 1)
     if (p.early) {
-      launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Early>, grid, dim3(warps * 32), smem, p);
+      launch_pdl_with(shared, gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Early>, grid, dim3(warps * 32), smem, p);
       return;
     }
-  launch_pdl(gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Wait>, grid, dim3(warps * 32), smem, p);
+  launch_pdl_with(shared, gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Wait>, grid, dim3(warps * 32), smem, p);
 }
 
 template <bool FP8, class TO, bool SWIGLU>

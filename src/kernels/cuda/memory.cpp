@@ -10,7 +10,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 
 #include "core/device_memory.h"
@@ -309,22 +308,6 @@ static bool unless_zero(const char* variable) {
 bool pdl_enabled() {
   static const bool on = unless_zero("MOESERVE_PDL");
   return on;
-}
-
-void prefer_carveout(const void* kernel) {
-  static const int pct = [] {
-    const char* env = std::getenv("MOESERVE_SMEM_CARVEOUT");
-    if (!env || !*env) return -1;
-    const int v = std::atoi(env);
-    MS_CHECK(v >= 0 && v <= 100, "MOESERVE_SMEM_CARVEOUT=", env, ": expected a percentage 0..100");
-    return v;
-  }();
-  if (pct < 0) return;
-  static std::mutex mu;
-  static std::set<std::pair<int, const void*>> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.emplace(current_device(), kernel).second)
-    MS_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct));
 }
 
 bool weights_evict_first() {
