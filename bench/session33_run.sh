@@ -39,11 +39,17 @@ if [ $PHASE = 3 ]; then
 fi
 
 # PHASE=2: the session's final tree, labelled final (the batch-1 products launched with the whole
-#   L1 / shared-memory array as shared memory; off: MOESERVE_GEMV_CARVEOUT=0): every single-GPU
-#   test program, the ceilings, B = 1 three rounds final / off, timelines final / off, B = 64, the
-#   8k prefills, the engine's step: the figures for "where the targets stand".
+#   L1 / shared-memory array as shared memory; off: MOESERVE_GEMV_CARVEOUT=0): the test programs
+#   of the products and of whole models (device time was short: not every program), the ceilings,
+#   B = 1 three rounds final / off, timelines final / off, B = 64, the 8k prefills, the engine's
+#   step: the figures for "where the targets stand".
 if [ $PHASE = 2 ]; then
-  JOBS=15 every_test_program
+  TESTS="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_mla_absorb
+    test_cuda_fused test_cuda_merge_project test_cuda_moe_one_token"
+  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings $TESTS
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  models_beside_tests $TESTS
+  wait
   b1_rounds "final off:MOESERVE_GEMV_CARVEOUT=0" "off:MOESERVE_GEMV_CARVEOUT=0 final"
   for m in qwen3 v2lite; do trace $m 1 4096 final; trace $m 1 4096 off MOESERVE_GEMV_CARVEOUT=0; done
   SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
