@@ -380,17 +380,21 @@ bool one_round(const GemvParams& p, dim3 grid, int warps) {
 }
 
 // Whether a product launches with the whole L1 / shared-memory array as shared memory
-// (launch_pdl_with's shared_carveout): a dense product of one row tile whose blocks each take one slab, the
-// batch-1 attention's products, so that the next kernel's blocks (Qwen3's decode after q|k|v,
-// 2 x 106 KB an SM) become resident beside its blocks rather than once its SMs have drained.
-// Not the lm_head, whose blocks walk slabs in turn: with a small L1 it streamed 10 % slower
-// (BENCHMARKS, session 33). MOESERVE_GEMV_CARVEOUT=0 (read once): never.
+// (launch_pdl_with's shared_carveout): a dense product of one row tile, one slab a block, at most
+// 4 blocks an SM and K <= 4096 (the batch-1 layers' products), so that the next kernel's blocks
+// (Qwen3's decode after q|k|v, 2 x 106 KB an SM) become resident beside its blocks rather than
+// once its SMs have drained: Qwen3's decode started 5 us earlier and the step's span was 2 %
+// shorter. Not the larger products: with a small L1 they streamed slower (the lm_head, whose
+// blocks walk slabs in turn, 140 -> 155 us; V2-Lite's dense MLP, K = 10944 and 684 slabs,
+// +10 us), likely as their loads in flight allocate L1 lines (BENCHMARKS, session 33).
+// MOESERVE_GEMV_CARVEOUT=0 (read once): never.
 bool leaves_room(const GemvParams& p, dim3 grid, int nt) {
   static const bool allowed = [] {
     const char* env = std::getenv("MOESERVE_GEMV_CARVEOUT");
     return !(env && std::string_view(env) == "0");
   }();
-  return allowed && nt == 1 && !p.w.w && !p.rows.offsets && int(grid.y) == p.slabs;
+  return allowed && nt == 1 && !p.w.w && !p.rows.offsets && int(grid.y) == p.slabs && p.slabs <= 4 * sm_count() &&
+         p.K <= 4096;
 }
 
 template <bool FP8, class TO, bool SWIGLU, int NT>
