@@ -383,7 +383,7 @@ bool one_round(const GemvParams& p, dim3 grid, int warps) {
 // (launch_pdl_with's shared_carveout): a dense product of one row tile, one slab a block, at most
 // 4 blocks an SM and K <= 4096 (the batch-1 layers' products), so that the next kernel's blocks
 // (Qwen3's decode after q|k|v, 2 x 106 KB an SM) become resident beside its blocks rather than
-// once its SMs have drained: Qwen3's decode started 5 us earlier and the step's span was 2 %
+// once its SMs have drained: Qwen3's decode started 4-5 us earlier and the step's span was 2 %
 // shorter. Not the larger products: with a small L1 they streamed slower (the lm_head, whose
 // blocks walk slabs in turn, 140 -> 155 us; V2-Lite's dense MLP, K = 10944 and 684 slabs,
 // +10 us), likely as their loads in flight allocate L1 lines (BENCHMARKS, session 33).
