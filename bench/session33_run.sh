@@ -56,3 +56,21 @@ if [ $PHASE = 2 ]; then
   for m in qwen3 v2lite; do for o in 16 528; do offline $m $o final-$m; done; done
   log done
 fi
+
+# PHASE=4 (not run: written for the next session): $SRC = main with bench/gpu_pending.patch applied
+#   (MOESERVE_GEMV_NO_L1: the carveout's products load their weights without L1 lines). Confirms
+#   the narrowed carveout (9fbb3c0) against the driver's split and measures the patch: the touched
+#   tests, B = 1 rotating over final / nol1 / off (MOESERVE_GEMV_CARVEOUT=0), timelines of each.
+if [ $PHASE = 4 ]; then
+  TESTS="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe"
+  JOBS=15 build_after ms_kernel_trace $TESTS
+  models_beside_tests $TESTS
+  wait
+  gtest fixtures-nol1 120 env MOESERVE_GEMV_NO_L1=1 /tmp/b/tests/test_cuda_fixtures
+  SIDES="final nol1:MOESERVE_GEMV_NO_L1=1 off:MOESERVE_GEMV_CARVEOUT=0"
+  b1_rounds "$SIDES" "$SIDES"
+  for m in qwen3 v2lite; do
+    trace $m 1 4096 final; trace $m 1 4096 nol1 MOESERVE_GEMV_NO_L1=1; trace $m 1 4096 off MOESERVE_GEMV_CARVEOUT=0
+  done
+  log done
+fi
