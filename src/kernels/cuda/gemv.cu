@@ -402,29 +402,20 @@ void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
   const bool shared = leaves_room(p, grid, NT);
+  auto go = [&](auto kernel) { launch_pdl_with(shared, kernel, grid, dim3(warps * 32), smem, p); };
   if constexpr (NT == 1)
     if (p.in.beside_last) {
       if constexpr (!FP8 && !SWIGLU)
-        if (one_round(p, grid, warps)) {
-          launch_pdl_with(shared, gemv_kernel<FP8, TO, false, 1, 8, Start::Beside>, grid, dim3(warps * 32), smem, p);
-          return;
-        }
-      launch_pdl_with(shared, gemv_kernel<FP8, TO, SWIGLU, 1, U, Start::Beside>, grid, dim3(warps * 32), smem, p);
-      return;
+        if (one_round(p, grid, warps)) return go(gemv_kernel<FP8, TO, false, 1, 8, Start::Beside>);
+      return go(gemv_kernel<FP8, TO, SWIGLU, 1, U, Start::Beside>);
     }
   if constexpr (!FP8 && !SWIGLU && NT == 1)
-    if (one_round(p, grid, warps)) {
-      const dim3 block(warps * 32);
-      if (p.early) launch_pdl_with(shared, gemv_kernel<FP8, TO, false, 1, 8, Start::Early>, grid, block, smem, p);
-      else launch_pdl_with(shared, gemv_kernel<FP8, TO, false, 1, 8, Start::Wait>, grid, block, smem, p);
-      return;
-    }
+    if (one_round(p, grid, warps))
+      return p.early ? go(gemv_kernel<FP8, TO, false, 1, 8, Start::Early>)
+                     : go(gemv_kernel<FP8, TO, false, 1, 8, Start::Wait>);
   if constexpr (NT == 1)
-    if (p.early) {
-      launch_pdl_with(shared, gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Early>, grid, dim3(warps * 32), smem, p);
-      return;
-    }
-  launch_pdl_with(shared, gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Wait>, grid, dim3(warps * 32), smem, p);
+    if (p.early) return go(gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Early>);
+  go(gemv_kernel<FP8, TO, SWIGLU, NT, U, Start::Wait>);
 }
 
 template <bool FP8, class TO, bool SWIGLU>
