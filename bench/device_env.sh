@@ -115,6 +115,13 @@ every_test_program() {
   models_beside_tests $(gpu_tests_of $SRC)
   wait
 }
+# $SRC's moeserve, ms_kernel_trace, ms_cuda_ceilings and the test programs named (build_after, -j15), then
+# both random models made while those programs run (models_beside_tests). Returns once all are done.
+tests_and_models() {
+  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings "$@"
+  models_beside_tests "$@"
+  wait
+}
 # B = 1 timelines of both models with env $1 ("VAR=v", labelled off) and without it (on).
 timelines_off_on() {
   local m

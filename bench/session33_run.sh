@@ -5,34 +5,30 @@ set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
-# PHASE=1 (ran at c261dba): the batch-1 experts kernel asks L2 for the next layer's KV rows before it waits for the
-#   routing (MOESERVE_WARM_KV: 0 off, 1 on, last under evict_last). The touched tests, greedy ids
-#   off against on, B = 1 rotating over off / on / last, timelines off and on.
+# PHASE=1 (ran at c261dba; its source reverted since): the batch-1 experts kernel asks L2 for the
+#   next layer's KV rows before it waits for the routing (MOESERVE_WARM_KV: 0 off, 1 on, last under
+#   evict_last, wrap also the next step's first layer). The touched tests, greedy ids off against
+#   on, B = 1 rotating over off / on / last / wrap, timelines off and on.
 if [ $PHASE = 1 ]; then
-  TESTS="test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
-    test_cuda_moe_combine_norm"
-  JOBS=15 build_after ms_kernel_trace $TESTS
-  models_beside_tests $TESTS
-  wait
+  tests_and_models test_cuda_moe_one_token test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
+    test_cuda_moe_combine_norm
   ids_alike MOESERVE_WARM_KV=0 - off on
-  b1_rounds "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last wrap:MOESERVE_WARM_KV=wrap" "off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last wrap:MOESERVE_WARM_KV=wrap"
+  SIDES="off:MOESERVE_WARM_KV=0 on last:MOESERVE_WARM_KV=last wrap:MOESERVE_WARM_KV=wrap"
+  b1_rounds "$SIDES" "$SIDES"
   timelines_off_on MOESERVE_WARM_KV=0
   log done
 fi
 
-# PHASE=3: MOESERVE_SMEM_CARVEOUT (every launch_pdl kernel asks for that shared-memory share; off:
-#   the driver's choice): the fixtures and engine graphs with 100, B = 1 rotating over off / 100 /
-#   50, B = 64 once a side, timelines off and 100.
+# PHASE=3 (ran at cd4c8f6; its source reverted since): MOESERVE_SMEM_CARVEOUT (every launch_pdl
+#   kernel asks for that shared-memory share; off: the driver's choice): the fixtures and engine
+#   graphs with 100, B = 1 rotating over off / 100 / 50, B = 64 once a side, timelines off and 100.
 if [ $PHASE = 3 ]; then
-  TESTS="test_cuda_fixtures test_cuda_engine_graphs"
-  JOBS=15 build_after ms_kernel_trace $TESTS
-  models_beside_tests $TESTS
-  wait
+  tests_and_models test_cuda_fixtures test_cuda_engine_graphs
   gtest fixtures-c100 120 env MOESERVE_SMEM_CARVEOUT=100 /tmp/b/tests/test_cuda_fixtures
   gtest graphs-c100 120 env MOESERVE_SMEM_CARVEOUT=100 /tmp/b/tests/test_cuda_engine_graphs
-  b1_rounds "off c100:MOESERVE_SMEM_CARVEOUT=100 c50:MOESERVE_SMEM_CARVEOUT=50" \
-    "off c100:MOESERVE_SMEM_CARVEOUT=100 c50:MOESERVE_SMEM_CARVEOUT=50"
-  SIDES="off c100:MOESERVE_SMEM_CARVEOUT=100 c50:MOESERVE_SMEM_CARVEOUT=50" bench_sides qwen3 "64 256 16"
+  SIDES="off c100:MOESERVE_SMEM_CARVEOUT=100 c50:MOESERVE_SMEM_CARVEOUT=50"
+  b1_rounds "$SIDES" "$SIDES"
+  bench_sides qwen3 "64 256 16"
   SIDES="c50:MOESERVE_SMEM_CARVEOUT=50 c100:MOESERVE_SMEM_CARVEOUT=100 off" bench_sides v2lite "64 256 16"
   for m in qwen3 v2lite; do trace $m 1 4096 off; trace $m 1 4096 c100 MOESERVE_SMEM_CARVEOUT=100; done
   log done
@@ -44,12 +40,9 @@ fi
 #   B = 1 three rounds final / off, timelines final / off, B = 64, the 8k prefills, the engine's
 #   step: the figures for "where the targets stand".
 if [ $PHASE = 2 ]; then
-  TESTS="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_mla_absorb
-    test_cuda_fused test_cuda_merge_project test_cuda_moe_one_token"
-  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings $TESTS
+  tests_and_models test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
+    test_cuda_mla_absorb test_cuda_fused test_cuda_merge_project test_cuda_moe_one_token
   timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  models_beside_tests $TESTS
-  wait
   b1_rounds "final off:MOESERVE_GEMV_CARVEOUT=0" "off:MOESERVE_GEMV_CARVEOUT=0 final"
   for m in qwen3 v2lite; do trace $m 1 4096 final; trace $m 1 4096 off MOESERVE_GEMV_CARVEOUT=0; done
   SIDES=final bench_sides qwen3 "64 256 16" "1 8192 2"; SIDES=final bench_sides v2lite "64 256 16" "1 8192 2"
@@ -62,10 +55,7 @@ fi
 #   the narrowed carveout (9fbb3c0) against the driver's split and measures the patch: the touched
 #   tests, B = 1 rotating over final / nol1 / off (MOESERVE_GEMV_CARVEOUT=0), timelines of each.
 if [ $PHASE = 4 ]; then
-  TESTS="test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe"
-  JOBS=15 build_after ms_kernel_trace $TESTS
-  models_beside_tests $TESTS
-  wait
+  tests_and_models test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe
   gtest fixtures-nol1 120 env MOESERVE_GEMV_NO_L1=1 /tmp/b/tests/test_cuda_fixtures
   SIDES="final nol1:MOESERVE_GEMV_NO_L1=1 off:MOESERVE_GEMV_CARVEOUT=0"
   b1_rounds "$SIDES" "$SIDES"
