@@ -5,7 +5,9 @@
 // layer: microseconds a launch in a captured chain of 100 empty kernels of 132 blocks, and of 50
 // kernels that each stream 16 MiB (a batch-1 product's weight) from 50 distinct buffers, both
 // plainly launched and launched early (launch_pdl), against 16 MiB over the copy bandwidth; and
-// what a change of shared-memory need between kernels costs (smem_kernel).
+// what a change of shared-memory need between kernels costs (smem_kernel); and, against the kernel
+// boundary, what the other way to order dependent steps costs: a barrier of every block inside one
+// persistent kernel (barrier_kernel), as a whole-step kernel would cross between its steps.
 // Prints one JSON line.
 #include <algorithm>
 #include <cstdio>
@@ -63,6 +65,53 @@ __global__ void stream_kernel(const uint4* __restrict__ p, int64_t n16, uint32_t
 }
 
 // Microseconds a launch of a captured chain: `launches` calls of launch(i), replayed.
+// One persistent grid crossing `rounds` grid barriers, as a kernel that ran a layer's dependent
+// steps itself would. Before each barrier every block stores a value; after it, every block reads
+// the one its neighbour stored: the dependent trip through L2 that a kernel reading its
+// predecessor's output makes. The barrier: thread 0 of each block adds itself to a device counter
+// (release) and spins until the counter reaches the round's total (acquire); the values are double
+// buffered (a block storing round r + 2's value has passed barrier r + 1, so every block has read
+// round r's). `count` is zero at the launch.
+__global__ void barrier_kernel(unsigned* count, unsigned* values, int rounds, unsigned* sink) {
+  const unsigned blocks = gridDim.x;
+  unsigned acc = 0;
+  for (int r = 0; r < rounds; ++r) {
+    if (threadIdx.x == 0) {
+      unsigned* round_values = values + (r & 1) * blocks;
+      round_values[blockIdx.x] = acc + unsigned(r);
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+      const unsigned target = unsigned(r + 1) * blocks;
+      unsigned seen;
+      do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+      while (seen < target);
+      acc += __ldcg(round_values + (blockIdx.x + 1) % blocks);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && acc == 0xffffffffu) *sink = acc;  // keeps the loads
+}
+
+// Microseconds a barrier of barrier_kernel over `blocks` blocks: the launch of 1001 rounds less
+// that of one, over 1000.
+double barrier_us(int blocks) {
+  Tensor count = scratch(DType::I32, {1}), values = scratch(DType::I32, {2 * int64_t(blocks)}),
+         sink = scratch(DType::I32, {1});
+  auto* c = reinterpret_cast<unsigned*>(count.raw());
+  auto* v = reinterpret_cast<unsigned*>(values.raw());
+  auto* s = reinterpret_cast<unsigned*>(sink.raw());
+  auto ms = [&](int rounds) {
+    return median_ms(
+        [&] {
+          MS_CUDA(cudaMemsetAsync(c, 0, sizeof(unsigned), stream()));
+          barrier_kernel<<<blocks, 128, 0, stream()>>>(c, v, rounds, s);
+        },
+        2, 9);
+  };
+  const double one = ms(1), many = ms(1001);
+  MS_CUDA_LAUNCHED("barrier_kernel");
+  return (many - one) * 1e3 / 1000;
+}
+
 template <class Launch>
 double chain_us(int launches, Launch launch) {
   cudaGraph_t graph;
@@ -130,13 +179,14 @@ void run() {
   MS_CUDA(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   const double alternate_one_split_us = chain_us(100, [&](int i) { i % 2 ? big() : small(); });
   MS_CUDA_LAUNCHED("chain kernels");
+  const double barrier_sms_us = barrier_us(sms);
   std::printf("{\"gpu\": \"%s\", \"copy_GBps\": %.1f, \"bf16_gemm_TFLOPs\": %.1f, \"gemm_ms\": %.3f, "
               "\"empty_launch_us\": %.2f, \"empty_launch_pdl_us\": %.2f, \"stream_16MiB_us\": %.2f, "
               "\"stream_16MiB_pdl_us\": %.2f, \"stream_16MiB_at_copy_rate_us\": %.2f, \"smem96K_launch_pdl_us\": %.2f, "
-              "\"alternating_0_96K_pdl_us\": %.2f, \"alternating_one_split_pdl_us\": %.2f}\n",
+              "\"alternating_0_96K_pdl_us\": %.2f, \"alternating_one_split_pdl_us\": %.2f, \"grid_barrier_us\": %.2f}\n",
               prop.name, copy_GBps, 2.0 * double(n) * n * n / (gemm_ms * 1e-3) / 1e12, gemm_ms, empty_us[0],
               empty_us[1], stream_us[0], stream_us[1], double(kSlab) / (copy_GBps * 1e3), smem_us, alternate_us,
-              alternate_one_split_us);
+              alternate_one_split_us, barrier_sms_us);
 }
 
 }  // namespace
