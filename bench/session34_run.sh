@@ -3,7 +3,7 @@
 # the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
 # (Its first call ran session33_run.sh's PHASE=4 over main with bench/gpu_pending.patch applied.)
 set -u
-SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-2}
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-3}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
 # PHASE=2: the session's final tree, labelled final: every GPU test program, the ceilings (with the
@@ -11,4 +11,23 @@ source $SRC/bench/device_env.sh && snapshots_ready $SRC
 #   the 8k prefills, the engine's step and the B = 1 timelines (device_env.sh's target_figures).
 if [ $PHASE = 2 ]; then
   target_figures
+fi
+
+# PHASE=3: q|k|v's slabs by the copy engine (MOESERVE_GEMV_BULK=1: gemv_bulk_kernel, its copies
+#   issued as its blocks start) and the MoE combine + norm letting it launch only once its parts
+#   are read (MOESERVE_MOE_NORM_TRIGGER=reads). Every GPU test program with both on; greedy ids both
+#   on against off; B = 1 rotating over off / bulk / gated (both) / late (the trigger alone) for
+#   Qwen3, off / late for V2-Lite (no product of its takes the copy engine); timelines of each; the
+#   engine's step off and gated.
+if [ $PHASE = 3 ]; then
+  ON="MOESERVE_GEMV_BULK=1 MOESERVE_MOE_NORM_TRIGGER=reads"
+  (export $ON; JOBS=15 every_test_program)
+  ids_alike "$ON" - gated off
+  b1_rounds "off bulk:MOESERVE_GEMV_BULK=1 gated:${ON// /,} late:MOESERVE_MOE_NORM_TRIGGER=reads" \
+    "off late:MOESERVE_MOE_NORM_TRIGGER=reads"
+  trace qwen3 1 4096 off; trace qwen3 1 4096 bulk MOESERVE_GEMV_BULK=1; trace qwen3 1 4096 gated $ON
+  trace qwen3 1 4096 late MOESERVE_MOE_NORM_TRIGGER=reads
+  trace v2lite 1 4096 off; trace v2lite 1 4096 late MOESERVE_MOE_NORM_TRIGGER=reads
+  for o in 16 528; do offline qwen3 $o off-qwen3; (export $ON; offline qwen3 $o gated-qwen3); done
+  log done
 fi
