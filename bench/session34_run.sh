@@ -15,13 +15,15 @@ fi
 
 # PHASE=3: q|k|v's slabs by the copy engine (MOESERVE_GEMV_BULK=1: gemv_bulk_kernel, its copies
 #   issued as its blocks start) and the MoE combine + norm letting it launch only once its parts
-#   are read (MOESERVE_MOE_NORM_TRIGGER=reads). Every GPU test program with both on; greedy ids both
+#   are read (MOESERVE_MOE_NORM_TRIGGER=reads). The touched tests and those of whole models with both
+#   on (device time was short: not every program); greedy ids both
 #   on against off; B = 1 rotating over off / bulk / gated (both) / late (the trigger alone) for
 #   Qwen3, off / late for V2-Lite (no product of its takes the copy engine); timelines of each; the
 #   engine's step off and gated.
 if [ $PHASE = 3 ]; then
   ON="MOESERVE_GEMV_BULK=1 MOESERVE_MOE_NORM_TRIGGER=reads"
-  (export $ON; JOBS=15 every_test_program)
+  (export $ON; tests_and_models test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
+    test_cuda_moe_combine_norm test_cuda_moe_one_token test_cuda_graphs)
   ids_alike "$ON" - gated off
   b1_rounds "off bulk:MOESERVE_GEMV_BULK=1 gated:${ON// /,} late:MOESERVE_MOE_NORM_TRIGGER=reads" \
     "off late:MOESERVE_MOE_NORM_TRIGGER=reads"
