@@ -33,3 +33,16 @@ if [ $PHASE = 3 ]; then
   for o in 16 528; do offline qwen3 $o off-qwen3; (export $ON; offline qwen3 $o gated-qwen3); done
   log done
 fi
+
+# PHASE=4 (a warm machine's second try at PHASE=3, whose bulk launches all failed: the shared-memory
+#   limit asked for left no room for the kernel's static barrier): rebuild, the gemv and fixtures
+#   tests with both on, B = 1 off / gated twice, the gated timeline.
+if [ $PHASE = 4 ]; then
+  ON="MOESERVE_GEMV_BULK=1 MOESERVE_MOE_NORM_TRIGGER=reads"
+  JOBS=15 build_after ms_kernel_trace test_cuda_gemv test_cuda_fixtures
+  ln -sfn $ROOT/.b4/models/qwen3 /tmp/qwen3
+  (export $ON; run_gpu_tests /tmp/b test_cuda_gemv test_cuda_fixtures)
+  for r in 1 2; do SIDES="off gated:${ON// /,}" bench_sides qwen3 "1 4096 16"; done
+  trace qwen3 1 4096 gated $ON
+  log done
+fi

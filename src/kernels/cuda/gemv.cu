@@ -498,6 +498,9 @@ int bulk_blocks_per_sm(int warps, size_t smem) {
     int dev = 0;
     MS_CUDA(cudaGetDevice(&dev));
     MS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaFuncAttributes attr{};
+    MS_CUDA(cudaFuncGetAttributes(&attr, gemv_bulk_kernel<TO>));
+    optin -= int(attr.sharedSizeBytes);  // the barrier's static shared memory
     MS_CUDA(cudaFuncSetAttribute(gemv_bulk_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   });
   if (smem > size_t(optin)) return 0;
