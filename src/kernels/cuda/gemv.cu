@@ -11,9 +11,11 @@
 // (A block asking for all of its slab at once into shared memory instead, cp.async, then these
 // mmas in this order, was measured and dropped: Qwen3's q|k|v 7.95 -> 8.32 us a layer, V2-Lite's
 // q|kv_a 2.45 -> 2.93; the rounds in registers are not what holds these products back.
-// BENCHMARKS, session 32.)
+// BENCHMARKS, session 32. So was the slab brought in by the copy engine, one bulk copy a row issued
+// as the block starts, with the MoE combine + norm before it letting it launch only once its parts
+// were read: q|k|v 8.99 -> 7.95 us, but three such blocks an SM keep the decode's off until they
+// end, and the decode took 5.97 -> 8.06; Qwen3 +2.6 %, session 34.)
 #include "kernels/cuda/gemv.h"
-#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/mma.h"
 
 #include <cooperative_groups.h>
@@ -32,7 +34,7 @@ constexpr int kChunk = 64;   // k per warp step: 16 per lane of a quad
 constexpr int kSlab = 16;    // output features per mma tile
 
 // Chunks a warp loads before its first mma (U of gemv_kernel): a SwiGLU pair loads two weights.
-__host__ __device__ constexpr int unroll(bool swiglu) { return swiglu ? 2 : 4; }
+constexpr int unroll(bool swiglu) { return swiglu ? 2 : 4; }
 
 struct GemvParams {
   GemvWeights w;
@@ -114,41 +116,6 @@ __device__ __forceinline__ void load_round(const GemvParams& p, const char* cons
       load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
     }
   }
-}
-
-// A slab's sums, from each warp's accumulators (lane (g, q): features g and g + 8 of rows 2q and
-// 2q + 1 of each tile): met in shared memory `red` ([S][MATS][NT][16 features][8 rows]), summed
-// over the warps in order, then the SwiGLU or the bias, and stored for rows [pass, r_end). Ends
-// with a barrier: red is rewritten by the next slab.
-template <class TO, bool SWIGLU, int MATS, int NT>
-__device__ __forceinline__ void store_slab(const GemvParams& p, float* red, const float (&acc)[MATS][NT][4], int pass,
-                                           int r_end, int n0) {
-  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-#pragma unroll
-  for (int m = 0; m < MATS; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float* r = red + (((warp * MATS + m) * NT + t) * kSlab) * 8;
-      r[g * 8 + 2 * q] = acc[m][t][0], r[g * 8 + 2 * q + 1] = acc[m][t][1];
-      r[(g + 8) * 8 + 2 * q] = acc[m][t][2], r[(g + 8) * 8 + 2 * q + 1] = acc[m][t][3];
-    }
-  __syncthreads();
-  for (int i = threadIdx.x; i < NT * 8 * kSlab; i += blockDim.x) {
-    const int t = i / (8 * kSlab), row8 = (i / kSlab) % 8, f = i % kSlab;
-    const int row = pass + t * 8 + row8, n = n0 + f;
-    if (row >= r_end || n >= p.N) continue;
-    float v[MATS];
-#pragma unroll
-    for (int m = 0; m < MATS; ++m) {
-      v[m] = 0.f;
-      for (int w = 0; w < S; ++w) v[m] += red[(((w * MATS + m) * NT + t) * kSlab + f) * 8 + row8];
-    }
-    float out = v[0];
-    if constexpr (SWIGLU) out = v[0] / (1.0f + expf(-v[0])) * v[MATS - 1];
-    else if (p.bias) out += p.bias[n];
-    store_out<TO>(p, row, n, out);
-  }
-  __syncthreads();
 }
 
 // NT tiles of 8 rows per pass; U chunks loaded before the first mma (loads in flight per lane:
@@ -259,90 +226,37 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
           }
         }
       }
-      store_slab<TO, SWIGLU, MATS, NT>(p, red, acc, pass, r_end, n0);
+      // Lane (g, q) holds features g and g + 8 for rows 2q and 2q + 1 of each tile.
+#pragma unroll
+      for (int m = 0; m < MATS; ++m)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          float* r = red + (((warp * MATS + m) * NT + t) * kSlab) * 8;
+          r[g * 8 + 2 * q] = acc[m][t][0], r[g * 8 + 2 * q + 1] = acc[m][t][1];
+          r[(g + 8) * 8 + 2 * q] = acc[m][t][2], r[(g + 8) * 8 + 2 * q + 1] = acc[m][t][3];
+        }
+      __syncthreads();
+      for (int i = threadIdx.x; i < NT * 8 * kSlab; i += blockDim.x) {
+        const int t = i / (8 * kSlab), row8 = (i / kSlab) % 8, f = i % kSlab;
+        const int row = pass + t * 8 + row8, n = n0 + f;
+        if (row >= r_end || n >= p.N) continue;
+        float v[MATS];
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+          v[m] = 0.f;
+          for (int w = 0; w < S; ++w) v[m] += red[(((w * MATS + m) * NT + t) * kSlab + f) * 8 + row8];
+        }
+        float out = v[0];
+        if constexpr (SWIGLU) out = v[0] / (1.0f + expf(-v[0])) * v[MATS - 1];
+        else if (p.bias) out += p.bias[n];
+        store_out<TO>(p, row, n, out);
+      }
+      __syncthreads();  // red is rewritten by the next slab
     }
   }
   // Beside: this block ends only after the kernel before, so the kernel after, which waits for
   // this one alone, also finds that one's writes.
   if constexpr (BESIDE) pdl_wait();
-}
-
-// 16-byte pieces of a slab row in gemv_bulk_kernel's shared memory: K / 8 and 16 bytes of padding,
-// so that the 8 rows a quarter-warp reads (lanes g = 0, 1 of each q) start 4 banks apart.
-__host__ __device__ constexpr int bulk_row_pieces(int K) { return K / 8 + 1; }
-// Its dynamic shared memory: the slab's 16 rows, then store_slab's sums of `warps` warps.
-constexpr size_t bulk_smem_bytes(int K, int warps) {
-  return size_t(kSlab) * bulk_row_pieces(K) * 16 + size_t(warps) * kSlab * 8 * sizeof(float);
-}
-
-// 16 weights of shared slab row r at k0 as 8 bf16 pairs (zeros past K): load_weights' registers.
-__device__ __forceinline__ void slab_weights(const uint4* slab, int row_pieces, int r, int k0, int K,
-                                             uint32_t (&w)[8]) {
-  uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-  if (k0 < K) {
-    const uint4* src = slab + r * row_pieces + k0 / 8;
-    lo = src[0];
-    if (k0 + 8 < K) hi = src[1];
-  }
-  w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-}
-
-// A dense BF16 product of at most 8 rows, a block a slab, whose slab the copy engine brings into
-// shared memory: thread 0 issues one bulk copy a row on an mbarrier as the block starts, before
-// pdl_wait (no kernel of the step writes weights), so a block's whole 64 KB (K = 2048) is in
-// flight at once, where gemv_kernel's threads keep what their registers hold (U chunks a round).
-// Then gemv_kernel's mmas in its order (warp s: chunks s, s + S, ..., U a round, the same
-// registers, from shared memory), so the same bits. Launched with the whole shared-memory
-// carveout and only where the whole grid is resident (gemv_bulk_takes): the copies of every block
-// start while the kernel before still runs.
-template <class TO>
-__global__ void __launch_bounds__(256) gemv_bulk_kernel(GemvParams p) {
-  constexpr int U = unroll(false);
-  extern __shared__ uint4 bulk_smem[];
-  __shared__ __align__(8) uint64_t bar;
-  const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int n0 = blockIdx.y * kSlab, rows = min(kSlab, p.N - n0), row_pieces = bulk_row_pieces(p.K);
-  const uint32_t b = uint32_t(__cvta_generic_to_shared(&bar));
-  if (threadIdx.x == 0) {
-    wg::mbar_init(b, 1);
-    wg::mbar_init_fence();
-    const uint32_t row_bytes = uint32_t(p.K) * 2;
-    wg::mbar_arrive_expect_tx(b, uint32_t(rows) * row_bytes);
-    const uint64_t policy = l2_policy(p.evict_first);
-    const char* W = static_cast<const char*>(p.w.w_one);
-    for (int r = 0; r < rows; ++r)
-      wg::bulk_copy_to_shared(uint32_t(__cvta_generic_to_shared(bulk_smem + r * row_pieces)),
-                              W + int64_t(n0 + r) * p.w.ld * 2, row_bytes, b, policy);
-  }
-  for (int i = rows * row_pieces + threadIdx.x; i < kSlab * row_pieces; i += blockDim.x)
-    bulk_smem[i] = make_uint4(0, 0, 0, 0);  // rows past N (a last slab of fewer)
-  pdl_wait();
-  pdl_trigger();
-  __syncthreads();  // the barrier's init and the zero rows
-  const int src = g < p.rows.rows ? (p.in.x_rows ? p.in.x_rows[g] : g) : -1;
-  wg::mbar_wait(b, 0);
-  float acc[1][1][4] = {};
-  for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
-    uint32_t a[U][2][8], xs[U][8];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
-      slab_weights(bulk_smem, row_pieces, g, k0, p.K, a[u][0]);
-      slab_weights(bulk_smem, row_pieces, g + 8, k0, p.K, a[u][1]);
-      load_inputs(p, src, k0, xs[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (c0 + u * S >= p.chunks) break;
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint32_t frag[4] = {a[u][0][2 * s], a[u][1][2 * s], a[u][0][2 * s + 1], a[u][1][2 * s + 1]};
-        mma_bf16(acc[0][0], frag, xs[u][2 * s], xs[u][2 * s + 1]);
-      }
-    }
-  }
-  float* red = reinterpret_cast<float*>(bulk_smem + kSlab * row_pieces);
-  store_slab<TO, false, 1, 1>(p, red, acc, 0, p.rows.rows, n0);
 }
 
 // Blocks of the running router product that have finished; its last block resets it. One
@@ -486,53 +400,9 @@ bool leaves_room(const GemvParams& p, dim3 grid, int nt) {
          p.K <= 4096;
 }
 
-GemvTuning& tuning();
-
-// gemv_bulk_kernel<TO>'s blocks of `warps` warps and `smem` bytes an SM can hold (its shared-memory
-// limit raised to the device's once), 0 where the block cannot launch.
-template <class TO>
-int bulk_blocks_per_sm(int warps, size_t smem) {
-  static PerDeviceOnce raised;
-  static int optin = 0;
-  raised([] {
-    int dev = 0;
-    MS_CUDA(cudaGetDevice(&dev));
-    MS_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes attr{};
-    MS_CUDA(cudaFuncGetAttributes(&attr, gemv_bulk_kernel<TO>));
-    optin -= int(attr.sharedSizeBytes);  // the barrier's static shared memory
-    MS_CUDA(cudaFuncSetAttribute(gemv_bulk_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  });
-  if (smem > size_t(optin)) return 0;
-  int n = 0;
-  MS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_bulk_kernel<TO>, warps * 32, smem));
-  return n;
-}
-
-// Whether gemv_bulk_kernel runs a product: tuning().bulk, or where that is 0 MOESERVE_GEMV_BULK
-// (read once; 1: on); a dense BF16 weight whose product waits for the kernel before (not fetched
-// early, not beside it: the batch-1 q|k|v after the MoE combine + norm), at most 8 rows, a block
-// a slab, and the whole grid resident at once.
-template <class TO>
-bool bulk_takes(const GemvParams& p, dim3 grid, int warps) {
-  static const bool env_on = [] {
-    const char* env = std::getenv("MOESERVE_GEMV_BULK");
-    return env && std::string_view(env) == "1";
-  }();
-  const int mode = tuning().bulk;
-  if (mode < 0 || (mode == 0 && !env_on)) return false;
-  if (p.w.fp8 || p.w.w || p.early || p.in.beside_last || p.rows.offsets || p.rows.rows > 8 || grid.x != 1 ||
-      int(grid.y) != p.slabs || reinterpret_cast<uintptr_t>(p.w.w_one) % 16 != 0)
-    return false;
-  return int64_t(bulk_blocks_per_sm<TO>(warps, bulk_smem_bytes(p.K, warps))) * sm_count() >= p.slabs;
-}
-
 template <bool FP8, class TO, bool SWIGLU, int NT>
 void launch(const GemvParams& p, dim3 grid, int warps) {
   constexpr int U = unroll(SWIGLU);
-  if constexpr (!FP8 && !SWIGLU && NT == 1)
-    if (bulk_takes<TO>(p, grid, warps))
-      return launch_pdl_with(true, gemv_bulk_kernel<TO>, grid, dim3(warps * 32), bulk_smem_bytes(p.K, warps), p);
   const size_t smem = size_t(warps) * (SWIGLU ? 2 : 1) * NT * kSlab * 8 * sizeof(float);
   const bool shared = leaves_room(p, grid, NT);
   auto go = [&](auto kernel) { launch_pdl_with(shared, kernel, grid, dim3(warps * 32), smem, p); };
@@ -557,6 +427,8 @@ void dispatch_tiles(const GemvParams& p, int nt, dim3 grid, int warps) {
   else if (nt == 2) launch<FP8, TO, SWIGLU, 2>(p, grid, warps);
   else launch<FP8, TO, SWIGLU, 4>(p, grid, warps);
 }
+
+GemvTuning& tuning();
 
 // Whether a dense product loads its first round of weights before it waits (gemv_kernel's
 // EARLY), from MOESERVE_GEMV_PREFETCH: `marked` (the default) where the weight is marked
@@ -638,9 +510,9 @@ void dispatch_out(const GemvParams& p, DType dtype, int nt, dim3 grid, int warps
 
 GemvTuning checked(const GemvTuning& t) {
   MS_CHECK(t.warps >= 0 && t.warps <= 8 && t.blocks_y >= 0 && (t.nt == 0 || t.nt == 1 || t.nt == 2 || t.nt == 4) &&
-               t.route_tasks >= 0 && t.route_tasks <= 8 && t.bulk >= -1 && t.bulk <= 1,
+               t.route_tasks >= 0 && t.route_tasks <= 8,
            "gemv tuning: warps ", t.warps, " (0..8), blocks_y ", t.blocks_y, " (>= 0), nt ", t.nt,
-           " (0, 1, 2, 4), route_tasks ", t.route_tasks, " (0..8), bulk ", t.bulk, " (-1..1)");
+           " (0, 1, 2, 4), route_tasks ", t.route_tasks, " (0..8)");
   return t;
 }
 
@@ -666,71 +538,44 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
-namespace {
-
-// A product's parameters and launch shape: tiles of 8 rows per pass over the weights (a group with
-// more rows than nt * 8 streams its weights once more per further pass); four warps splitting K,
-// eight where few slabs would leave multiprocessors idle; enough blocks over slabs for several
-// waves, each block walking the rest in turn; then tuning()'s overrides (not for the router's
-// product, whose shape is its own).
-struct Plan {
-  GemvParams p;
-  dim3 grid;
-  int warps, nt;
-};
-Plan plan(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-          const GemvOutput& out, bool tuned) {
-  GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};
-  const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
-  int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
-                        : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
-  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
-  const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
-  dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
-  if (tuned) {
-    const GemvTuning& tune = tuning();
-    if (tune.warps) warps = tune.warps;
-    if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));
-    if (tune.nt) nt = tune.nt;
-  }
-  return {p, grid, warps, nt};
-}
-
-}  // namespace
-
-bool gemv_takes_bulk(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-                     const GemvOutput& out, bool swiglu) {
-  if (swiglu || N == 0 || rows.rows == 0) return false;
-  const Plan pl = plan(N, K, w, rows, in, out, true);
-  if (pl.nt != 1) return false;
-  if (out.dtype == DType::BF16) return bulk_takes<bf16>(pl.p, pl.grid, pl.warps);
-  return out.dtype == DType::F32 && bulk_takes<float>(pl.p, pl.grid, pl.warps);
-}
-
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
           const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
   MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");
   if (N == 0 || rows.rows == 0) return;
-  const Plan pl = plan(N, K, w, rows, in, out, !route);
+  GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
+               int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};
+  // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
+  // weights once more per further pass.
+  const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
+  int nt = rows.offsets ? (per_group <= 2 ? 1 : per_group <= 8 ? 2 : 4)
+                        : (rows.rows <= 8 ? 1 : rows.rows <= 16 ? 2 : 4);
+  // Four warps split K, eight when few slabs would leave multiprocessors idle; enough blocks
+  // over slabs for several waves, each block walking the rest in turn.
+  int warps = int64_t(rows.expected_groups) * p.slabs < 2 * sm_count() && p.chunks >= 16 ? 8 : 4;
+  const int blocks_per_group = std::max(1, (32 * sm_count() + rows.expected_groups - 1) / rows.expected_groups);
+  dim3 grid(unsigned(rows.max_groups), unsigned(std::min(p.slabs, blocks_per_group)));
   if (route) {
     MS_CHECK(!swiglu && !rows.offsets && !w.w && rows.rows <= 8 && out.dtype == DType::F32 && route->tp.T == rows.rows &&
                  route->tp.E == N && route->tp.ls == out.out_ld,
              "gemv: a routed product takes a dense F32 output of at most 8 rows");
     // The router's parts are those of gemv_kernel's warps at this automatic shape, so its logits
     // are the unrouted product's (cuda::linear's) bit for bit.
-    if (w.fp8) launch_routed<true>(pl.p, *route, pl.warps);
-    else launch_routed<false>(pl.p, *route, pl.warps);
+    if (w.fp8) launch_routed<true>(p, *route, warps);
+    else launch_routed<false>(p, *route, warps);
     return;
   }
+  const GemvTuning& tune = tuning();
+  if (tune.warps) warps = tune.warps;
+  if (tune.blocks_y) grid.y = unsigned(std::min(p.slabs, tune.blocks_y));
+  if (tune.nt) nt = tune.nt;
   if (w.fp8) {
-    if (swiglu) dispatch_out<true, true>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
-    else dispatch_out<true, false>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
+    if (swiglu) dispatch_out<true, true>(p, out.dtype, nt, grid, warps);
+    else dispatch_out<true, false>(p, out.dtype, nt, grid, warps);
   } else {
-    if (swiglu) dispatch_out<false, true>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
-    else dispatch_out<false, false>(pl.p, out.dtype, pl.nt, pl.grid, pl.warps);
+    if (swiglu) dispatch_out<false, true>(p, out.dtype, nt, grid, warps);
+    else dispatch_out<false, false>(p, out.dtype, nt, grid, warps);
   }
 }
 

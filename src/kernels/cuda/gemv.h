@@ -70,21 +70,12 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 // automatic split of K, so that its logits stay the unrouted product's). Starts
 // as MOESERVE_GEMV_TUNE="warps,blocks_y,nt" says (read once); set_gemv_tuning replaces it for
 // later launches (a captured graph keeps the shape it was captured with). Not for concurrent use:
-// set it while no other thread launches products. bulk: 1, a dense product that gemv_takes_bulk
-// allows has its slabs brought into shared memory by the copy engine; -1 never; 0 as
-// MOESERVE_GEMV_BULK says (read once; 1 on).
+// set it while no other thread launches products.
 struct GemvTuning {
-  int warps = 0, blocks_y = 0, nt = 0, route_tasks = 0, bulk = 0;
+  int warps = 0, blocks_y = 0, nt = 0, route_tasks = 0;
 };
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
-
-// Whether gemv() runs this product on the copy-engine kernel (gemv.cu's gemv_bulk_kernel: the
-// same sums, bit for bit): tuning's bulk allowing it, a dense BF16 weight whose product neither
-// fetches early nor runs beside the kernel before, at most 8 rows, a block a 16-feature slab, and
-// every block resident at once.
-bool gemv_takes_bulk(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
-                     const GemvOutput& out, bool swiglu);
 
 // With `route` (a dense product into F32, at most 8 rows, route->nv <= kRouteMaxLanes), the
 // product runs as the router's kernel: its work spread a warp a (slab, part of K) over one

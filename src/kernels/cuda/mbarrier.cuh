@@ -1,7 +1,6 @@
 // Shared-memory mbarriers and setmaxnreg for the warp-specialized kernels (flash_prefill_wgmma_ws.cu,
 // flash_mla_expanded_wgmma_ws.cu): a producer warpgroup hands stages of cp.async copies to
-// consumer warpgroups and takes them back; and the copy engine's bulk copies into shared memory
-// that complete on an mbarrier (gemv.cu's gemv_bulk_kernel). sm_90a only, as the wgmma
+// consumer warpgroups and takes them back. sm_90a only, as the wgmma
 // instructions (MS_WGMMA_ASM): a build for another GPU keeps the names, and traps.
 #pragma once
 #include "kernels/cuda/wgmma.cuh"
@@ -17,25 +16,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // One arrival when all of this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
   MS_WGMMA_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// The init made visible to the copy engine (the async proxy), before a bulk copy names the barrier.
-__device__ __forceinline__ void mbar_init_fence() {
-  MS_WGMMA_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  MS_WGMMA_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// The calling thread's arrival, with `bytes` more to land (bulk copies) before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  MS_WGMMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `src` into shared `dst` by
-// the copy engine, counted on `bar` as they land; read under the L2 policy `policy` (l2_policy).
-__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                    uint64_t policy) {
-  MS_WGMMA_ASM(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
   MS_WGMMA_ASM(

@@ -255,10 +255,6 @@ struct MoeSlabs {
   int K, slabs;
   const bf16* shared;  // [H] or null
   const bf16* gate;    // [1] or null: added ungated
-  // The next kernel let launch (PDL) once this block's parts have been read rather than at once:
-  // a product after it that streams its weights from its start (gemv_bulk_kernel) then does not
-  // queue ahead of those reads. MOESERVE_MOE_NORM_TRIGGER=reads (read once), the MoE combine only.
-  bool trigger_after_reads = false;
 };
 constexpr int kSlabQuads = 64, kSlabCols = 4 * kSlabQuads, kSlabThreads = 8 * kSlabQuads;
 // Slabs a thread has in flight: Qwen3's 12 in one round trip, V2-Lite's 22 in two. All 22 at once
@@ -287,7 +283,7 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   // The next kernel may launch now: the experts' blocks have left, so its blocks spread over every
   // multiprocessor (launched while they streamed, Qwen3's q|k|v crowded onto the idle ones and
   // took 3.4 us more).
-  if (!m.trigger_after_reads) pdl_trigger();
+  pdl_trigger();
   // Every input but the parts asked for at once: the slots' rows and weights, the residual, the
   // shared expert and its gate.
   int32_t rows[8];
@@ -319,7 +315,6 @@ __global__ void __launch_bounds__(kSlabThreads) moe_slabs_add_rms_norm_kernel(Mo
   }
   *reinterpret_cast<float4*>(&ys[j][4 * q]) = v;
   __syncthreads();
-  if (m.trigger_after_reads) pdl_trigger();
   float xc = 0.f;  // column col as stored: the norm's input
   if (mixes) {     // column col: the slots in order (MoeAddend's combine), rounded; the shared expert
     float a = 0.f;
@@ -462,13 +457,9 @@ bool slabs_add_rms_norm(const ExpertRows& routed, const Tensor* shared, const Te
                     (!shared || (shared->dtype() == DType::BF16 && shared->strides()[1] == 1)) &&
                     (!shared_gate || shared_gate->dtype() == DType::BF16);
   if (!fits) return false;
-  static const bool after_reads = [] {
-    const char* env = std::getenv("MOESERVE_MOE_NORM_TRIGGER");
-    return env && std::string_view(env) == "reads";
-  }();
   launch_slab_norm(MoeSlabs{routed.rows.data<float>(), routed.row_of.data<int32_t>(), routed.weights.data<float>(),
                             int(K), routed.slabs, shared ? shared->data<bf16>() : nullptr,
-                            shared_gate ? shared_gate->data<bf16>() : nullptr, after_reads},
+                            shared_gate ? shared_gate->data<bf16>() : nullptr},
                    residual, weight, eps, out);
   return true;
 }
