@@ -13,7 +13,7 @@ if [ $PHASE = 2 ]; then
   target_figures
 fi
 
-# PHASE=3: q|k|v's slabs by the copy engine (MOESERVE_GEMV_BULK=1: gemv_bulk_kernel, its copies
+# PHASE=3 (ran at 79ffc63; its source dropped since): q|k|v's slabs by the copy engine (MOESERVE_GEMV_BULK=1: gemv_bulk_kernel, its copies
 #   issued as its blocks start) and the MoE combine + norm letting it launch only once its parts
 #   are read (MOESERVE_MOE_NORM_TRIGGER=reads). The touched tests and those of whole models with both
 #   on (device time was short: not every program); greedy ids both
@@ -34,7 +34,7 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 
-# PHASE=4 (a warm machine's second try at PHASE=3, whose bulk launches all failed: the shared-memory
+# PHASE=4 (ran at d6c6bd5; dropped since) (a warm machine's second try at PHASE=3, whose bulk launches all failed: the shared-memory
 #   limit asked for left no room for the kernel's static barrier): rebuild, the gemv and fixtures
 #   tests with both on, B = 1 off / gated twice, the gated timeline.
 if [ $PHASE = 4 ]; then
