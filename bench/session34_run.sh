@@ -13,13 +13,13 @@ if [ $PHASE = 2 ]; then
   target_figures
 fi
 
-# PHASE=3 (ran at 79ffc63; its source dropped since): q|k|v's slabs by the copy engine (MOESERVE_GEMV_BULK=1: gemv_bulk_kernel, its copies
-#   issued as its blocks start) and the MoE combine + norm letting it launch only once its parts
-#   are read (MOESERVE_MOE_NORM_TRIGGER=reads). The touched tests and those of whole models with both
-#   on (device time was short: not every program); greedy ids both
-#   on against off; B = 1 rotating over off / bulk / gated (both) / late (the trigger alone) for
-#   Qwen3, off / late for V2-Lite (no product of its takes the copy engine); timelines of each; the
-#   engine's step off and gated.
+# PHASE=3 (ran at 79ffc63; its source dropped since): q|k|v's slabs by the copy engine
+#   (MOESERVE_GEMV_BULK=1: gemv_bulk_kernel, its copies issued as its blocks start) and the MoE
+#   combine + norm letting it launch only once its parts are read (MOESERVE_MOE_NORM_TRIGGER=reads).
+#   The touched tests and those of whole models with both on (device time was short: not every
+#   program); greedy ids both on against off; B = 1 rotating over off / bulk / gated (both) / late
+#   (the trigger alone) for Qwen3, off / late for V2-Lite (no product of its takes the copy
+#   engine); timelines of each; the engine's step off and gated.
 if [ $PHASE = 3 ]; then
   ON="MOESERVE_GEMV_BULK=1 MOESERVE_MOE_NORM_TRIGGER=reads"
   (export $ON; tests_and_models test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
@@ -34,9 +34,10 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 
-# PHASE=4 (ran at d6c6bd5; dropped since) (a warm machine's second try at PHASE=3, whose bulk launches all failed: the shared-memory
-#   limit asked for left no room for the kernel's static barrier): rebuild, the gemv and fixtures
-#   tests with both on, B = 1 off / gated twice, the gated timeline.
+# PHASE=4 (ran at d6c6bd5; dropped since): a warm machine's second try at PHASE=3, whose bulk
+#   launches had all failed (the shared-memory limit asked for left no room for the kernel's static
+#   barrier): rebuild, the gemv and fixtures tests with both on, B = 1 off / gated twice, the gated
+#   timeline.
 if [ $PHASE = 4 ]; then
   ON="MOESERVE_GEMV_BULK=1 MOESERVE_MOE_NORM_TRIGGER=reads"
   JOBS=15 build_after ms_kernel_trace test_cuda_gemv test_cuda_fixtures
