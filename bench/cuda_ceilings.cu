@@ -64,7 +64,6 @@ __global__ void stream_kernel(const uint4* __restrict__ p, int64_t n16, uint32_t
   if (acc == 0x12345678u) *sink = acc;
 }
 
-// Microseconds a launch of a captured chain: `launches` calls of launch(i), replayed.
 // One persistent grid crossing `rounds` grid barriers, as a kernel that ran a layer's dependent
 // steps itself would. Before each barrier every block stores a value; after it, every block reads
 // the one its neighbour stored: the dependent trip through L2 that a kernel reading its
@@ -112,6 +111,7 @@ double barrier_us(int blocks) {
   return (many - one) * 1e3 / 1000;
 }
 
+// Microseconds a launch of a captured chain: `launches` calls of launch(i), replayed.
 template <class Launch>
 double chain_us(int launches, Launch launch) {
   cudaGraph_t graph;

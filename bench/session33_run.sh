@@ -50,9 +50,9 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=4 (ran in session 34 at bbcac5b; the patch dropped and deleted since): $SRC = main with the
-#   then bench/gpu_pending.patch applied
-#   (MOESERVE_GEMV_NO_L1: the carveout's products load their weights without L1 lines). Confirms
+# PHASE=4 (ran in session 34 at bbcac5b; the patch dropped and deleted since): $SRC = main with
+#   bbcac5b's bench/gpu_pending.patch applied (MOESERVE_GEMV_NO_L1: the carveout's products load
+#   their weights without L1 lines). Confirms
 #   the narrowed carveout (9fbb3c0) against the driver's split and measures the patch: the touched
 #   tests, B = 1 rotating over final / nol1 / off (MOESERVE_GEMV_CARVEOUT=0), timelines of each.
 if [ $PHASE = 4 ]; then
