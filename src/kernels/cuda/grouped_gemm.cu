@@ -262,6 +262,7 @@ constexpr TileEntry kTiles[] = {
     {"128x256x64", launch<Tile128x256x64>},
     {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]: the default ...
     {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},  // [5]: ... and with many rows an expert
+    {"tma128x256x64", grouped_gemm_impl::launch_tma_128x256x64},
 };
 
 std::mutex g_tile_mutex;
@@ -330,7 +331,10 @@ bool grouped_gemm_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-bool grouped_gemm_on_wgmma() { return std::strncmp(selected_tile().name, "wgmma", 5) == 0; }
+bool grouped_gemm_on_wgmma() {
+  const char* name = selected_tile().name;
+  return std::strncmp(name, "wgmma", 5) == 0 || std::strncmp(name, "tma", 3) == 0;
+}
 
 std::vector<std::string> grouped_gemm_tiles() {
   std::vector<std::string> names;

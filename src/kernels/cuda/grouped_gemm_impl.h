@@ -40,5 +40,7 @@ __device__ __forceinline__ void store_pair(bf16* p, float lo, float hi, bool pai
 // The wgmma shapes (grouped_gemm_wgmma.cu): launch over row_tiles row tiles, as kTiles' entries.
 void launch_wgmma_128x128x64(const Params& p, int64_t row_tiles, bool swiglu);
 void launch_wgmma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
+// The persistent shape with weight tiles by tensor copies (grouped_gemm_tma.cu).
+void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu);
 
 }  // namespace ms::cuda::grouped_gemm_impl

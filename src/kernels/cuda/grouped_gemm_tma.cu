@@ -1,0 +1,306 @@
+// The warp-specialized, persistent Hopper shape of the grouped GEMM whose weight tiles come by
+// the tensor-memory accelerator ("tma128x256x64"): the same tile table, row tiles of 128, gather
+// through a_rows, ragged edges, SwiGLU epilogue and m64n256k16 wgmma products on 128-byte
+// swizzled tiles as grouped_gemm_wgmma.cu.
+//
+// Why: grouped_gemm_wgmma.cu's block lives for one tile, and at one block an SM nothing fills
+// its prologue (tile search, the first stages' latency) and epilogue (SiLU, stores): Qwen3's
+// down product has 12 K tiles of 64 (K = 768) and runs ~415 TFLOP/s against ~550 for gate|up.
+// Sessions 8 and 10 tried persistent warp-specialized shapes whose producer warpgroup moved both
+// operands by cp.async (24 16-byte copies a thread a stage): 2-15 % slower. Here the weight tile
+// (two thirds of a stage's bytes) is one tensor copy issued by one thread, which the copy engine
+// swizzles itself; the producer's threads keep only the gathered A rows (8 copies a stage).
+//
+// Weight tensor maps: a map per expert (the weights are separate tensors), made on the device
+// for the call (weight_maps_kernel: the host encodes one map of the right shape, strides, box and
+// swizzle, and each thread writes a copy with its expert's address put in by tensormap.replace),
+// so the callers keep handing a device array of weight pointers. The maps live in scratch; the
+// producer fences each map into the tensor-map proxy before its first copy through it.
+//
+// Roles: warpgroup 0 produces, warpgroups 1 and 2 consume, each owning 64 of a tile's 128 rows
+// and all 256 columns (B rows: for SwiGLU 128 gate rows then the same 128 up rows). full[s]
+// completes when the producer's 128 threads' A copies have landed (cp.async.mbarrier.arrive.noinc)
+// and thread 0's weight copy has (arrive.expect_tx + complete_tx): 129 arrivals. empty[s]
+// completes when the consumers' 8 warps have each waited for their wgmmas on it (lane 0 arrives).
+// The producer runs on into the next tile while the consumers store, so the next tile's first
+// wgmmas find their operands waiting. Block b takes units b, b + grid, ... (unit u: row tile
+// u / n_tiles, N tile u % n_tiles, the order of the non-persistent grid).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/grouped_gemm_impl.h"
+#include "kernels/cuda/grouped_tiles.cuh"
+#include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace ms::cuda::grouped_gemm_impl {
+namespace {
+
+using namespace wg;
+constexpr int kBK = 64;  // K a tile: one 128-byte swizzle row (see wgmma.cuh)
+constexpr int kBN = 256, kStages = 4, kAcc = kBN / 2;
+constexpr int kThreads = 384, kLaunchRegs = 168;  // 65536 / 384, rounded down to ptxas's 8
+constexpr int kProducerRegs = 88, kConsumerRegs = 208;  // sessions 8 and 10's split: no spills either side
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "the block's registers");
+constexpr int kABytes = kBM * kRowBytes, kBBytes = kBN * kRowBytes, kStageBytes = kABytes + kBBytes;
+constexpr int kBarrierOffset = kStages * kStageBytes;  // full[kStages], empty[kStages]
+constexpr size_t kSmemBytes = size_t(kBarrierOffset) + 2 * kStages * 8 + kAtomBytes;  // + alignment slack
+constexpr int kRowsPass = 128 / 8, kACopies = kBM / kRowsPass;  // producer threads, 8 chunks a row
+static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
+
+struct alignas(64) MapBytes {
+  uint4 v[8];  // a CUtensorMap's 128 opaque bytes
+};
+static_assert(sizeof(MapBytes) == sizeof(CUtensorMap), "a tensor map is 128 bytes");
+
+// Thread e: out[e] = the template with expert e's weight address.
+__global__ void weight_maps_kernel(const MapBytes tmpl, const void* const* __restrict__ w, int E,
+                                   MapBytes* __restrict__ out) {
+  pdl_wait();
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[e].v[i] = tmpl.v[i];
+  MS_WGMMA_ASM("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"(out + e), "l"(w[e])
+               : "memory");
+  MS_WGMMA_ASM("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void map_acquire(const void* map) {
+  MS_WGMMA_ASM("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(map) : "memory");
+}
+__device__ __forceinline__ void expect_bytes(uint32_t bar, uint32_t bytes) {
+  MS_WGMMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box of `map` at (k, row) into shared memory at dst, completing `bytes` on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int k, int row, uint32_t bar) {
+  MS_WGMMA_ASM(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(map), "r"(k), "r"(row), "r"(bar)
+      : "memory");
+}
+
+template <bool SWIGLU>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_tma_kernel(const Params p, const MapBytes* __restrict__ w_map, const MapBytes* __restrict__ w2_map,
+                            int n_tiles) {
+  constexpr int kTileN = SWIGLU ? kBN / 2 : kBN;  // output columns a unit
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // The tiles' 1024-byte alignment (the swizzle's): the dynamic base is only 16-byte aligned.
+  uint8_t* const smem = smem_raw + ((kAtomBytes - uint32_t(__cvta_generic_to_shared(smem_raw)) % kAtomBytes) % kAtomBytes);
+  const uint32_t smem_addr = uint32_t(__cvta_generic_to_shared(smem));
+  const uint32_t full = smem_addr + kBarrierOffset, empty = full + 8 * kStages;
+  const int tid = threadIdx.x, wg = tid / 128;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full + 8 * s, 129);
+      mbar_init(empty + 8 * s, 8);
+    }
+    MS_WGMMA_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  pdl_wait();  // offsets, tile table, maps and A come from the kernels before
+  const int KT = (p.K + kBK - 1) / kBK;
+  auto unit_tile = [&](int u, GroupTile& gt) {
+    return find_group_tile(p.offsets, p.tile_start, p.experts, kBM, u / n_tiles, gt);
+  };
+
+  if (wg == 0) {
+    set_max_regs_dec<kProducerRegs>();
+    const int chunk = tid % 8, kc = chunk * 8, r0 = tid / 8;
+    const uint32_t dst = swizzled_offset(r0, chunk);
+    uint32_t q = 0;  // stages filled so far, over all units
+    int fenced = -1;  // the expert whose maps thread 0 last fenced
+    GroupTile gt;
+    for (int u = blockIdx.x; unit_tile(u, gt); u += gridDim.x) {
+      const bf16* a_src[kACopies];
+#pragma unroll
+      for (int i = 0; i < kACopies; ++i) {
+        const int gr = gt.m0 + r0 + i * kRowsPass;
+        const int64_t src_row = gr < gt.m_end ? (p.a_rows ? __ldg(p.a_rows + gr) : gr) : 0;
+        a_src[i] = p.a + src_row * p.a_ld + kc;
+      }
+      const int n0 = (u % n_tiles) * kTileN;
+      const MapBytes* const map = w_map + gt.group;
+      const MapBytes* const map2 = SWIGLU ? w2_map + gt.group : nullptr;
+      if (tid == 0 && fenced != gt.group) {
+        map_acquire(map);
+        if (SWIGLU) map_acquire(map2);
+        fenced = gt.group;
+      }
+      for (int kt = 0; kt < KT; ++kt, ++q) {
+        const int s = q % kStages;
+        if (q >= kStages) mbar_wait(empty + 8 * s, (q / kStages + 1) & 1);  // use q - kStages released
+        const uint32_t as = smem_addr + s * kStageBytes, bs = as + kABytes, bar = full + 8 * s;
+        const int k = kt * kBK;
+        if (tid == 0) {
+          expect_bytes(bar, kBBytes);
+          if constexpr (SWIGLU) {
+            tma_load_2d(bs, map, k, n0, bar);
+            tma_load_2d(bs + kBBytes / 2, map2, k, n0, bar);
+          } else {
+            tma_load_2d(bs, map, k, n0, bar);
+          }
+        }
+        const bool k_ok = k + kc < p.K;
+        uint8_t* const a_dst = smem + s * kStageBytes + dst;
+        // An invalid copy reads nothing (zero fill); its address stays inside the operand.
+#pragma unroll
+        for (int i = 0; i < kACopies; ++i) {
+          const bool v = gt.m0 + r0 + i * kRowsPass < gt.m_end && k_ok;
+          cp_async16(a_dst + i * kRowsPass * kRowBytes, a_src[i] + (v ? k : 0), v);
+        }
+        mbar_arrive_copies(bar);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();  // leave no copy in flight behind the producer
+    return;
+  }
+
+  set_max_regs_inc<kConsumerRegs>();
+  const int cw = wg - 1, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int warp_row = ((tid % 128) / 32) * 16 + g;  // the thread's rows of its slice: this and + 8
+  // Descriptors of stage 0's tiles (this consumer's 64 A rows: 8 atoms in); a stage, and a 16 of
+  // K, add (bytes >> 4) to the start-address field (addresses < 256 KiB: no carry out).
+  const uint64_t a_desc0 = smem_desc(smem_addr + cw * 64 * kRowBytes);
+  const uint64_t b_desc0 = smem_desc(smem_addr + kABytes);
+  float acc[kAcc];
+  int u = blockIdx.x;
+  uint32_t q = 0;  // stage uses so far, as the producer counts them
+  GroupTile gt;
+  bool have = unit_tile(u, gt);
+  while (have) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < KT; ++kt, ++q) {
+      const int s = q % kStages;
+      mbar_wait(full + 8 * s, (q / kStages) & 1);
+      fence_proxy_async();  // the A copies are generic-proxy writes; wgmma reads through the async proxy
+      const uint64_t stage_off = uint64_t(s * kStageBytes) >> 4;
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)  // 32 bytes of K = 2 << 4
+        wgmma_bf16<kBN>(acc, a_desc0 + stage_off + kk * 2, b_desc0 + stage_off + kk * 2);
+      wgmma_commit();
+      wgmma_wait<1>();  // the wgmmas of use q - 1 are done: its stage goes back
+      fence_operands(acc);
+      if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
+    }
+    const GroupTile cur = gt;
+    const int col0 = u % n_tiles * kTileN;
+    u += gridDim.x;
+    have = unit_tile(u, gt);  // while the last K tile's wgmmas run
+    wgmma_wait<0>();
+    fence_operands(acc);
+    if (KT > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
+
+    // Thread (g, t) of its warp holds rows g and g + 8 of the warp's 16, columns 8 i + 2 t, + 1.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = cur.m0 + cw * 64 + warp_row + h * 8;
+      if (r >= cur.m_end) continue;
+      bf16* crow = p.c + int64_t(r) * p.c_ld;
+      if constexpr (SWIGLU) {
+#pragma unroll
+        for (int i = 0; i < kBN / 16; ++i) {
+          const int col = col0 + i * 8 + 2 * t;
+          if (col >= p.N) continue;
+          float v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float gate = acc[4 * i + 2 * h + e], up = acc[4 * (i + kBN / 16) + 2 * h + e];
+            v[e] = gate / (1.0f + expf(-gate)) * up;
+          }
+          store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) {
+          const int col = col0 + i * 8 + 2 * t;
+          if (col >= p.N) continue;
+          store_pair(crow + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], p.pair_stores, col + 1 < p.N);
+        }
+      }
+    }
+  }
+}
+
+// The host's template for weights [N, K] with row stride ld (elements), boxes of 64 x box_rows,
+// 128-byte swizzled; any 16-byte aligned address (each copy gets its expert's). Encoded once a shape.
+MapBytes map_template(int64_t N, int64_t K, int64_t ld, int box_rows, const void* address) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int>, MapBytes> cache;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(N, K, ld, box_rows);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (!encode) {
+    cudaDriverEntryPointQueryResult found{};
+    void* fn = nullptr;
+    MS_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    MS_CHECK(fn && found == cudaDriverEntryPointSuccess, "grouped_gemm: the driver has no cuTensorMapEncodeTiled");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(N)}, strides[1] = {cuuint64_t(ld) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)}, unit[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(address), dims, strides, box,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MS_CHECK(r == CUDA_SUCCESS, "grouped_gemm: cuTensorMapEncodeTiled failed (", int(r), ") for weights ", N, " x ", K,
+           " ld ", ld);
+  MapBytes bytes;
+  static_assert(sizeof(map) == sizeof(bytes));
+  std::memcpy(&bytes, &map, sizeof(map));
+  cache.emplace(key, bytes);
+  return bytes;
+}
+
+// A device array of one map per expert of w (device array of E weight pointers).
+Tensor weight_maps(const bf16* const* w, int E, int64_t N, int64_t K, int64_t ld, int box_rows, const void* address) {
+  Tensor maps = scratch(DType::U8, {int64_t(E) * int64_t(sizeof(MapBytes))});
+  MS_CHECK(reinterpret_cast<uintptr_t>(maps.raw()) % 64 == 0, "grouped_gemm: tensor maps need 64-byte alignment");
+  const MapBytes tmpl = map_template(N, K, ld, box_rows, address);
+  launch_pdl(weight_maps_kernel, dim3(unsigned((E + 127) / 128)), dim3(128), 0, tmpl,
+             reinterpret_cast<const void* const*>(w), E, static_cast<MapBytes*>(maps.raw()));
+  return maps;
+}
+
+}  // namespace
+
+void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
+  const int64_t n_tiles = (p.N + (swiglu ? kBN / 2 : kBN) - 1) / (swiglu ? kBN / 2 : kBN);
+  // Units are ints on the device (the unit past the last one, a block's end, included).
+  MS_CHECK((row_tiles + 1) * n_tiles + sm_count() < (int64_t(1) << 31), "grouped_gemm: ", row_tiles, " x ", n_tiles,
+           " tiles");
+  const int box_rows = swiglu ? kBN / 2 : kBN;
+  Tensor maps = weight_maps(p.w, p.experts, p.N, p.K, p.w_ld, box_rows, p.a);
+  Tensor maps2 = swiglu ? weight_maps(p.w2, p.experts, p.N, p.K, p.w_ld, box_rows, p.a) : Tensor();
+  const auto* m = static_cast<const MapBytes*>(maps.raw());
+  const auto* m2 = swiglu ? static_cast<const MapBytes*>(maps2.raw()) : nullptr;
+  // Units past the last row tile (row_tiles is a bound) find no tile and end their block.
+  const int64_t blocks = std::min<int64_t>(row_tiles * n_tiles, int64_t(sm_count()));
+  static PerDeviceOnce once;
+  once([] {
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_tma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kSmemBytes)));
+    MS_CUDA(cudaFuncSetAttribute(grouped_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kSmemBytes)));
+  });
+  const dim3 grid{unsigned(blocks)}, block{unsigned(kThreads)};
+  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles));
+  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles));
+}
+
+}  // namespace ms::cuda::grouped_gemm_impl
