@@ -24,3 +24,28 @@ if [ $PHASE = 1 ]; then
   done
   log done
 fi
+
+# PHASE=2: tma128x256x64 the default from a mean of 256 rows an expert, its units of up to 64 rows
+#   split over both consumers (MOESERVE_GROUPED_TMA_HALVES=0: not). The touched tests and those of
+#   whole models; greedy ids of both random models with tma against wgmma128x256x64 forced; the
+#   products' bench (2k, 4k, 8k tokens) with and without the halves; the 8k prefills of both
+#   models, default / no halves / the old default, rotated over two rounds.
+if [ $PHASE = 2 ]; then
+  OLD=MOESERVE_GROUPED_GEMM_TILE=wgmma128x256x64 FULL=MOESERVE_GROUPED_TMA_HALVES=0
+  JOBS=15 build_after test_cuda_grouped_gemm test_cuda_moe_prefill test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_grouped_gemm test_cuda_moe_prefill test_cuda_fixtures test_cuda_engine_graphs \
+    test_cuda_attention_moe
+  (export $TMA; gtest moe_prefill-tma 200 /tmp/b/tests/test_cuda_moe_prefill; gtest fixtures-tma 200 /tmp/b/tests/test_cuda_fixtures)
+  BT=MOESERVE_GROUPED_TEST_TILES F=--gtest_filter=CudaGroupedGemm.GroupedGemmBench
+  MOESERVE_BENCH_GROUPED=1 env $BT=wgmma128x256x64,tma128x256x64 gtest bench 200 /tmp/b/tests/test_cuda_grouped_gemm $F
+  MOESERVE_BENCH_GROUPED=1 env $BT=tma128x256x64 $FULL gtest bench-full 200 /tmp/b/tests/test_cuda_grouped_gemm $F
+  wait
+  ids_alike "$TMA" "$OLD" tma old
+  for r in 0 1; do
+    SIDES="$(SIDES="default full:$FULL old:$OLD" rotated $r)" bench_sides qwen3 "1 8192 2"
+    SIDES="$(SIDES="default full:$FULL old:$OLD" rotated $r)" bench_sides v2lite "1 8192 2"
+  done
+  log done
+fi

@@ -250,7 +250,9 @@ void launch(const Params& p, int64_t row_tiles, bool swiglu) {
 // for half as many, so it asks less of L2 for the same products; where experts get at least
 // kWideTileMeanRows rows on average it won (session 8's bench: ties at a mean of 256, 3-6 %
 // ahead from 384; session 9: Qwen3's 8k prefill 39.8 -> 37.8 ms end to end). Below, its single
-// block an SM (193 KiB of stages) has fewer, emptier tiles to overlap.
+// block an SM (193 KiB of stages) has fewer, emptier tiles to overlap. From there on the default
+// is now tma128x256x64 (grouped_gemm_tma.cu: the same tile, persistent, weights by tensor copies):
+// session 35's bench ran both products 6-10 % faster at means of 256 to 768 rows an expert.
 struct TileEntry {
   const char* name;
   void (*launch)(const Params&, int64_t, bool);
@@ -261,8 +263,8 @@ constexpr TileEntry kTiles[] = {
     {"128x256x32", launch<Tile128x256x32>},
     {"128x256x64", launch<Tile128x256x64>},
     {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]: the default ...
-    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},  // [5]: ... and with many rows an expert
-    {"tma128x256x64", grouped_gemm_impl::launch_tma_128x256x64},
+    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},  // [5]
+    {"tma128x256x64", grouped_gemm_impl::launch_tma_128x256x64},      // [6]: ... and with many rows an expert
 };
 
 std::mutex g_tile_mutex;
@@ -279,7 +281,7 @@ const TileEntry& selected_tile(int64_t mean_rows = 0) {
   }
   if (name.empty()) {
     const char* env = std::getenv("MOESERVE_GROUPED_GEMM_TILE");
-    if (!env || !*env) return !hopper() ? kTiles[1] : mean_rows >= kWideTileMeanRows ? kTiles[5] : kTiles[4];
+    if (!env || !*env) return !hopper() ? kTiles[1] : mean_rows >= kWideTileMeanRows ? kTiles[6] : kTiles[4];
     name = env;
   }
   for (const TileEntry& t : kTiles)
