@@ -38,9 +38,10 @@ if [ $PHASE = 2 ]; then
   run_gpu_tests /tmp/b test_cuda_grouped_gemm test_cuda_moe_prefill test_cuda_fixtures test_cuda_engine_graphs \
     test_cuda_attention_moe
   (export $TMA; gtest moe_prefill-tma 200 /tmp/b/tests/test_cuda_moe_prefill; gtest fixtures-tma 200 /tmp/b/tests/test_cuda_fixtures)
-  BT=MOESERVE_GROUPED_TEST_TILES F=--gtest_filter=CudaGroupedGemm.GroupedGemmBench
-  MOESERVE_BENCH_GROUPED=1 env $BT=wgmma128x256x64,tma128x256x64 gtest bench 200 /tmp/b/tests/test_cuda_grouped_gemm $F
-  MOESERVE_BENCH_GROUPED=1 env $BT=tma128x256x64 $FULL gtest bench-full 200 /tmp/b/tests/test_cuda_grouped_gemm $F
+  F=--gtest_filter=CudaGroupedGemm.GroupedGemmBench
+  (export MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=wgmma128x256x64,tma128x256x64
+   gtest bench 200 /tmp/b/tests/test_cuda_grouped_gemm $F
+   export MOESERVE_GROUPED_TEST_TILES=tma128x256x64 $FULL; gtest bench-full 200 /tmp/b/tests/test_cuda_grouped_gemm $F)
   wait
   ids_alike "$TMA" "$OLD" tma old
   for r in 0 1; do
