@@ -25,7 +25,7 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2: tma128x256x64 the default from a mean of 256 rows an expert, its units of up to 64 rows
+# PHASE=2 (ran at ca0e0ec): tma128x256x64 the default from a mean of 256 rows an expert, its units of up to 64 rows
 #   split over both consumers (MOESERVE_GROUPED_TMA_HALVES=0: not). The touched tests and those of
 #   whole models; greedy ids of both random models with tma against wgmma128x256x64 forced; the
 #   products' bench (2k, 4k, 8k tokens) with and without the halves; the 8k prefills of both
@@ -48,5 +48,16 @@ if [ $PHASE = 2 ]; then
     SIDES="$(SIDES="default full:$FULL old:$OLD" rotated $r)" bench_sides qwen3 "1 8192 2"
     SIDES="$(SIDES="default full:$FULL old:$OLD" rotated $r)" bench_sides v2lite "1 8192 2"
   done
+  log done
+fi
+
+# PHASE=3: the session's final tree (tma128x256x64 the default from a mean of 128 rows, without the
+#   halves), labelled final: every GPU test program, the ceilings, B = 1 three rounds, B = 64, the 8k
+#   prefills, the engine's step and the B = 1 timelines (target_figures); then the products' bench
+#   with the three Hopper shapes (2k, 4k, 8k tokens).
+if [ $PHASE = 3 ]; then
+  target_figures
+  (export MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=wgmma128x128x64,wgmma128x256x64,tma128x256x64
+   gtest bench 100 /tmp/b/tests/test_cuda_grouped_gemm --gtest_filter=CudaGroupedGemm.GroupedGemmBench)
   log done
 fi

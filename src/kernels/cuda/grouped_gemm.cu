@@ -248,11 +248,12 @@ void launch(const Params& p, int64_t row_tiles, bool swiglu) {
 // prefill experts at 450-530 TFLOP/s, the mma.sync shapes at 240-300. Of the two wgmma shapes,
 // 128x256 reads (128 + 256) K-rows of operands for 128 x 256 outputs where 128x128 reads 256
 // for half as many, so it asks less of L2 for the same products; where experts get at least
-// kWideTileMeanRows rows on average it won (session 8's bench: ties at a mean of 256, 3-6 %
+// 256 rows on average it won (session 8's bench: ties at a mean of 256, 3-6 %
 // ahead from 384; session 9: Qwen3's 8k prefill 39.8 -> 37.8 ms end to end). Below, its single
-// block an SM (193 KiB of stages) has fewer, emptier tiles to overlap. From there on the default
-// is now tma128x256x64 (grouped_gemm_tma.cu: the same tile, persistent, weights by tensor copies):
-// session 35's bench ran both products 6-10 % faster at means of 256 to 768 rows an expert.
+// block an SM (193 KiB of stages) has fewer, emptier tiles to overlap. Since session 35 the
+// default from kTmaTileMeanRows on is tma128x256x64 (grouped_gemm_tma.cu: the same tile,
+// persistent, weights by tensor copies): both products 6-10 % faster than wgmma128x256x64 at
+// means of 128 to 768 rows an expert, where wgmma128x128x64 and it had tied (session 9).
 struct TileEntry {
   const char* name;
   void (*launch)(const Params&, int64_t, bool);
@@ -270,7 +271,7 @@ constexpr TileEntry kTiles[] = {
 std::mutex g_tile_mutex;
 std::string g_tile_override;  // set_grouped_gemm_tile's name; empty: the environment's
 
-constexpr int64_t kWideTileMeanRows = 256;
+constexpr int64_t kTmaTileMeanRows = 128;
 
 // mean_rows: the call's rows an expert on average (the default shape depends on it).
 const TileEntry& selected_tile(int64_t mean_rows = 0) {
@@ -281,7 +282,7 @@ const TileEntry& selected_tile(int64_t mean_rows = 0) {
   }
   if (name.empty()) {
     const char* env = std::getenv("MOESERVE_GROUPED_GEMM_TILE");
-    if (!env || !*env) return !hopper() ? kTiles[1] : mean_rows >= kWideTileMeanRows ? kTiles[6] : kTiles[4];
+    if (!env || !*env) return !hopper() ? kTiles[1] : mean_rows >= kTmaTileMeanRows ? kTiles[6] : kTiles[4];
     name = env;
   }
   for (const TileEntry& t : kTiles)

@@ -25,17 +25,22 @@
 // The producer runs on into the next tile while the consumers store, so the next tile's first
 // wgmmas find their operands waiting. Block b takes units b, b + grid, ... (unit u: row tile
 // u / n_tiles, N tile u % n_tiles, the order of the non-persistent grid).
+//
+// Measured (BENCHMARKS, session 35): both products 6-10 % faster than wgmma128x256x64 at means of
+// 128 to 768 rows an expert (Qwen3 8k: 1304 -> 1185 us; V2-Lite 1639 -> 1546), 8k prefills
+// -2.5 to -4 %. Units of up to 64 rows (an expert's last, in about half the experts) run in full,
+// the second consumer multiplying zeros: splitting their columns over both consumers (m64n128,
+// or two m64n64 for SwiGLU) was tried and saved nothing (Qwen3 8k 1210 vs 1211 us, 2k tokens
+// 451 -> 461, V2-Lite 2k 491 -> 525).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
-#include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/grouped_gemm_impl.h"
@@ -91,17 +96,10 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int k
       : "memory");
 }
 
-// The N sums of acc from `at` on, as the array a narrower wgmma writes (constant offsets: the
-// registers stay registers).
-template <int N>
-__device__ __forceinline__ float (&first_sums(float (&acc)[kAcc], int at))[N] {
-  return *reinterpret_cast<float(*)[N]>(&acc[at]);
-}
-
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_tma_kernel(const Params p, const MapBytes* __restrict__ w_map, const MapBytes* __restrict__ w2_map,
-                            int n_tiles, bool halves) {
+                            int n_tiles) {
   constexpr int kTileN = SWIGLU ? kBN / 2 : kBN;  // output columns a unit
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The tiles' 1024-byte alignment (the swizzle's): the dynamic base is only 16-byte aligned.
@@ -179,9 +177,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   set_max_regs_inc<kConsumerRegs>();
   const int cw = wg - 1, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int warp_row = ((tid % 128) / 32) * 16 + g;  // the thread's rows of its slice: this and + 8
-  // Descriptors of stage 0's tiles; a stage, a consumer's 64 A rows and a 16 of K add (bytes >> 4)
-  // to the start-address field (addresses < 256 KiB: no carry out).
-  const uint64_t a_desc0 = smem_desc(smem_addr);
+  // Descriptors of stage 0's tiles (this consumer's 64 A rows: 8 atoms in); a stage, and a 16 of
+  // K, add (bytes >> 4) to the start-address field (addresses < 256 KiB: no carry out).
+  const uint64_t a_desc0 = smem_desc(smem_addr + cw * 64 * kRowBytes);
   const uint64_t b_desc0 = smem_desc(smem_addr + kABytes);
   float acc[kAcc];
   int u = blockIdx.x;
@@ -191,85 +189,57 @@ __global__ void __launch_bounds__(kThreads, 1)
   while (have) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < KT; ++kt, ++q) {
+      const int s = q % kStages;
+      mbar_wait(full + 8 * s, (q / kStages) & 1);
+      fence_proxy_async();  // the A copies are generic-proxy writes; wgmma reads through the async proxy
+      const uint64_t stage_off = uint64_t(s * kStageBytes) >> 4;
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)  // 32 bytes of K = 2 << 4
+        wgmma_bf16<kBN>(acc, a_desc0 + stage_off + kk * 2, b_desc0 + stage_off + kk * 2);
+      wgmma_commit();
+      wgmma_wait<1>();  // the wgmmas of use q - 1 are done: its stage goes back
+      fence_operands(acc);
+      if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
+    }
     const GroupTile cur = gt;
     const int col0 = u % n_tiles * kTileN;
     u += gridDim.x;
-    have = unit_tile(u, gt);
-    // A unit of at most 64 rows (an expert's last, in about half the experts): both consumers
-    // take its 64 rows, each half of the columns, instead of one of them multiplying zeros.
-    const bool half = halves && cur.m_end - cur.m0 <= 64;
-    // One K tile's wgmmas (4 x 16 of K) on stage offset `off`, in the unit's form.
-    auto multiply = [&](uint64_t off, auto half_form) {
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {  // 32 bytes of K = 2 << 4
-        const uint64_t a = a_desc0 + off + kk * 2, b = b_desc0 + off + kk * 2;
-        if constexpr (!decltype(half_form)::value) {
-          wgmma_bf16<kBN>(acc, a + cw * 512, b);  // this consumer's 64 rows: 8 KiB = 512 << 4
-        } else if constexpr (SWIGLU) {
-          // Output columns [64 cw, + 64): gate rows 64 cw.. and up rows 128 + 64 cw.. (8 KiB = 512 << 4).
-          wgmma_bf16_n64(first_sums<32>(acc, 0), a, b + cw * 512, true);
-          wgmma_bf16_n64(first_sums<32>(acc, 32), a, b + 1024 + cw * 512, true);
-        } else {
-          wgmma_bf16_n128(first_sums<64>(acc, 0), a, b + cw * 1024, true);  // B rows [128 cw, + 128)
-        }
-      }
-    };
-    // The unit's K tiles, then its stores, in the unit's form.
-    auto run_unit = [&](auto half_form) {
-      constexpr bool kHalf = decltype(half_form)::value;
-      for (int kt = 0; kt < KT; ++kt, ++q) {
-        const int s = q % kStages;
-        mbar_wait(full + 8 * s, (q / kStages) & 1);
-        fence_proxy_async();  // the A copies are generic-proxy writes; wgmma reads through the async proxy
-        fence_operands(acc);
-        wgmma_fence();
-        multiply(uint64_t(s * kStageBytes) >> 4, half_form);
-        wgmma_commit();
-        wgmma_wait<1>();  // the wgmmas of use q - 1 are done: its stage goes back
-        fence_operands(acc);
-        if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
-      }
-      wgmma_wait<0>();
-      fence_operands(acc);
-      if (KT > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
+    have = unit_tile(u, gt);  // while the last K tile's wgmmas run
+    wgmma_wait<0>();
+    fence_operands(acc);
+    if (KT > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
 
-      // Thread (g, t) of its warp holds rows g and g + 8 of the warp's 16, columns 8 i + 2 t, + 1
-      // of each wgmma's N. A half unit: the rows of slice 0, this consumer's columns.
-      const int row0 = cur.m0 + (kHalf ? 0 : cw * 64) + warp_row;
+    // Thread (g, t) of its warp holds rows g and g + 8 of the warp's 16, columns 8 i + 2 t, + 1.
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + h * 8;
-        if (r >= cur.m_end) continue;
-        bf16* crow = p.c + int64_t(r) * p.c_ld;
-        if constexpr (SWIGLU) {
-          constexpr int kPairs = kHalf ? kBN / 32 : kBN / 16, kUp = kHalf ? 32 : kBN / 4;
-          const int c0 = col0 + (kHalf ? cw * 64 : 0);
+    for (int h = 0; h < 2; ++h) {
+      const int r = cur.m0 + cw * 64 + warp_row + h * 8;
+      if (r >= cur.m_end) continue;
+      bf16* crow = p.c + int64_t(r) * p.c_ld;
+      if constexpr (SWIGLU) {
 #pragma unroll
-          for (int i = 0; i < kPairs; ++i) {
-            const int col = c0 + i * 8 + 2 * t;
-            if (col >= p.N) continue;
-            float v[2];
+        for (int i = 0; i < kBN / 16; ++i) {
+          const int col = col0 + i * 8 + 2 * t;
+          if (col >= p.N) continue;
+          float v[2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float gate = acc[4 * i + 2 * h + e], up = acc[kUp + 4 * i + 2 * h + e];
-              v[e] = gate / (1.0f + expf(-gate)) * up;
-            }
-            store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
+          for (int e = 0; e < 2; ++e) {
+            const float gate = acc[4 * i + 2 * h + e], up = acc[4 * (i + kBN / 16) + 2 * h + e];
+            v[e] = gate / (1.0f + expf(-gate)) * up;
           }
-        } else {
-          constexpr int kPairs = kHalf ? kBN / 16 : kBN / 8;
-          const int c0 = col0 + (kHalf ? cw * 128 : 0);
+          store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
+        }
+      } else {
 #pragma unroll
-          for (int i = 0; i < kPairs; ++i) {
-            const int col = c0 + i * 8 + 2 * t;
-            if (col >= p.N) continue;
-            store_pair(crow + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], p.pair_stores, col + 1 < p.N);
-          }
+        for (int i = 0; i < kBN / 8; ++i) {
+          const int col = col0 + i * 8 + 2 * t;
+          if (col >= p.N) continue;
+          store_pair(crow + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], p.pair_stores, col + 1 < p.N);
         }
       }
-    };
-    if (half) run_unit(std::true_type{});
-    else run_unit(std::false_type{});
+    }
   }
 }
 
@@ -335,13 +305,9 @@ void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
     MS_CUDA(cudaFuncSetAttribute(grouped_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(kSmemBytes)));
   });
-  // MOESERVE_GROUPED_TMA_HALVES=0 (read at every call) runs units of up to 64 rows in the full
-  // form, so that a bench can time what the half form saves.
-  const char* env = std::getenv("MOESERVE_GROUPED_TMA_HALVES");
-  const bool halves = !(env && std::strcmp(env, "0") == 0);
   const dim3 grid{unsigned(blocks)}, block{unsigned(kThreads)};
-  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), halves);
-  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), halves);
+  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles));
+  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles));
 }
 
 }  // namespace ms::cuda::grouped_gemm_impl
