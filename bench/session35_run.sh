@@ -61,3 +61,17 @@ if [ $PHASE = 3 ]; then
    gtest bench 100 /tmp/b/tests/test_cuda_grouped_gemm --gtest_filter=CudaGroupedGemm.GroupedGemmBench)
   log done
 fi
+
+# PHASE=4: the tma shape's stores as 16-byte groups of 8 columns transposed over each quad
+#   (MOESERVE_GROUPED_TMA_VEC=0: column pairs, as before). Lean (little device time was left): the
+#   grouped GEMM's test program alone, built alone; its tests, then its bench with and without.
+if [ $PHASE = 4 ]; then
+  (configure_tree $SRC /tmp/b && cmake --build /tmp/b -j16 --target test_cuda_grouped_gemm) > $L/build.log 2>&1
+  log "built rc=$?"
+  gtest grouped 60 /tmp/b/tests/test_cuda_grouped_gemm
+  F=--gtest_filter=CudaGroupedGemm.GroupedGemmBench
+  (export MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=tma128x256x64
+   gtest bench-vec 40 /tmp/b/tests/test_cuda_grouped_gemm $F
+   export MOESERVE_GROUPED_TMA_VEC=0; gtest bench-pairs 40 /tmp/b/tests/test_cuda_grouped_gemm $F)
+  log done
+fi

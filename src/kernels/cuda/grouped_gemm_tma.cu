@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -96,10 +97,30 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int k
       : "memory");
 }
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// m[j] of quad lane t becomes m[t] of lane j (a 4 x 4 transpose over the lanes of a quad): blocks
+// of 2 x 2 swap across lanes t ^ 2, then elements within them across t ^ 1. Every lane of the warp
+// takes part (shuffles).
+__device__ __forceinline__ void quad_transpose(uint32_t (&m)[4], int t) {
+  const bool hi = t & 2, lo = t & 1;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? m[0] : m[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? m[1] : m[3], 2);
+  if (hi) m[0] = r0, m[1] = r1;
+  else m[2] = r0, m[3] = r1;
+  r0 = __shfl_xor_sync(0xffffffffu, lo ? m[0] : m[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, lo ? m[2] : m[3], 1);
+  if (lo) m[0] = r0, m[2] = r1;
+  else m[1] = r0, m[3] = r1;
+}
+
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_tma_kernel(const Params p, const MapBytes* __restrict__ w_map, const MapBytes* __restrict__ w2_map,
-                            int n_tiles) {
+                            int n_tiles, bool vec_stores) {
   constexpr int kTileN = SWIGLU ? kBN / 2 : kBN;  // output columns a unit
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The tiles' 1024-byte alignment (the swizzle's): the dynamic base is only 16-byte aligned.
@@ -213,30 +234,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (KT > 0 && lane == 0) mbar_arrive(empty + 8 * ((q - 1) % kStages));
 
     // Thread (g, t) of its warp holds rows g and g + 8 of the warp's 16, columns 8 i + 2 t, + 1.
+    constexpr int kGroups = SWIGLU ? kBN / 16 : kBN / 8;  // 8-column groups of the unit's output
+    auto value = [&](int i, int h, int e) {
+      if constexpr (SWIGLU) {
+        const float gate = acc[4 * i + 2 * h + e], up = acc[4 * (i + kBN / 16) + 2 * h + e];
+        return gate / (1.0f + expf(-gate)) * up;
+      } else {
+        return acc[4 * i + 2 * h + e];
+      }
+    };
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = cur.m0 + cw * 64 + warp_row + h * 8;
-      if (r >= cur.m_end) continue;
+      const bool row_ok = r < cur.m_end;
       bf16* crow = p.c + int64_t(r) * p.c_ld;
-      if constexpr (SWIGLU) {
+      if (vec_stores) {
+        // Four groups at a time, transposed over the quad: thread t then holds group 4 b + t's 8
+        // columns, one 16-byte store (a warp's store covers 64 bytes of each of its 8 rows, where
+        // pairs of columns cover 16: half the sectors for the same bytes, a quarter the stores).
 #pragma unroll
-        for (int i = 0; i < kBN / 16; ++i) {
-          const int col = col0 + i * 8 + 2 * t;
-          if (col >= p.N) continue;
-          float v[2];
+        for (int b = 0; b < kGroups / 4; ++b) {
+          uint32_t m[4];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float gate = acc[4 * i + 2 * h + e], up = acc[4 * (i + kBN / 16) + 2 * h + e];
-            v[e] = gate / (1.0f + expf(-gate)) * up;
-          }
-          store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
+          for (int j = 0; j < 4; ++j) m[j] = pack_bf16x2(value(4 * b + j, h, 0), value(4 * b + j, h, 1));
+          quad_transpose(m, t);
+          const int col = col0 + 8 * (4 * b + t);
+          if (row_ok && col < p.N) *reinterpret_cast<uint4*>(crow + col) = make_uint4(m[0], m[1], m[2], m[3]);
         }
       } else {
+        if (!row_ok) continue;
 #pragma unroll
-        for (int i = 0; i < kBN / 8; ++i) {
+        for (int i = 0; i < kGroups; ++i) {
           const int col = col0 + i * 8 + 2 * t;
           if (col >= p.N) continue;
-          store_pair(crow + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], p.pair_stores, col + 1 < p.N);
+          store_pair(crow + col, value(i, h, 0), value(i, h, 1), p.pair_stores, col + 1 < p.N);
         }
       }
     }
@@ -305,9 +336,14 @@ void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
     MS_CUDA(cudaFuncSetAttribute(grouped_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(kSmemBytes)));
   });
+  // 16-byte stores of 8 columns where every 8-column group lies wholly inside or outside N and
+  // rows are 16-byte aligned; MOESERVE_GROUPED_TMA_VEC=0 (read at every call) keeps the pairs.
+  const char* env = std::getenv("MOESERVE_GROUPED_TMA_VEC");
+  const bool vec = !(env && std::strcmp(env, "0") == 0) && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
   const dim3 grid{unsigned(blocks)}, block{unsigned(kThreads)};
-  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles));
-  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles));
+  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);
+  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);
 }
 
 }  // namespace ms::cuda::grouped_gemm_impl
