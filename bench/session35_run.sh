@@ -6,7 +6,7 @@ SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
 TMA=MOESERVE_GROUPED_GEMM_TILE=tma128x256x64
 
-# PHASE=1: the persistent grouped GEMM with weight tiles by tensor copies (tma128x256x64). Its
+# PHASE=1 (ran at c69222a): the persistent grouped GEMM with weight tiles by tensor copies (tma128x256x64). Its
 #   tests (every ragged case, moe_experts at prefill sizes) on it and on the default shapes, the
 #   moe prefill and fixtures tests with it forced, the products' bench against the wgmma shapes,
 #   and the 8k prefills of both random models with the default choice against it, twice each.
@@ -51,7 +51,7 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3: the session's final tree (tma128x256x64 the default from a mean of 128 rows, without the
+# PHASE=3 (ran at 92fc1bc): the session's final tree (tma128x256x64 the default from a mean of 128 rows, without the
 #   halves), labelled final: every GPU test program, the ceilings, B = 1 three rounds, B = 64, the 8k
 #   prefills, the engine's step and the B = 1 timelines (target_figures); then the products' bench
 #   with the three Hopper shapes (2k, 4k, 8k tokens).
@@ -62,7 +62,7 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 
-# PHASE=4: the tma shape's stores as 16-byte groups of 8 columns transposed over each quad
+# PHASE=4 (ran at 54cfd77): the tma shape's stores as 16-byte groups of 8 columns transposed over each quad
 #   (MOESERVE_GROUPED_TMA_VEC=0: column pairs, as before). Lean (little device time was left): the
 #   grouped GEMM's test program alone, built alone; its tests, then its bench with and without.
 if [ $PHASE = 4 ]; then

@@ -26,12 +26,13 @@
 // wgmmas find their operands waiting. Block b takes units b, b + grid, ... (unit u: row tile
 // u / n_tiles, N tile u % n_tiles, the order of the non-persistent grid).
 //
-// Measured (BENCHMARKS, session 35): both products 6-10 % faster than wgmma128x256x64 at means of
-// 128 to 768 rows an expert (Qwen3 8k: 1304 -> 1185 us; V2-Lite 1639 -> 1546), 8k prefills
-// -2.5 to -4 %. Units of up to 64 rows (an expert's last, in about half the experts) run in full,
-// the second consumer multiplying zeros: splitting their columns over both consumers (m64n128,
-// or two m64n64 for SwiGLU) was tried and saved nothing (Qwen3 8k 1210 vs 1211 us, 2k tokens
-// 451 -> 461, V2-Lite 2k 491 -> 525).
+// Measured (BENCHMARKS, session 35): both products 6-10 % faster than wgmma128x256x64 at means
+// of 128 to 768 rows an expert (Qwen3 8k: 1304 -> 1185 us; V2-Lite 1639 -> 1546), 8k prefills
+// -2.5 to -4 %; then the down product's 16-byte stores (launch_tma_128x256x64) took another 14-20 %
+// off that product in the kernel bench (not yet timed end to end). Units of up to 64 rows (an
+// expert's last, in about half the experts) run in full, the second consumer multiplying zeros:
+// splitting their columns over both consumers (m64n128, or two m64n64 for SwiGLU) was tried and
+// saved nothing (Qwen3 8k 1210 vs 1211 us, 2k tokens 451 -> 461, V2-Lite 2k 491 -> 525).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = cur.m0 + cw * 64 + warp_row + h * 8;
       const bool row_ok = r < cur.m_end;
       bf16* crow = p.c + int64_t(r) * p.c_ld;
-      if (vec_stores) {
+      if (!SWIGLU && vec_stores) {
         // Four groups at a time, transposed over the quad: thread t then holds group 4 b + t's 8
         // columns, one 16-byte store (a warp's store covers 64 bytes of each of its 8 rows, where
         // pairs of columns cover 16: half the sectors for the same bytes, a quarter the stores).
@@ -336,10 +337,12 @@ void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
     MS_CUDA(cudaFuncSetAttribute(grouped_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(kSmemBytes)));
   });
-  // 16-byte stores of 8 columns where every 8-column group lies wholly inside or outside N and
-  // rows are 16-byte aligned; MOESERVE_GROUPED_TMA_VEC=0 (read at every call) keeps the pairs.
+  // The down product stores 16-byte groups of 8 columns where every group lies wholly inside or
+  // outside N and rows are 16-byte aligned; MOESERVE_GROUPED_TMA_VEC=0 (read at every call) keeps
+  // the pairs. Measured (session 35): down 14-20 % faster; the same stores made the SwiGLU
+  // product 5-39 % slower (cause not found: no spills; device time ran out), so it keeps the pairs.
   const char* env = std::getenv("MOESERVE_GROUPED_TMA_VEC");
-  const bool vec = !(env && std::strcmp(env, "0") == 0) && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
+  const bool vec = !swiglu && !(env && std::strcmp(env, "0") == 0) && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
   const dim3 grid{unsigned(blocks)}, block{unsigned(kThreads)};
   if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);
