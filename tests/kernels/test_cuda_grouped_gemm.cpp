@@ -326,7 +326,7 @@ TEST(CudaGroupedGemm, GroupedGemmBench) {
     const MoeShape* s;
     std::vector<int64_t> tokens;
   };
-  for (const Point& pt : {Point{&kQwen3, {2048, 4096, 8192}}, Point{&kDeepseekV2Lite, {2048, 4096, 8192}}}) {
+  for (const Point& pt : {Point{&kQwen3, {1024, 2048, 4096, 8192}}, Point{&kDeepseekV2Lite, {1024, 2048, 4096, 8192}}}) {
     const MoeShape* s = pt.s;
     const Experts ex = make_experts(*s, 7);
     std::vector<Tensor> gate, up, down;
