@@ -1,6 +1,6 @@
 // Shared-memory mbarriers and setmaxnreg for the warp-specialized kernels (flash_prefill_wgmma_ws.cu,
-// flash_mla_expanded_wgmma_ws.cu): a producer warpgroup hands stages of cp.async copies to
-// consumer warpgroups and takes them back. sm_90a only, as the wgmma
+// flash_mla_expanded_wgmma_ws.cu, grouped_gemm_tma.cu): a producer warpgroup hands stages of copies
+// to consumer warpgroups and takes them back. sm_90a only, as the wgmma
 // instructions (MS_WGMMA_ASM): a build for another GPU keeps the names, and traps.
 #pragma once
 #include "kernels/cuda/wgmma.cuh"
