@@ -252,8 +252,9 @@ void launch(const Params& p, int64_t row_tiles, bool swiglu) {
 // ahead from 384; session 9: Qwen3's 8k prefill 39.8 -> 37.8 ms end to end). Below, its single
 // block an SM (193 KiB of stages) has fewer, emptier tiles to overlap. Since session 35 the
 // default from kTmaTileMeanRows on is tma128x256x64 (grouped_gemm_tma.cu: the same tile,
-// persistent, weights by tensor copies): both products 6-10 % faster than wgmma128x256x64 at
-// means of 128 to 768 rows an expert, where wgmma128x128x64 and it had tied (session 9).
+// persistent, weights by tensor copies): both products 6-13 % faster than either wgmma shape at
+// means of 128 to 768 rows an expert, where those two had tied (session 9), in all but one run
+// of V2-Lite's 8k (BENCHMARKS, session 35).
 struct TileEntry {
   const char* name;
   void (*launch)(const Params&, int64_t, bool);

@@ -64,8 +64,9 @@ bool grouped_gemm_enabled();
 
 // The block tile shapes built, by name ("BMxBNxBK": 128x128x32, 128x128x64, 128x256x32,
 // 128x256x64 on mma.sync; wgmma128x128x64, wgmma128x256x64 on Hopper's warpgroup MMAs, and
-// tma128x256x64, persistent with weight tiles by tensor copies, sm_90a only); by default on a Hopper tma128x256x64 where experts get 128+ rows on average, else
-// wgmma128x128x64; elsewhere 128x128x64. MOESERVE_GROUPED_GEMM_TILE=<name> picks one (read at every
+// tma128x256x64, persistent with weight tiles by tensor copies, sm_90a only); by default on a
+// Hopper tma128x256x64 where experts get 128+ rows on average, else wgmma128x128x64; elsewhere
+// 128x128x64. MOESERVE_GROUPED_GEMM_TILE=<name> picks one (read at every
 // call: a captured graph keeps the shape it was captured with; an unknown name fails the call);
 // set_grouped_gemm_tile overrides the environment for later calls ("" hands the choice back), so
 // that one test or bench binary can check and time every shape.
