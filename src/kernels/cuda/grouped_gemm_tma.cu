@@ -26,7 +26,7 @@
 // wgmmas find their operands waiting. Block b takes units b, b + grid, ... (unit u: row tile
 // u / n_tiles, N tile u % n_tiles, the order of the non-persistent grid).
 //
-// Measured (BENCHMARKS, session 35): both products 6-10 % faster than wgmma128x256x64 at means
+// Measured (BENCHMARKS, session 35): both products 6-13 % faster than the wgmma shapes at means
 // of 128 to 768 rows an expert (Qwen3 8k: 1304 -> 1185 us; V2-Lite 1639 -> 1546), 8k prefills
 // -2.5 to -4 %; then the down product's 16-byte stores (launch_tma_128x256x64) took another 14-20 %
 // off that product in the kernel bench (not yet timed end to end). Units of up to 64 rows (an
@@ -48,6 +48,7 @@
 #include "kernels/cuda/grouped_gemm_impl.h"
 #include "kernels/cuda/grouped_tiles.cuh"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/mma.h"  // pack_bf16
 #include "kernels/cuda/wgmma.cuh"
 
 namespace ms::cuda::grouped_gemm_impl {
@@ -96,11 +97,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int k
           dst),
       "l"(map), "r"(k), "r"(row), "r"(bar)
       : "memory");
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // m[j] of quad lane t becomes m[t] of lane j (a 4 x 4 transpose over the lanes of a quad): blocks
@@ -257,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int b = 0; b < kGroups / 4; ++b) {
           uint32_t m[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) m[j] = pack_bf16x2(value(4 * b + j, h, 0), value(4 * b + j, h, 1));
+          for (int j = 0; j < 4; ++j) m[j] = pack_bf16(value(4 * b + j, h, 0), value(4 * b + j, h, 1));
           quad_transpose(m, t);
           const int col = col0 + 8 * (4 * b + t);
           if (row_ok && col < p.N) *reinterpret_cast<uint4*>(crow + col) = make_uint4(m[0], m[1], m[2], m[3]);
@@ -319,11 +315,11 @@ Tensor weight_maps(const bf16* const* w, int E, int64_t N, int64_t K, int64_t ld
 }  // namespace
 
 void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
-  const int64_t n_tiles = (p.N + (swiglu ? kBN / 2 : kBN) - 1) / (swiglu ? kBN / 2 : kBN);
+  const int box_rows = swiglu ? kBN / 2 : kBN;  // weight rows a map's box: the unit's output columns
+  const int64_t n_tiles = (p.N + box_rows - 1) / box_rows;
   // Units are ints on the device (the unit past the last one, a block's end, included).
   MS_CHECK((row_tiles + 1) * n_tiles + sm_count() < (int64_t(1) << 31), "grouped_gemm: ", row_tiles, " x ", n_tiles,
            " tiles");
-  const int box_rows = swiglu ? kBN / 2 : kBN;
   Tensor maps = weight_maps(p.w, p.experts, p.N, p.K, p.w_ld, box_rows, p.a);
   Tensor maps2 = swiglu ? weight_maps(p.w2, p.experts, p.N, p.K, p.w_ld, box_rows, p.a) : Tensor();
   const auto* m = static_cast<const MapBytes*>(maps.raw());
