@@ -258,15 +258,16 @@ void launch(const Params& p, int64_t row_tiles, bool swiglu) {
 struct TileEntry {
   const char* name;
   void (*launch)(const Params&, int64_t, bool);
+  bool hopper;  // warpgroup MMAs (sm_90a)
 };
 constexpr TileEntry kTiles[] = {
-    {"128x128x32", launch<Tile128x128x32>},
-    {"128x128x64", launch<Tile128x128x64>},
-    {"128x256x32", launch<Tile128x256x32>},
-    {"128x256x64", launch<Tile128x256x64>},
-    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64},  // [4]: the default ...
-    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64},  // [5]
-    {"tma128x256x64", grouped_gemm_impl::launch_tma_128x256x64},      // [6]: ... and with many rows an expert
+    {"128x128x32", launch<Tile128x128x32>, false},
+    {"128x128x64", launch<Tile128x128x64>, false},
+    {"128x256x32", launch<Tile128x256x32>, false},
+    {"128x256x64", launch<Tile128x256x64>, false},
+    {"wgmma128x128x64", grouped_gemm_impl::launch_wgmma_128x128x64, true},  // [4]: the default ...
+    {"wgmma128x256x64", grouped_gemm_impl::launch_wgmma_128x256x64, true},  // [5]
+    {"tma128x256x64", grouped_gemm_impl::launch_tma_128x256x64, true},      // [6]: ... and with many rows an expert
 };
 
 std::mutex g_tile_mutex;
@@ -335,10 +336,7 @@ bool grouped_gemm_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-bool grouped_gemm_on_wgmma() {
-  const char* name = selected_tile().name;
-  return std::strncmp(name, "wgmma", 5) == 0 || std::strncmp(name, "tma", 3) == 0;
-}
+bool grouped_gemm_on_wgmma() { return selected_tile().hopper; }
 
 std::vector<std::string> grouped_gemm_tiles() {
   std::vector<std::string> names;
