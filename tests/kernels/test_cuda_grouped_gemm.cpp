@@ -6,7 +6,8 @@
 // and against the per-expert cuBLASLt path (MOESERVE_GROUPED_GEMM=0). GroupedGemmBench prints
 // [bench] lines (each tile shape's time and TFLOP/s on each product, and the whole op) when
 // MOESERVE_BENCH_GROUPED=1. MOESERVE_GROUPED_TEST_TILES=<names, comma-separated> checks and times
-// those shapes only.
+// those shapes only; MOESERVE_BENCH_GROUPED_POINT="<model name> <tokens>" (e.g. "DeepSeek-V2-Lite 8192")
+// times that point alone (for a profiler).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -298,8 +299,12 @@ TEST(CudaGroupedGemm, GroupedGemmBench) {
   const char* env = std::getenv("MOESERVE_BENCH_GROUPED");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_GROUPED=1 to time the grouped GEMM";
   const std::vector<std::string> tiles = tested_tiles();
+  const char* only_point = std::getenv("MOESERVE_BENCH_GROUPED_POINT");
+  auto wanted = [&](const std::string& name, int64_t T) {
+    return !only_point || !*only_point || name + " " + std::to_string(T) == only_point;
+  };
   // Large groups: 16 experts of 2048 rows, N = K = 4096 (the kernel's ceiling, no ragged tiles).
-  {
+  if (wanted("square", 4096)) {
     const int E = 16;
     const int64_t R = 2048, N = 4096, Kd = 4096;
     std::vector<int32_t> off(E + 1);
@@ -334,6 +339,7 @@ TEST(CudaGroupedGemm, GroupedGemmBench) {
       gate.push_back(ex.gpu.gate[size_t(e)].w), up.push_back(ex.gpu.up[size_t(e)].w), down.push_back(ex.gpu.down[size_t(e)].w);
     Tensor gp = pointer_array(gate), upp = pointer_array(up), dp = pointer_array(down);
     for (const int64_t T : pt.tokens) {
+      if (!wanted(s->name, T)) continue;
       const int64_t H = s->H, I = s->I, K = s->K, rows = T * K;
       Tensor ids, w;
       route_tokens(T, K, s->E, false, ids, w);

@@ -42,6 +42,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
 
 #include "kernels/cuda/cuda_common.h"
@@ -245,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = cur.m0 + cw * 64 + warp_row + h * 8;
       const bool row_ok = r < cur.m_end;
       bf16* crow = p.c + int64_t(r) * p.c_ld;
-      if (!SWIGLU && vec_stores) {
+      if (vec_stores) {
         // Four groups at a time, transposed over the quad: thread t then holds group 4 b + t's 8
         // columns, one 16-byte store (a warp's store covers 64 bytes of each of its 8 rows, where
         // pairs of columns cover 16: half the sectors for the same bytes, a quarter the stores).
@@ -337,8 +338,10 @@ void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
   // outside N and rows are 16-byte aligned; MOESERVE_GROUPED_TMA_VEC=0 (read at every call) keeps
   // the pairs. Measured (session 35): down 14-20 % faster; the same stores made the SwiGLU
   // product 5-39 % slower (cause not found: no spills; device time ran out), so it keeps the pairs.
+  // MOESERVE_GROUPED_TMA_VEC=all takes them for SwiGLU too (to measure it again).
   const char* env = std::getenv("MOESERVE_GROUPED_TMA_VEC");
-  const bool vec = !swiglu && !(env && std::strcmp(env, "0") == 0) && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
+  const std::string_view mode = env ? env : "";
+  const bool vec = (swiglu ? mode == "all" : mode != "0") && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
   const dim3 grid{unsigned(blocks)}, block{unsigned(kThreads)};
   if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);

@@ -1,0 +1,50 @@
+#!/bin/bash
+# Session 36's device calls (bench/BENCHMARKS.md, "Session 36"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh && snapshots_ready $SRC
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+
+# Nsight Compute on the SwiGLU product of the tma shape at one bench point ($1: "<model> <tokens>"), env $2, tag $3:
+# the report's details and its SASS lines with their stall samples, under $OUT.
+ncu_swiglu() {
+  env $2 MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=tma128x256x64 MOESERVE_BENCH_GROUPED_POINT="$1" \
+    timeout 150 $NCU --kernel-name-base demangled -k 'regex:grouped_gemm_tma_kernel<true>' --launch-skip 3 \
+    --launch-count 1 --set full --import-source no -o $L/ncu-$3 \
+    /tmp/b/tests/test_cuda_grouped_gemm --gtest_filter=CudaGroupedGemm.GroupedGemmBench > $L/ncu-$3.log 2>&1
+  log "ncu $3 rc=$?"
+  $NCU -i $L/ncu-$3.ncu-rep --page details --csv > $OUT/ncu-$3-details.csv 2>&1
+  $NCU -i $L/ncu-$3.ncu-rep --page source --print-source sass --csv > $L/ncu-$3-sass.csv 2>&1
+  gzip -c $L/ncu-$3-sass.csv > $OUT/ncu-$3-sass.csv.gz
+}
+
+# PHASE=1 (at the session's start, e71bc26 + the VEC=all switch and the bench's point filter): session 35's
+#   untimed down-product 16-byte stores end to end (8k prefills, default against MOESERVE_GROUPED_TMA_VEC=0
+#   and =all, two rotated rounds), the products' bench from 1024 tokens (tma against wgmma128x128x64; tma with
+#   the SwiGLU product's 16-byte stores), Nsight Compute on V2-Lite 8k's SwiGLU product with and without those
+#   stores, and the 8k prefills op by op (--trace-ops).
+if [ $PHASE = 1 ]; then
+  JOBS=15 build_after test_cuda_grouped_gemm test_cuda_moe_prefill test_cuda_fixtures
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  gtest grouped 100 /tmp/b/tests/test_cuda_grouped_gemm
+  (export MOESERVE_GROUPED_TMA_VEC=all; gtest grouped-vecall 100 /tmp/b/tests/test_cuda_grouped_gemm)
+  F=--gtest_filter=CudaGroupedGemm.GroupedGemmBench
+  (export MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=wgmma128x128x64,tma128x256x64
+   gtest bench 100 /tmp/b/tests/test_cuda_grouped_gemm $F
+   export MOESERVE_GROUPED_TEST_TILES=tma128x256x64 MOESERVE_GROUPED_TMA_VEC=all
+   gtest bench-vecall 60 /tmp/b/tests/test_cuda_grouped_gemm $F)
+  ncu_swiglu "DeepSeek-V2-Lite 8192" MOESERVE_GROUPED_TMA_VEC=1 pairs
+  ncu_swiglu "DeepSeek-V2-Lite 8192" MOESERVE_GROUPED_TMA_VEC=all vec
+  wait
+  run_gpu_tests /tmp/b test_cuda_moe_prefill test_cuda_fixtures
+  for r in 0 1; do
+    SIDES="$(SIDES="default pairs:MOESERVE_GROUPED_TMA_VEC=0 vecall:MOESERVE_GROUPED_TMA_VEC=all" rotated $r)" \
+      bench_sides qwen3 "1 8192 2"
+    SIDES="$(SIDES="default pairs:MOESERVE_GROUPED_TMA_VEC=0 vecall:MOESERVE_GROUPED_TMA_VEC=all" rotated $r)" \
+      bench_sides v2lite "1 8192 2"
+  done
+  SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -80 > $OUT/ops.txt
+  log done
+fi
