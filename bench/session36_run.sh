@@ -10,7 +10,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 # the report's details and its SASS lines with their stall samples, under $OUT.
 ncu_swiglu() {
   env $2 MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=tma128x256x64 MOESERVE_BENCH_GROUPED_POINT="$1" \
-    timeout 150 $NCU --kernel-name-base demangled -k 'regex:grouped_gemm_tma_kernel<true>' --launch-skip 3 \
+    timeout 150 $NCU --kernel-name-base demangled -k 'regex:grouped_gemm_tma_kernel<\(bool\)1>' --launch-skip 3 \
     --launch-count 1 --set full --import-source no -o $L/ncu-$3 \
     /tmp/b/tests/test_cuda_grouped_gemm --gtest_filter=CudaGroupedGemm.GroupedGemmBench > $L/ncu-$3.log 2>&1
   log "ncu $3 rc=$?"
@@ -46,5 +46,41 @@ if [ $PHASE = 1 ]; then
   done
   SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
   grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -80 > $OUT/ops.txt
+  log done
+fi
+
+# Nsight Compute (full set) on the first launch of kernel regex $2 in /tmp/v2lite's 8k prefill (bench-one-batch), tag $1.
+ncu_prefill() {
+  timeout 200 $NCU --kernel-name-base demangled -k "regex:$2" --launch-skip 2 --launch-count 1 --set full \
+    --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/v2lite --device cuda --batch-size 1 \
+    --input-len 8192 --output-len 2 > $L/ncu-$1.log 2>&1
+  log "ncu $1 rc=$?"
+  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $OUT/ncu-$1-details.csv 2>&1
+}
+
+# PHASE=2: MLA's rope + cache write at prefill sizes in 16-byte accesses (mla_rope_store_x8_kernel;
+#   MOESERVE_MLA_ROPE_X8=0: the warp-a-head kernel): its tests and those of the models, greedy ids with it
+#   and without, V2-Lite's 8k prefill with and without (two rotated rounds), the op trace; the ceilings;
+#   Nsight Compute on the SwiGLU product (pairs / 16-byte stores; the regex of PHASE 1 matched nothing),
+#   the MoE combine + norm, the MLA prefill attention and the new kernel; the tma kernels' SASS.
+if [ $PHASE = 2 ]; then
+  JOBS=15 build_after ms_cuda_ceilings test_cuda_fused test_cuda_attention_moe test_cuda_fixtures test_cuda_grouped_gemm
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_fused test_cuda_attention_moe test_cuda_fixtures
+  o=$(find /tmp/b -name 'grouped_gemm_tma.cu.o' | head -1)
+  cuobjdump -sass $o > $L/tma.sass 2>&1; gzip -c $L/tma.sass > $OUT/tma.sass.gz; log "sass $(wc -l < $L/tma.sass) lines"
+  ncu_swiglu "DeepSeek-V2-Lite 8192" MOESERVE_GROUPED_TMA_VEC=1 pairs
+  ncu_swiglu "DeepSeek-V2-Lite 8192" MOESERVE_GROUPED_TMA_VEC=all vec
+  wait
+  ids_alike - MOESERVE_MLA_ROPE_X8=0 x8 warp
+  for r in 0 1; do
+    SIDES="$(SIDES="default warp:MOESERVE_MLA_ROPE_X8=0" rotated $r)" bench_sides v2lite "1 8192 2"
+  done
+  SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -40 > $OUT/ops.txt
+  ncu_prefill combine 'rms_norm_rows_kernel.*MoeAddend'
+  ncu_prefill mla 'mla_expanded_ws_kernel'
+  ncu_prefill rope 'mla_rope_store_x8_kernel'
   log done
 fi

@@ -219,34 +219,44 @@ TEST(CudaFused, RopeStoreKvRoundsF32LikeCpu) {
   EXPECT_EQ(rel_error(vc, vcr), 0.0);
 }
 
-// DeepSeek's MLA: latent 512 + rope 64 (YaRN, interleaved), q heads of 128 + 64, as many heads as
-// a rank holds at TP 8 (16) and at TP 1 (128, several blocks of q warps), norm weight bf16 or F32.
+// DeepSeek's MLA: latent 512 + rope 64 (YaRN, interleaved; one NeoX case), q heads of 128 + 64, as
+// many heads as a rank holds at TP 8 (16) and at TP 1 (128, several blocks of q warps), norm
+// weight bf16 or F32. Both kernels: the 16-byte one (16+ tokens of BF16 rows) and, turned off
+// (MOESERVE_MLA_ROPE_X8=0), the warp-a-head one; a prefill's rows past the slots it writes.
 TEST(CudaFused, MlaRopeStoreMatchesCpu) {
   MS_REQUIRE_CUDA();
-  const int64_t L = 512, R = 64, nope = 128, S = 64;
+  const int64_t L = 512, R = 64, nope = 128;
   YarnParams y{40, 4096, 32, 1, 0.707, 0.707};
-  RopeTable host = RopeTable::build(int(R), 1e4, 4096, true, &y), dev = host.to(Device::CUDA);
-  for (auto [T, H, wdt] : std::vector<std::tuple<int64_t, int64_t, DType>>{
-           {1, 16, DType::BF16}, {1, 128, DType::F32}, {40, 16, DType::F32}, {9, 128, DType::BF16}}) {
-    const std::string name = std::to_string(T) + " tokens, " + std::to_string(H) + " heads";
+  for (auto [T, H, wdt, interleaved] : std::vector<std::tuple<int64_t, int64_t, DType, bool>>{
+           {1, 16, DType::BF16, true}, {1, 128, DType::F32, true}, {40, 16, DType::F32, true},
+           {9, 128, DType::BF16, true}, {301, 16, DType::BF16, true}, {77, 128, DType::F32, true},
+           {33, 16, DType::BF16, false}}) {
+    RopeTable host = RopeTable::build(int(R), 1e4, 4096, interleaved, &y), dev = host.to(Device::CUDA);
+    const int64_t S = T + 64;
     const auto pos = random_positions(T, 4096);
     const auto slots = random_slots(T, S);
     Tensor q = randn({T, H, nope + R}), kv = randn({T, L + R}, 2.0f), w = randn({L}, 0.5f);
     Tensor c0 = randn({S, L + R});
     Tensor qr = q.clone(), cr = c0.clone();
     cpu::mla_rope_store(qr, kv, w, 1e-6f, host.at(pos), slots, false, cr);
-    Tensor qg = gpu(q), kvg = gpu(kv), cache = gpu(c0);
-    cuda::mla_rope_store(qg, kvg, gpu(w, wdt), 1e-6f, dev.at(pos), slots, false, cache);
-    EXPECT_LT(rel_error(qg, qr), kBf16Tol) << name << ": q";
-    EXPECT_EQ(rel_error(qg.to_f32().slice(2, 0, nope).clone(), q.slice(2, 0, nope).clone()), 0.0)
-        << name << ": q's nope dims";
-    Tensor got = cache_rows(cache, slots), want = cache_rows(cr, slots);
-    EXPECT_LT(rel_error(got.slice(1, 0, L).clone(), want.slice(1, 0, L).clone()), kBf16Tol) << name << ": latent";
-    EXPECT_LT(rel_error(got.slice(1, L, L + R).clone(), want.slice(1, L, L + R).clone()), kBf16Tol)
-        << name << ": roped key";
-    const auto rest = other_rows(slots, S);
-    EXPECT_EQ(rel_error(cache_rows(cache, rest), cache_rows(c0, rest)), 0.0) << name << ": other slots";
-    EXPECT_EQ(rel_error(kvg, kv), 0.0) << name << ": kv is an input only";
+    for (const char* x8 : {"1", "0"}) {
+      setenv("MOESERVE_MLA_ROPE_X8", x8, 1);
+      const std::string name = std::to_string(T) + " tokens, " + std::to_string(H) + " heads, " +
+                               (interleaved ? "interleaved" : "NeoX") + ", MOESERVE_MLA_ROPE_X8=" + x8;
+      Tensor qg = gpu(q), kvg = gpu(kv), cache = gpu(c0);
+      cuda::mla_rope_store(qg, kvg, gpu(w, wdt), 1e-6f, dev.at(pos), slots, false, cache);
+      EXPECT_LT(rel_error(qg, qr), kBf16Tol) << name << ": q";
+      EXPECT_EQ(rel_error(qg.to_f32().slice(2, 0, nope).clone(), q.slice(2, 0, nope).clone()), 0.0)
+          << name << ": q's nope dims";
+      Tensor got = cache_rows(cache, slots), want = cache_rows(cr, slots);
+      EXPECT_LT(rel_error(got.slice(1, 0, L).clone(), want.slice(1, 0, L).clone()), kBf16Tol) << name << ": latent";
+      EXPECT_LT(rel_error(got.slice(1, L, L + R).clone(), want.slice(1, L, L + R).clone()), kBf16Tol)
+          << name << ": roped key";
+      const auto rest = other_rows(slots, S);
+      EXPECT_EQ(rel_error(cache_rows(cache, rest), cache_rows(c0, rest)), 0.0) << name << ": other slots";
+      EXPECT_EQ(rel_error(kvg, kv), 0.0) << name << ": kv is an input only";
+    }
+    unsetenv("MOESERVE_MLA_ROPE_X8");
   }
 }
 

@@ -8,7 +8,8 @@
 //        16-byte accesses, several heads a half-warp (see there).
 //   MLA: a grid of [tokens, 1 + query-head blocks]: block (t, 0) writes token t's cache row
 //        (RMSNorm of the latent, a block reduction; warp 0 ropes the key part of the kv_a row),
-//        blocks (t, 1..) rope q's rope dims, a warp a head.
+//        blocks (t, 1..) rope q's rope dims, a warp a head. Prefill batches of BF16 rows take
+//        mla_rope_store_x8_kernel instead: 16-byte accesses, a warp a cache row (see there).
 // At decode these kernels are a handful of warps, so their time is the chain of memory round
 // trips, not bandwidth: every thread loads all it will need (its elements, the norm weights,
 // the value head, the cos/sin row once the position is in) into registers first, and then only
@@ -265,6 +266,108 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (roper) store_head(dst + L, x, r, 2 * half, half, false, round, lane);
 }
 
+// MLA at prefill sizes (BF16 rows with 16-byte aligned pieces): the stream of a layer is small
+// (V2-Lite, 8k tokens: q's rope dims 17 MB each way, kv rows 9.4 MB each way) but
+// mla_rope_store_kernel moved it in 2-byte accesses, a block per token and cache row, and took
+// ~100 us a layer (session 36's op trace: 0.925 ms over 9 layers), where the bytes take ~13 us.
+// Here every access is 16 bytes:
+//   blocks [0, kv_blocks): a warp a token's cache row; lane l holds latent pieces l + 32j (8 dims
+//        each; their norm weights, the same for every row, are read from L1 after the sum of
+//        squares, which is a warp reduction, to keep registers for occupancy), and lanes below
+//        half / 8 rope 8 pairs each of the kv_a row's rope part.
+//   the other blocks: a thread 8 pairs of one q head (half / 8 threads a head, a power of two, so
+//        a head's threads share a warp and __syncwarp orders their in-place reads before writes:
+//        interleaved pairs are written de-interleaved, across the threads' pieces).
+// Pairs as in rope_head.cuh: (2i, 2i + 1) interleaved, else (i, i + half); results at i, i + half.
+constexpr int kMlaX8Threads = 256, kMlaX8MaxLatentPieces = 2;  // latent up to 32 x 8 x 2 = 512 (DeepSeek's)
+constexpr int64_t kMlaX8MinTokens = 16;
+
+// Pairs 8u .. 8u + 7 of a rotary part at src: a[j] is the pair's first, b[j] its second.
+__device__ __forceinline__ void load_pairs8(const bf16* src, int u, int half, bool interleaved, float a[8],
+                                            float b[8]) {
+  if (interleaved) {
+    float lo[8], hi[8];
+    load8(src + 16 * u, lo);
+    load8(src + 16 * u + 8, hi);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = lo[2 * j], b[j] = lo[2 * j + 1], a[4 + j] = hi[2 * j], b[4 + j] = hi[2 * j + 1];
+  } else {
+    load8(src + 8 * u, a);
+    load8(src + half + 8 * u, b);
+  }
+}
+__device__ __forceinline__ void store_pairs8(bf16* dst, int u, int half, const float a[8], const float b[8],
+                                             const float c[8], const float s[8]) {
+  float lo[8], hi[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) lo[j] = a[j] * c[j] - b[j] * s[j], hi[j] = b[j] * c[j] + a[j] * s[j];
+  store8(dst + 8 * u, lo);
+  store8(dst + half + 8 * u, hi);
+}
+
+template <class TW>
+__global__ void __launch_bounds__(kMlaX8Threads, 4)  // q's threads need few registers: 8 warps more an SM
+    mla_rope_store_x8_kernel(bf16* q, Strided3 qs, int heads, int qoff, const bf16* kv, int64_t kvs,
+                             const TW* norm_w, float eps, int L, bf16* cache, int64_t cs, int half, int64_t tokens,
+                             unsigned kv_blocks, const int32_t* positions, const int32_t* slots, const float* cos,
+                             const float* sin, bool interleaved) {
+  pdl_trigger();  // as in rope_store_kv_kernel
+  const int per_head = half / 8, lane = threadIdx.x % 32;
+  float a[8], b[8], c[8], s[8];
+  if (blockIdx.x < kv_blocks) {
+    const int64_t t = int64_t(blockIdx.x) * (kMlaX8Threads / 32) + threadIdx.x / 32;
+    if (t >= tokens) return;  // a whole warp
+    const bool roper = lane < per_head;
+    const int64_t row_pos = int64_t(positions[t]) * half;
+    const int64_t slot = slots[t];
+    float x[kMlaX8MaxLatentPieces][8];
+    if (roper) load8(cos + row_pos + 8 * lane, c), load8(sin + row_pos + 8 * lane, s);
+    pdl_wait();  // the kv_a row is the projection's, just computed
+    const bf16* src = kv + t * kvs;
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMlaX8MaxLatentPieces; ++j) {
+      if (8 * (lane + 32 * j) >= L) break;
+      load8(src + 8 * (lane + 32 * j), x[j]);
+    }
+    if (roper) load_pairs8(src + L, lane, half, interleaved, a, b);
+#pragma unroll
+    for (int j = 0; j < kMlaX8MaxLatentPieces; ++j) {
+      if (8 * (lane + 32 * j) >= L) break;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += x[j][i] * x[j][i];
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = 1.0f / sqrtf(ss / float(L) + eps);
+    bf16* dst = cache + slot * cs;
+#pragma unroll
+    for (int j = 0; j < kMlaX8MaxLatentPieces; ++j) {
+      if (8 * (lane + 32 * j) >= L) break;
+      float w[8];  // the same for every token: an L1 hit after the first
+      load8(norm_w + 8 * (lane + 32 * j), w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[j][i] = x[j][i] * inv * w[i];
+      store8(dst + 8 * (lane + 32 * j), x[j]);
+    }
+    if (roper) store_pairs8(dst + L, lane, half, a, b, c, s);
+    return;
+  }
+  const int64_t per_token = int64_t(heads) * per_head;
+  const int64_t unit = int64_t(blockIdx.x - kv_blocks) * kMlaX8Threads + threadIdx.x;
+  const bool live = unit < tokens * per_token;  // every lane reaches the __syncwarp
+  const int64_t t = live ? unit / per_token : 0;
+  const int h = int(unit % per_token) / per_head, u = int(unit % per_head);
+  bf16* head = q + t * qs.s0 + int64_t(h) * qs.s1 + qoff;
+  if (live) {
+    const int64_t row_pos = int64_t(positions[t]) * half;
+    load8(cos + row_pos + 8 * u, c), load8(sin + row_pos + 8 * u, s);
+  }
+  pdl_wait();  // q is the projection's, just computed
+  if (live) load_pairs8(head, u, half, interleaved, a, b);
+  __syncwarp();  // in place: the head's threads have read their pairs before any writes
+  if (live) store_pairs8(head, u, half, a, b, c, s);
+}
+
 Strided3 strided3(const Tensor& t, const char* op, const char* what) {
   MS_CHECK(t.device() == Device::CUDA && t.dim() == 3 && t.strides()[2] == 1, op, ": ", what, " ", t.describe(),
            " must be a CUDA [T, H, D] tensor with contiguous head dims");
@@ -307,6 +410,22 @@ bool x8_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
   return q.dtype() == DType::BF16 && q.size(0) >= kX8MinTokens && q.size(2) == 128 && v.size(2) == 128 &&
          r.rot_dim == 128 && !r.interleaved && rows_ok(q) && rows_ok(k) && rows_ok(v) && rows_ok(kc) && rows_ok(vc) &&
          (!qk_norm || (qk_norm->q.is_contiguous() && qk_norm->k.is_contiguous()));
+}
+
+// Whether mla_rope_store_x8_kernel takes the call: BF16 q, kv and cache with 16-byte aligned
+// rows, heads and parts (q's rope dims at a multiple of 8, a latent of a multiple of 8 up to
+// 512), half / 8 threads a head a power of two up to 32, a batch of more than a few tokens, and
+// not turned off (MOESERVE_MLA_ROPE_X8=0, read per call, so a test can compare both kernels).
+bool mla_x8_takes(const Tensor& q, const Tensor& kv, const Tensor& norm, const Tensor& cache, int L, int half) {
+  const char* env = std::getenv("MOESERVE_MLA_ROPE_X8");
+  if (env && std::string_view(env) == "0") return false;
+  const int per_head = half / 8;
+  const int64_t qoff = q.size(2) - 2 * half;
+  return q.dtype() == DType::BF16 && kv.dtype() == DType::BF16 && cache.dtype() == DType::BF16 &&
+         q.size(0) >= kMlaX8MinTokens && half % 8 == 0 && (per_head & (per_head - 1)) == 0 && per_head <= 32 &&
+         L % 8 == 0 && L <= 32 * 8 * kMlaX8MaxLatentPieces && qoff % 8 == 0 && aligned16(q.raw(), q.strides()[0] * 2) &&
+         q.strides()[1] % 8 == 0 && aligned16(kv.raw(), kv.strides()[0] * 2) &&
+         aligned16(cache.raw(), cache.strides()[0] * 2) && reinterpret_cast<uintptr_t>(norm.raw()) % 16 == 0;
 }
 
 }  // namespace
@@ -383,6 +502,18 @@ void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float ep
   Tensor pos = upload_i32(r.positions), sl = upload_i32(slots);
   const bool round = round_bf16 && q.dtype() == DType::F32;
   const int heads = int(q.size(1));
+  if (mla_x8_takes(q, kv, kv_norm, cache, int(L), int(R / 2))) {
+    const unsigned kv_blocks = blocks_for(T, kMlaX8Threads / 32);
+    const int64_t q_units = T * heads * (R / 16);
+    MS_FLOAT_DISPATCH(kv_norm.dtype(), TW,
+      launch_pdl(mla_rope_store_x8_kernel<TW>, dim3(kv_blocks + blocks_for(q_units, kMlaX8Threads)),
+                 dim3(kMlaX8Threads), 0, q.data<bf16>(), qs, heads, int(q.size(2) - R), kv.data<bf16>(),
+                 kv.strides()[0], kv_norm.data<TW>(), eps, int(L), cache.data<bf16>(), cache.strides()[0],
+                 int(R / 2), T, kv_blocks, pos.data<int32_t>(), sl.data<int32_t>(), r.cos.data<float>(),
+                 r.sin.data<float>(), r.interleaved));
+    MS_CUDA_LAUNCHED("mla_rope_store_x8_kernel");
+    return;
+  }
   const dim3 grid(unsigned(T), 1u + unsigned((heads + kWarps - 1) / kWarps));
   MS_FLOAT_DISPATCH(q.dtype(), TX, MS_FLOAT_DISPATCH(kv_norm.dtype(), TW,
     launch_pdl(mla_rope_store_kernel<TX, TW>, grid, dim3(kWarps * 32), 0, q.data<TX>(), qs, heads,
