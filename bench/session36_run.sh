@@ -7,16 +7,15 @@ source $SRC/bench/device_env.sh && snapshots_ready $SRC
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 # Nsight Compute on the SwiGLU product of the tma shape at one bench point ($1: "<model> <tokens>"), env $2, tag $3:
-# the report's details and its SASS lines with their stall samples, under $OUT.
+# the report's details and its SASS lines with their stall samples, in $L (the logs brought back).
 ncu_swiglu() {
   env $2 MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=tma128x256x64 MOESERVE_BENCH_GROUPED_POINT="$1" \
     timeout 150 $NCU --kernel-name-base demangled -k 'regex:grouped_gemm_tma_kernel<\(bool\)1>' --launch-skip 3 \
     --launch-count 1 --set full --import-source no -o $L/ncu-$3 \
     /tmp/b/tests/test_cuda_grouped_gemm --gtest_filter=CudaGroupedGemm.GroupedGemmBench > $L/ncu-$3.log 2>&1
   log "ncu $3 rc=$?"
-  $NCU -i $L/ncu-$3.ncu-rep --page details --csv > $OUT/ncu-$3-details.csv 2>&1
+  $NCU -i $L/ncu-$3.ncu-rep --page details --csv > $L/ncu-$3-details.csv 2>&1
   $NCU -i $L/ncu-$3.ncu-rep --page source --print-source sass --csv > $L/ncu-$3-sass.csv 2>&1
-  gzip -c $L/ncu-$3-sass.csv > $OUT/ncu-$3-sass.csv.gz
 }
 
 # PHASE=1 (at the session's start, e71bc26 + the VEC=all switch and the bench's point filter): session 35's
@@ -45,7 +44,7 @@ if [ $PHASE = 1 ]; then
       bench_sides v2lite "1 8192 2"
   done
   SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
-  grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -80 > $OUT/ops.txt
+  grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -80 > $L/ops.txt
   log done
 fi
 
@@ -55,7 +54,7 @@ ncu_prefill() {
     --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/v2lite --device cuda --batch-size 1 \
     --input-len 8192 --output-len 2 > $L/ncu-$1.log 2>&1
   log "ncu $1 rc=$?"
-  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $OUT/ncu-$1-details.csv 2>&1
+  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
 }
 
 # PHASE=2: MLA's rope + cache write at prefill sizes in 16-byte accesses (mla_rope_store_x8_kernel;
@@ -78,9 +77,41 @@ if [ $PHASE = 2 ]; then
     SIDES="$(SIDES="default warp:MOESERVE_MLA_ROPE_X8=0" rotated $r)" bench_sides v2lite "1 8192 2"
   done
   SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
-  grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -40 > $OUT/ops.txt
+  grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -40 > $L/ops.txt
   ncu_prefill combine 'rms_norm_rows_kernel.*MoeAddend'
   ncu_prefill mla 'mla_expanded_ws_kernel'
   ncu_prefill rope 'mla_rope_store_x8_kernel'
+  log done
+fi
+
+# PHASE=3: the grouped GEMMs' SwiGLU epilogue in two MUFU instructions (silu_mul; MOESERVE_SILU_EXACT=1: expf and a
+#   division, tma shape only) and the MoE combine + norm with its gathered pieces staged in shared memory
+#   (MOESERVE_COMBINE_STAGED=0: in registers). Tests of every touched kernel and of the models; the products'
+#   bench (tma: fast, fast with 16-byte SwiGLU stores, exact); the combine's bench at 8k tokens both ways;
+#   greedy ids fast against exact; the 8k prefills of both models three ways, two rotated rounds; op traces;
+#   Nsight Compute on the SwiGLU product again.
+if [ $PHASE = 3 ]; then
+  T3="test_cuda_grouped_gemm test_cuda_grouped_gemm_fp8 test_cuda_moe_prefill test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe"
+  JOBS=15 build_after $T3
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T3
+  F=--gtest_filter=CudaGroupedGemm.GroupedGemmBench
+  (export MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=tma128x256x64
+   gtest bench-fast 60 /tmp/b/tests/test_cuda_grouped_gemm $F
+   MOESERVE_GROUPED_TMA_VEC=all gtest bench-fast-vec 60 /tmp/b/tests/test_cuda_grouped_gemm $F
+   MOESERVE_SILU_EXACT=1 gtest bench-exact 60 /tmp/b/tests/test_cuda_grouped_gemm $F)
+  (export MOESERVE_BENCH_COMBINE_NORM=1; F=--gtest_filter=CudaMoeCombineNorm.CombineNormBench
+   gtest combine-staged 60 /tmp/b/tests/test_cuda_moe_combine_norm $F
+   MOESERVE_COMBINE_STAGED=0 gtest combine-regs 60 /tmp/b/tests/test_cuda_moe_combine_norm $F)
+  ncu_swiglu "DeepSeek-V2-Lite 8192" MOESERVE_GROUPED_TMA_VEC=1 fast
+  wait
+  ids_alike - MOESERVE_SILU_EXACT=1 fast exact
+  S3="default exact:MOESERVE_SILU_EXACT=1 regs:MOESERVE_COMBINE_STAGED=0"
+  for r in 0 1; do
+    SIDES="$(SIDES="$S3" rotated $r)" bench_sides qwen3 "1 8192 2"
+    SIDES="$(SIDES="$S3" rotated $r)" bench_sides v2lite "1 8192 2"
+  done
+  SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  grep -A20 "== ops" $L/bench.log > $L/ops.txt
   log done
 fi

@@ -192,7 +192,7 @@ TEST(CudaMoeCombineNorm, CombineNormBench) {
   for (const auto& c : {kCases[0], kCases[1], kCases[2]}) {
     const ops::ExpertWeights ex = make_experts(c);
     const Tensor norm_w = gpu(randn({c.H}, 0.5f));
-    for (const int64_t T : {1, 64}) {
+    for (const int64_t T : {1, 64, 8192}) {
       const Inputs in = make_inputs(c, T);
       const ops::ExpertRows rows = ops::moe_expert_rows(in.x, in.ids, in.weights, ex);
       const ops::ExpertRows ye = cuda::summed_slabs(rows);  // the unfused ops' rows

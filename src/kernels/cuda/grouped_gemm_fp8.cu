@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             const float gate = acc[mf][nf][2 * h + q], up = acc[mf][nf + T::kNF / 2][2 * h + q];
-            v[q] = gate / (1.0f + expf(-gate)) * up;
+            v[q] = silu_mul(gate, up);
           }
           store_pair(p, row + col, v[0], v[1], col + 1 < p.N);
         }

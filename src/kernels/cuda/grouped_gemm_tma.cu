@@ -118,7 +118,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&m)[4], int t) {
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_tma_kernel(const Params p, const MapBytes* __restrict__ w_map, const MapBytes* __restrict__ w2_map,
-                            int n_tiles, bool vec_stores) {
+                            int n_tiles, bool vec_stores, bool exact_silu) {
   constexpr int kTileN = SWIGLU ? kBN / 2 : kBN;  // output columns a unit
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The tiles' 1024-byte alignment (the swizzle's): the dynamic base is only 16-byte aligned.
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto value = [&](int i, int h, int e) {
       if constexpr (SWIGLU) {
         const float gate = acc[4 * i + 2 * h + e], up = acc[4 * (i + kBN / 16) + 2 * h + e];
-        return gate / (1.0f + expf(-gate)) * up;
+        return exact_silu ? gate / (1.0f + expf(-gate)) * up : silu_mul(gate, up);  // TEMPORARY A/B (session 36)
       } else {
         return acc[4 * i + 2 * h + e];
       }
@@ -344,8 +344,10 @@ void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
   const bool vec = (swiglu ? mode == "all" : mode != "0") && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
   const dim3 grid{unsigned(blocks)}, block{unsigned(kThreads)};
-  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);
-  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);
+  const char* exact_env = std::getenv("MOESERVE_SILU_EXACT");  // TEMPORARY A/B (session 36)
+  const bool exact = exact_env && std::string_view(exact_env) == "1";
+  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec, exact);
+  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec, exact);
 }
 
 }  // namespace ms::cuda::grouped_gemm_impl

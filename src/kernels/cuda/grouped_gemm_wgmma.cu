@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_wgmma
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const float gate = acc[4 * i + 2 * h + q], up = acc[4 * (i + kBN / 16) + 2 * h + q];
-          v[q] = gate / (1.0f + expf(-gate)) * up;
+          v[q] = silu_mul(gate, up);
         }
         store_pair(crow + col, v[0], v[1], p.pair_stores, col + 1 < p.N);
       }

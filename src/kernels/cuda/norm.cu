@@ -80,10 +80,10 @@ constexpr int kNormMinBlock = 128;
 // What rms_norm_rows_kernel adds to x: piece c (8 columns) of row t, as f32. kMaxGroup: the
 // most threads a row (the launch bound, so the registers a thread may use).
 struct NoAddend {
-  static constexpr int kMaxGroup = kNormMaxGroup;
+  static constexpr int kMaxGroup = kNormMaxGroup, kMinBlocks = 1;
 };
 struct RowAddend {  // rows of a bf16 tensor
-  static constexpr int kMaxGroup = kNormMaxGroup;
+  static constexpr int kMaxGroup = kNormMaxGroup, kMinBlocks = 1;
   const bf16* y;
   int64_t ys;
   __device__ void operator()(int64_t t, int c, float a[8]) const {
@@ -122,7 +122,7 @@ __device__ __forceinline__ void unpack16(const Raw8& r, float v[8]) {
 // squares adds up in the same order and the norm's bits match, a slot at a time (64 registers).
 template <class TY, int BATCH, int MAX_GROUP>
 struct MoeAddend {
-  static constexpr int kMaxGroup = MAX_GROUP, kBatch = BATCH;
+  static constexpr int kMaxGroup = MAX_GROUP, kBatch = BATCH, kMinBlocks = 1;
   const TY* rows;
   const int32_t* row_of;
   const float* weights;
@@ -171,6 +171,67 @@ struct MoeAddend {
   }
 };
 
+// MoeAddend's sum for BF16 expert rows of up to 2048 columns and up to MAX_K slots (a prefill's
+// combine), the same bits, with the slots' pieces gathered into shared memory by cp.async rather
+// than into registers. Why: in registers (8 x 16 bytes in flight a thread) the kernel took 84
+// registers, two 256-thread blocks an SM, and ran at ~45 % of the copy rate, its warps waiting on
+// the gathered loads (Nsight Compute, V2-Lite 8k tokens, session 36). Copies cost no registers:
+// each thread reads back only its own pieces (no barrier), [slot][thread] so a warp's 16-byte
+// reads are conflict-free; 32 KB a block at MAX_K = 8.
+template <int MAX_K>
+struct MoeAddendStaged {
+  static constexpr int kMaxGroup = 256, kMinBlocks = 4;
+  const bf16* rows;
+  const int32_t* row_of;
+  const float* weights;
+  int K;
+  int64_t H;
+  const bf16* shared;  // null: no shared expert
+  int64_t ss;
+  const bf16* gate;  // null: added ungated
+  int64_t gs;
+  __device__ void operator()(int64_t t, int c, float a[8]) const {
+    __shared__ uint4 stage[MAX_K][kMaxGroup];
+    int32_t r[MAX_K];
+#pragma unroll
+    for (int j = 0; j < MAX_K; ++j) r[j] = j < K ? row_of[t * K + j] : -1;
+#pragma unroll
+    for (int j = 0; j < MAX_K; ++j)
+      if (r[j] >= 0) cp_async16(&stage[j][threadIdx.x], rows + int64_t(r[j]) * H + c * 8, true);
+    cp_async_commit();
+    uint4 s_raw = {};
+    float g = 0.f;
+    if (shared) {
+      s_raw = reinterpret_cast<const uint4*>(shared + t * ss)[c];
+      if (gate) g = load_f(gate + t * gs);
+    }
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < MAX_K; ++j) {  // slots in order: MoeAddend's sum, bit for bit
+      if (r[j] < 0) continue;
+      const float w = weights[t * K + j];
+      float v[8];
+      unpack8(stage[j][threadIdx.x], v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, v[i], acc[i]);
+    }
+    unpack8(pack8(acc), a);
+    if (!shared) return;
+    float s[8];
+    unpack8(s_raw, s);
+    if (gate) {
+      const float gw = 1.0f / (1.0f + expf(-g));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] = fmaf(gw, s[i], a[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] += s[i];
+    }
+    unpack8(pack8(a), a);
+  }
+};
+
 // RMSNorm of bf16 rows (width a multiple of 8, 16-byte aligned rows and weight) by groups of
 // `group` threads a row (a power of two: a part of a warp for narrow rows such as per-head
 // q/k norms, up to a whole block for wide ones), so that a handful of rows, or one, still spreads
@@ -183,7 +244,7 @@ struct MoeAddend {
 // PIECES: the 16-byte pieces a thread takes at most (1 unless a row is wider than 8 x the
 // group): registers held for a second piece would cost warps an SM for nothing.
 template <class TW, class Addend, int PIECES>
-__global__ void __launch_bounds__(Addend::kMaxGroup)
+__global__ void __launch_bounds__(Addend::kMaxGroup, Addend::kMinBlocks)
     rms_norm_rows_kernel(bf16* x, int64_t xs, Addend y, const TW* w, float eps, int D, int64_t rows, int group,
                          bf16* out, int64_t os) {
   __shared__ float warp_ss[32];
@@ -532,6 +593,20 @@ void moe_combine_add_rms_norm(const ExpertRows& slab_or_rows, const Tensor* shar
   const bool shared_fits = !shared || (shared->dtype() == DType::BF16 && wide(shared->raw(), sr.stride) &&
                                        (!shared_gate || shared_gate->dtype() == DType::BF16));
   if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits) {
+    const char* staged = std::getenv("MOESERVE_COMBINE_STAGED");  // TEMPORARY A/B (session 36)
+    if (ye.dtype() == DType::BF16 && H <= 8 * 256 && K <= 8 && !(staged && std::string_view(staged) == "0")) {
+      const MoeAddendStaged<8> y{ye.data<bf16>(),
+                                 routed.row_of.data<int32_t>(),
+                                 routed.weights.data<float>(),
+                                 int(K),
+                                 H,
+                                 shared ? shared->data<bf16>() : nullptr,
+                                 sr.stride,
+                                 shared_gate ? shared_gate->data<bf16>() : nullptr,
+                                 gr.stride};
+      launch_rows(residual, xr, y, weight, eps, out, orow);
+      return;
+    }
     MS_FLOAT_DISPATCH(ye.dtype(), TY, {
       auto launch = [&]<class A>(A) {
         const A y{ye.data<TY>(),
