@@ -115,3 +115,26 @@ if [ $PHASE = 3 ]; then
   grep -A20 "== ops" $L/bench.log > $L/ops.txt
   log done
 fi
+
+# PHASE=4: the session's final tree (fast silu, 16-byte stores for both tma products, the staged combine, the
+#   MLA rope kernel; no temporary switches): the ceilings, the touched test programs and the models', greedy
+#   ids, the products' bench (16-byte / pair stores), the 8k prefills three rounds and B = 64 of both models,
+#   op traces.
+if [ $PHASE = 4 ]; then
+  T4="test_cuda_grouped_gemm test_cuda_grouped_gemm_fp8 test_cuda_fused test_cuda_moe_combine_norm test_cuda_fixtures test_cuda_engine_graphs"
+  JOBS=15 build_after ms_cuda_ceilings $T4
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $T4
+  F=--gtest_filter=CudaGroupedGemm.GroupedGemmBench
+  (export MOESERVE_BENCH_GROUPED=1 MOESERVE_GROUPED_TEST_TILES=tma128x256x64
+   gtest bench-vec 60 /tmp/b/tests/test_cuda_grouped_gemm $F
+   MOESERVE_GROUPED_TMA_VEC=0 gtest bench-pairs 60 /tmp/b/tests/test_cuda_grouped_gemm $F)
+  wait
+  gen_ids qwen3 - qwen3-final; gen_ids v2lite - v2lite-final
+  for r in 0 1 2; do SIDES=final bench_sides qwen3 "1 8192 2"; SIDES=final bench_sides v2lite "1 8192 2"; done
+  SIDES=final bench_sides qwen3 "64 256 16"; SIDES=final bench_sides v2lite "64 256 16"
+  SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  grep -A20 "== ops" $L/bench.log > $L/ops.txt
+  log done
+fi

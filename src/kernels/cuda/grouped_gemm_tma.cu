@@ -29,8 +29,9 @@
 // Measured (BENCHMARKS, session 35): both products 6-13 % faster than the wgmma shapes at means
 // of 128 to 768 rows an expert (Qwen3 8k: 1304 -> 1185 us; V2-Lite 1639 -> 1546), 8k prefills
 // -2.5 to -4 %; then the down product's 16-byte stores (launch_tma_128x256x64) took another 14-20 %
-// off that product in the kernel bench (not yet timed end to end). Units of up to 64 rows (an
-// expert's last, in about half the experts) run in full, the second consumer multiplying zeros:
+// off that product (8k prefills -2.5 to -4.4 %, session 36), and the SwiGLU product's silu in two
+// MUFU instructions (grouped_tiles.cuh) 6.6-9 % off that one, its 16-byte stores 3-5 % more.
+// Units of up to 64 rows (an expert's last, in about half the experts) run in full, the second consumer multiplying zeros:
 // splitting their columns over both consumers (m64n128, or two m64n64 for SwiGLU) was tried and
 // saved nothing (Qwen3 8k 1210 vs 1211 us, 2k tokens 451 -> 461, V2-Lite 2k 491 -> 525).
 #include <cuda.h>
@@ -118,7 +119,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&m)[4], int t) {
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_tma_kernel(const Params p, const MapBytes* __restrict__ w_map, const MapBytes* __restrict__ w2_map,
-                            int n_tiles, bool vec_stores, bool exact_silu) {
+                            int n_tiles, bool vec_stores) {
   constexpr int kTileN = SWIGLU ? kBN / 2 : kBN;  // output columns a unit
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The tiles' 1024-byte alignment (the swizzle's): the dynamic base is only 16-byte aligned.
@@ -236,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto value = [&](int i, int h, int e) {
       if constexpr (SWIGLU) {
         const float gate = acc[4 * i + 2 * h + e], up = acc[4 * (i + kBN / 16) + 2 * h + e];
-        return exact_silu ? gate / (1.0f + expf(-gate)) * up : silu_mul(gate, up);  // TEMPORARY A/B (session 36)
+        return silu_mul(gate, up);
       } else {
         return acc[4 * i + 2 * h + e];
       }
@@ -334,20 +335,16 @@ void launch_tma_128x256x64(const Params& p, int64_t row_tiles, bool swiglu) {
     MS_CUDA(cudaFuncSetAttribute(grouped_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(kSmemBytes)));
   });
-  // The down product stores 16-byte groups of 8 columns where every group lies wholly inside or
+  // Both products store 16-byte groups of 8 columns where every group lies wholly inside or
   // outside N and rows are 16-byte aligned; MOESERVE_GROUPED_TMA_VEC=0 (read at every call) keeps
-  // the pairs. Measured (session 35): down 14-20 % faster; the same stores made the SwiGLU
-  // product 5-39 % slower (cause not found: no spills; device time ran out), so it keeps the pairs.
-  // MOESERVE_GROUPED_TMA_VEC=all takes them for SwiGLU too (to measure it again).
+  // the pairs. Measured (sessions 35, 36): down 14-20 % faster; SwiGLU 3-5 % at 4k-8k tokens once its
+  // silu was cheap (with expf and a division the same stores had made it 5-39 % slower).
   const char* env = std::getenv("MOESERVE_GROUPED_TMA_VEC");
-  const std::string_view mode = env ? env : "";
-  const bool vec = (swiglu ? mode == "all" : mode != "0") && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
+  const bool vec = !(env && std::string_view(env) == "0") && p.N % 8 == 0 && p.c_ld % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
   const dim3 grid{unsigned(blocks)}, block{unsigned(kThreads)};
-  const char* exact_env = std::getenv("MOESERVE_SILU_EXACT");  // TEMPORARY A/B (session 36)
-  const bool exact = exact_env && std::string_view(exact_env) == "1";
-  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec, exact);
-  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec, exact);
+  if (swiglu) launch_pdl(grouped_gemm_tma_kernel<true>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);
+  else launch_pdl(grouped_gemm_tma_kernel<false>, grid, block, kSmemBytes, p, m, m2, int(n_tiles), vec);
 }
 
 }  // namespace ms::cuda::grouped_gemm_impl

@@ -175,7 +175,8 @@ struct MoeAddend {
 // combine), the same bits, with the slots' pieces gathered into shared memory by cp.async rather
 // than into registers. Why: in registers (8 x 16 bytes in flight a thread) the kernel took 84
 // registers, two 256-thread blocks an SM, and ran at ~45 % of the copy rate, its warps waiting on
-// the gathered loads (Nsight Compute, V2-Lite 8k tokens, session 36). Copies cost no registers:
+// the gathered loads (Nsight Compute, V2-Lite 8k tokens, session 36); staged, the 8k-token combine
+// took 89 us where it took 134 (V2-Lite; Qwen3 94 against 125). Copies cost no registers:
 // each thread reads back only its own pieces (no barrier), [slot][thread] so a warp's 16-byte
 // reads are conflict-free; 32 KB a block at MAX_K = 8.
 template <int MAX_K>
@@ -593,8 +594,7 @@ void moe_combine_add_rms_norm(const ExpertRows& slab_or_rows, const Tensor* shar
   const bool shared_fits = !shared || (shared->dtype() == DType::BF16 && wide(shared->raw(), sr.stride) &&
                                        (!shared_gate || shared_gate->dtype() == DType::BF16));
   if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits) {
-    const char* staged = std::getenv("MOESERVE_COMBINE_STAGED");  // TEMPORARY A/B (session 36)
-    if (ye.dtype() == DType::BF16 && H <= 8 * 256 && K <= 8 && !(staged && std::string_view(staged) == "0")) {
+    if (ye.dtype() == DType::BF16 && H <= 8 * 256 && K <= 8) {  // a prefill's rows: MoeAddendStaged
       const MoeAddendStaged<8> y{ye.data<bf16>(),
                                  routed.row_of.data<int32_t>(),
                                  routed.weights.data<float>(),
