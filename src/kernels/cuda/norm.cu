@@ -78,7 +78,8 @@ constexpr int kNormMaxGroup = 1024;     // threads a row, at most: widths up to 
 constexpr int kNormMinBlock = 128;
 
 // What rms_norm_rows_kernel adds to x: piece c (8 columns) of row t, as f32. kMaxGroup: the
-// most threads a row (the launch bound, so the registers a thread may use).
+// most threads a row (the launch bound, so the registers a thread may use); kMinBlocks: the
+// blocks an SM that bound asks room for.
 struct NoAddend {
   static constexpr int kMaxGroup = kNormMaxGroup, kMinBlocks = 1;
 };

@@ -502,7 +502,8 @@ void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float ep
   Tensor pos = upload_i32(r.positions), sl = upload_i32(slots);
   const bool round = round_bf16 && q.dtype() == DType::F32;
   const int heads = int(q.size(1));
-  if (mla_x8_takes(q, kv, kv_norm, cache, int(L), int(R / 2))) {
+  const bool tables16 = reinterpret_cast<uintptr_t>(r.cos.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(r.sin.raw()) % 16 == 0;
+  if (tables16 && mla_x8_takes(q, kv, kv_norm, cache, int(L), int(R / 2))) {
     const unsigned kv_blocks = blocks_for(T, kMlaX8Threads / 32);
     const int64_t q_units = T * heads * (R / 16);
     MS_FLOAT_DISPATCH(kv_norm.dtype(), TW,
