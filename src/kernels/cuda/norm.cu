@@ -121,9 +121,9 @@ __device__ __forceinline__ void unpack16(const Raw8& r, float v[8]) {
 // take groups of up to 512 threads, whose bound leaves 128 registers for 8 pieces in flight;
 // wider ones (DeepSeek-V3's 7168) keep add_rms_norm's 1024-thread groups, so that the sum of
 // squares adds up in the same order and the norm's bits match, a slot at a time (64 registers).
-template <class TY, int BATCH, int MAX_GROUP>
-struct MoeAddend {
-  static constexpr int kMaxGroup = MAX_GROUP, kBatch = BATCH, kMinBlocks = 1;
+// What both MoE addends read: the experts' rows, each token's slots, the shared expert.
+template <class TY>
+struct MoeRows {
   const TY* rows;
   const int32_t* row_of;
   const float* weights;
@@ -133,6 +133,29 @@ struct MoeAddend {
   int64_t ss;
   const bf16* gate;  // null: added ungated
   int64_t gs;
+  // a (the combine's sum, rounded to bf16) plus the shared expert's piece s_raw, gated by
+  // sigmoid(gate_logit()) when there is a gate, rounded again.
+  template <class G>
+  __device__ void add_shared(uint4 s_raw, G gate_logit, float a[8]) const {
+    float s[8];
+    unpack8(s_raw, s);
+    if (gate) {
+      const float gw = 1.0f / (1.0f + expf(-gate_logit()));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] = fmaf(gw, s[i], a[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] += s[i];
+    }
+    unpack8(pack8(a), a);
+  }
+};
+
+template <class TY, int BATCH, int MAX_GROUP>
+struct MoeAddend : MoeRows<TY> {
+  static constexpr int kMaxGroup = MAX_GROUP, kBatch = BATCH, kMinBlocks = 1;
+  using MoeRows<TY>::rows, MoeRows<TY>::row_of, MoeRows<TY>::weights, MoeRows<TY>::K, MoeRows<TY>::H,
+      MoeRows<TY>::shared, MoeRows<TY>::ss, MoeRows<TY>::gate, MoeRows<TY>::gs;
   __device__ void operator()(int64_t t, int c, float a[8]) const {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int j0 = 0; j0 < K; j0 += kBatch) {
@@ -157,18 +180,8 @@ struct MoeAddend {
       }
     }
     unpack8(pack8(acc), a);
-    if (!shared) return;
-    float s[8];
-    unpack8(reinterpret_cast<const uint4*>(shared + t * ss)[c], s);
-    if (gate) {
-      const float g = 1.0f / (1.0f + expf(-load_f(gate + t * gs)));
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] = fmaf(g, s[i], a[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] += s[i];
-    }
-    unpack8(pack8(a), a);
+    if (shared)
+      this->add_shared(reinterpret_cast<const uint4*>(shared + t * ss)[c], [&] { return load_f(gate + t * gs); }, a);
   }
 };
 
@@ -181,17 +194,8 @@ struct MoeAddend {
 // each thread reads back only its own pieces (no barrier), [slot][thread] so a warp's 16-byte
 // reads are conflict-free; 32 KB a block at MAX_K = 8.
 template <int MAX_K>
-struct MoeAddendStaged {
+struct MoeAddendStaged : MoeRows<bf16> {
   static constexpr int kMaxGroup = 256, kMinBlocks = 4;
-  const bf16* rows;
-  const int32_t* row_of;
-  const float* weights;
-  int K;
-  int64_t H;
-  const bf16* shared;  // null: no shared expert
-  int64_t ss;
-  const bf16* gate;  // null: added ungated
-  int64_t gs;
   __device__ void operator()(int64_t t, int c, float a[8]) const {
     __shared__ uint4 stage[MAX_K][kMaxGroup];
     int32_t r[MAX_K];
@@ -219,18 +223,7 @@ struct MoeAddendStaged {
       for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, v[i], acc[i]);
     }
     unpack8(pack8(acc), a);
-    if (!shared) return;
-    float s[8];
-    unpack8(s_raw, s);
-    if (gate) {
-      const float gw = 1.0f / (1.0f + expf(-g));
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] = fmaf(gw, s[i], a[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] += s[i];
-    }
-    unpack8(pack8(a), a);
+    if (shared) add_shared(s_raw, [g] { return g; }, a);
   }
 };
 
@@ -595,32 +588,23 @@ void moe_combine_add_rms_norm(const ExpertRows& slab_or_rows, const Tensor* shar
   const bool shared_fits = !shared || (shared->dtype() == DType::BF16 && wide(shared->raw(), sr.stride) &&
                                        (!shared_gate || shared_gate->dtype() == DType::BF16));
   if (rows_kernel_fits(residual, xr, out, orow, weight) && rows_wide && shared_fits) {
+    auto moe_rows = [&]<class TY>(const TY* expert_rows) {
+      return MoeRows<TY>{expert_rows,
+                         routed.row_of.data<int32_t>(),
+                         routed.weights.data<float>(),
+                         int(K),
+                         H,
+                         shared ? shared->data<bf16>() : nullptr,
+                         sr.stride,
+                         shared_gate ? shared_gate->data<bf16>() : nullptr,
+                         gr.stride};
+    };
     if (ye.dtype() == DType::BF16 && H <= 8 * 256 && K <= 8) {  // a prefill's rows: MoeAddendStaged
-      const MoeAddendStaged<8> y{ye.data<bf16>(),
-                                 routed.row_of.data<int32_t>(),
-                                 routed.weights.data<float>(),
-                                 int(K),
-                                 H,
-                                 shared ? shared->data<bf16>() : nullptr,
-                                 sr.stride,
-                                 shared_gate ? shared_gate->data<bf16>() : nullptr,
-                                 gr.stride};
-      launch_rows(residual, xr, y, weight, eps, out, orow);
+      launch_rows(residual, xr, MoeAddendStaged<8>{moe_rows(ye.data<bf16>())}, weight, eps, out, orow);
       return;
     }
     MS_FLOAT_DISPATCH(ye.dtype(), TY, {
-      auto launch = [&]<class A>(A) {
-        const A y{ye.data<TY>(),
-                  routed.row_of.data<int32_t>(),
-                  routed.weights.data<float>(),
-                  int(K),
-                  H,
-                  shared ? shared->data<bf16>() : nullptr,
-                  sr.stride,
-                  shared_gate ? shared_gate->data<bf16>() : nullptr,
-                  gr.stride};
-        launch_rows(residual, xr, y, weight, eps, out, orow);
-      };
+      auto launch = [&]<class A>(A) { launch_rows(residual, xr, A{moe_rows(ye.data<TY>())}, weight, eps, out, orow); };
       if (H <= 8 * 512) launch(MoeAddend<TY, 8, 512>{});
       else launch(MoeAddend<TY, 1, kNormMaxGroup>{});
     });
