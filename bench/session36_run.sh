@@ -18,7 +18,7 @@ ncu_swiglu() {
   $NCU -i $L/ncu-$3.ncu-rep --page source --print-source sass --csv > $L/ncu-$3-sass.csv 2>&1
 }
 
-# PHASE=1 (at the session's start, e71bc26 + the VEC=all switch and the bench's point filter): session 35's
+# PHASE=1 (ran at 23a799f: the session's start, e71bc26, + the VEC=all switch and the bench's point filter): session 35's
 #   untimed down-product 16-byte stores end to end (8k prefills, default against MOESERVE_GROUPED_TMA_VEC=0
 #   and =all, two rotated rounds), the products' bench from 1024 tokens (tma against wgmma128x128x64; tma with
 #   the SwiGLU product's 16-byte stores), Nsight Compute on V2-Lite 8k's SwiGLU product with and without those
@@ -57,7 +57,7 @@ ncu_prefill() {
   $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
 }
 
-# PHASE=2: MLA's rope + cache write at prefill sizes in 16-byte accesses (mla_rope_store_x8_kernel;
+# PHASE=2 (ran at c68e8d1): MLA's rope + cache write at prefill sizes in 16-byte accesses (mla_rope_store_x8_kernel;
 #   MOESERVE_MLA_ROPE_X8=0: the warp-a-head kernel): its tests and those of the models, greedy ids with it
 #   and without, V2-Lite's 8k prefill with and without (two rotated rounds), the op trace; the ceilings;
 #   Nsight Compute on the SwiGLU product (pairs / 16-byte stores; the regex of PHASE 1 matched nothing),
@@ -84,7 +84,7 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3: the grouped GEMMs' SwiGLU epilogue in two MUFU instructions (silu_mul; MOESERVE_SILU_EXACT=1: expf and a
+# PHASE=3 (ran at 1499a6d; its two temporary switches are gone since 78faa10): the grouped GEMMs' SwiGLU epilogue in two MUFU instructions (silu_mul; MOESERVE_SILU_EXACT=1: expf and a
 #   division, tma shape only) and the MoE combine + norm with its gathered pieces staged in shared memory
 #   (MOESERVE_COMBINE_STAGED=0: in registers). Tests of every touched kernel and of the models; the products'
 #   bench (tma: fast, fast with 16-byte SwiGLU stores, exact); the combine's bench at 8k tokens both ways;
@@ -116,7 +116,7 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 
-# PHASE=4: the session's final tree (fast silu, 16-byte stores for both tma products, the staged combine, the
+# PHASE=4 (ran at 78faa10): the session's final tree (fast silu, 16-byte stores for both tma products, the staged combine, the
 #   MLA rope kernel; no temporary switches): the ceilings, the touched test programs and the models', greedy
 #   ids, the products' bench (16-byte / pair stores), the 8k prefills three rounds and B = 64 of both models,
 #   op traces.

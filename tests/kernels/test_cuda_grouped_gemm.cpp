@@ -6,8 +6,8 @@
 // and against the per-expert cuBLASLt path (MOESERVE_GROUPED_GEMM=0). GroupedGemmBench prints
 // [bench] lines (each tile shape's time and TFLOP/s on each product, and the whole op) when
 // MOESERVE_BENCH_GROUPED=1. MOESERVE_GROUPED_TEST_TILES=<names, comma-separated> checks and times
-// those shapes only; MOESERVE_BENCH_GROUPED_POINT="<model name> <tokens>" (e.g. "DeepSeek-V2-Lite 8192")
-// times that point alone (for a profiler).
+// those shapes only; MOESERVE_BENCH_GROUPED_POINT="<model name> <tokens>" (e.g. "DeepSeek-V2-Lite 8192";
+// "square 4096" for the 4096² case) times that point alone (for a profiler).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -110,17 +110,6 @@ __device__ __forceinline__ void unpack16(const Raw8& r, float v[8]) {
   }
 }
 
-// A MoE block's output as the unfused ops leave it in bf16. First combine_expert_rows: the f32
-// sum over slots j in order of weights[t, j] * rows[row_of[t, j]] (rows -1 skipped; fmaf is the
-// contraction nvcc makes of its acc += w * v), rounded to bf16. Then, with a shared expert,
-// add_inplace (f + s) or add_sigmoid_gated (fmaf(g, s, f), g = 1 / (1 + expf(-gate)) written as
-// that kernel writes it), rounded again.
-// BATCH slots' row numbers, then all their pieces, are loaded before the first is summed: in a
-// prefill the pieces are ~90 % of the bytes a norm moves, and one slot's row number, piece and
-// sum in series each was a round trip a slot (8k Qwen3 tokens: ~2.9 TB/s). Rows up to 4096 wide
-// take groups of up to 512 threads, whose bound leaves 128 registers for 8 pieces in flight;
-// wider ones (DeepSeek-V3's 7168) keep add_rms_norm's 1024-thread groups, so that the sum of
-// squares adds up in the same order and the norm's bits match, a slot at a time (64 registers).
 // What both MoE addends read: the experts' rows, each token's slots, the shared expert.
 template <class TY>
 struct MoeRows {
@@ -151,6 +140,17 @@ struct MoeRows {
   }
 };
 
+// A MoE block's output as the unfused ops leave it in bf16. First combine_expert_rows: the f32
+// sum over slots j in order of weights[t, j] * rows[row_of[t, j]] (rows -1 skipped; fmaf is the
+// contraction nvcc makes of its acc += w * v), rounded to bf16. Then, with a shared expert,
+// add_inplace (f + s) or add_sigmoid_gated (fmaf(g, s, f), g = 1 / (1 + expf(-gate)) written as
+// that kernel writes it), rounded again.
+// BATCH slots' row numbers, then all their pieces, are loaded before the first is summed: in a
+// prefill the pieces are ~90 % of the bytes a norm moves, and one slot's row number, piece and
+// sum in series each was a round trip a slot (8k Qwen3 tokens: ~2.9 TB/s). Rows up to 4096 wide
+// take groups of up to 512 threads, whose bound leaves 128 registers for 8 pieces in flight;
+// wider ones (DeepSeek-V3's 7168) keep add_rms_norm's 1024-thread groups, so that the sum of
+// squares adds up in the same order and the norm's bits match, a slot at a time (64 registers).
 template <class TY, int BATCH, int MAX_GROUP>
 struct MoeAddend : MoeRows<TY> {
   static constexpr int kMaxGroup = MAX_GROUP, kBatch = BATCH, kMinBlocks = 1;

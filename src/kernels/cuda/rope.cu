@@ -413,19 +413,21 @@ bool x8_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
 }
 
 // Whether mla_rope_store_x8_kernel takes the call: BF16 q, kv and cache with 16-byte aligned
-// rows, heads and parts (q's rope dims at a multiple of 8, a latent of a multiple of 8 up to
-// 512), half / 8 threads a head a power of two up to 32, a batch of more than a few tokens, and
+// rows, heads, parts and cos/sin tables (q's rope dims at a multiple of 8, a latent of a multiple
+// of 8 up to 512), half / 8 threads a head a power of two up to 32, a batch of more than a few tokens, and
 // not turned off (MOESERVE_MLA_ROPE_X8=0, read per call, so a test can compare both kernels).
-bool mla_x8_takes(const Tensor& q, const Tensor& kv, const Tensor& norm, const Tensor& cache, int L, int half) {
+bool mla_x8_takes(const Tensor& q, const Tensor& kv, const Tensor& norm, const Tensor& cache, const ops::RopeArgs& r,
+                  int L) {
   const char* env = std::getenv("MOESERVE_MLA_ROPE_X8");
   if (env && std::string_view(env) == "0") return false;
-  const int per_head = half / 8;
+  const int half = r.rot_dim / 2, per_head = half / 8;
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; };
   const int64_t qoff = q.size(2) - 2 * half;
   return q.dtype() == DType::BF16 && kv.dtype() == DType::BF16 && cache.dtype() == DType::BF16 &&
          q.size(0) >= kMlaX8MinTokens && half % 8 == 0 && (per_head & (per_head - 1)) == 0 && per_head <= 32 &&
          L % 8 == 0 && L <= 32 * 8 * kMlaX8MaxLatentPieces && qoff % 8 == 0 && aligned16(q.raw(), q.strides()[0] * 2) &&
          q.strides()[1] % 8 == 0 && aligned16(kv.raw(), kv.strides()[0] * 2) &&
-         aligned16(cache.raw(), cache.strides()[0] * 2) && reinterpret_cast<uintptr_t>(norm.raw()) % 16 == 0;
+         aligned16(cache.raw(), cache.strides()[0] * 2) && aligned(norm) && aligned(r.cos) && aligned(r.sin);
 }
 
 }  // namespace
@@ -502,8 +504,7 @@ void mla_rope_store(Tensor& q, const Tensor& kv, const Tensor& kv_norm, float ep
   Tensor pos = upload_i32(r.positions), sl = upload_i32(slots);
   const bool round = round_bf16 && q.dtype() == DType::F32;
   const int heads = int(q.size(1));
-  const bool tables16 = reinterpret_cast<uintptr_t>(r.cos.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(r.sin.raw()) % 16 == 0;
-  if (tables16 && mla_x8_takes(q, kv, kv_norm, cache, int(L), int(R / 2))) {
+  if (mla_x8_takes(q, kv, kv_norm, cache, r, int(L))) {
     const unsigned kv_blocks = blocks_for(T, kMlaX8Threads / 32);
     const int64_t q_units = T * heads * (R / 16);
     MS_FLOAT_DISPATCH(kv_norm.dtype(), TW,
