@@ -5,10 +5,6 @@
 // blocks dequantised into scratch first), or, when fp8_mode() asks for it, the block-scaled FP8
 // product with the activations quantised per token (fp8_gemm.h). Activations are BF16,
 // accumulation f32.
-#include <cstdint>
-#include <cstdlib>
-#include <string_view>
-
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/gemm.h"
@@ -201,45 +197,6 @@ void linear(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out, o
   linear_rows(x, w, bias, out, nullptr, overlap);
 }
 
-namespace {
-
-// A prefill's dense gated MLP (an unfused shared expert, DeepSeek's dense layers) as one grouped
-// GEMM of one group in the SwiGLU form the routed experts use: the silu on the f32 sums in the
-// product's epilogue, where the cuBLASLt path writes [gate | up] (T x 2I in BF16), reads it back
-// and writes act in a separate pass (V2-Lite 8k: ~0.4 GB a layer more, and its dense layer ~0.9 GB).
-// Taken on a Hopper from kGatedGroupedMinRows rows (the persistent tma shape's range), BF16 weights
-// with one row stride, BF16 output, unless MOESERVE_GATED_GROUPED=0 (read per call).
-constexpr int64_t kGatedGroupedMinRows = 256;
-
-bool try_gated_grouped(const Tensor& xb, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act) {
-  const int64_t T = xb.size(0), K = xb.size(1), I = gate.out_features();
-  const char* env = std::getenv("MOESERVE_GATED_GROUPED");
-  if ((env && std::string_view(env) == "0") || round_bf16 || T < kGatedGroupedMinRows || !hopper() ||
-      !grouped_gemm_enabled() || gate.is_fp8() || up.is_fp8() || gate.w.dtype() != DType::BF16 ||
-      up.w.dtype() != DType::BF16 || up.out_features() != I || gate.w.strides()[1] != 1 || up.w.strides()[1] != 1 ||
-      gate.w.strides()[0] != up.w.strides()[0] || act.dtype() != DType::BF16 || act.strides()[1] != 1 ||
-      reinterpret_cast<uintptr_t>(gate.w.raw()) % 16 != 0 || reinterpret_cast<uintptr_t>(up.w.raw()) % 16 != 0 ||
-      !grouped_gemm_supported(K, gate.w.strides()[0], xb.raw(), xb.strides()[0]) || !grouped_gemm_fits(T, 1))
-    return false;
-  // One upload: the group's offsets {0, T}, then the two weights' addresses (8-byte aligned words).
-  const auto word = [](const void* p, int half) {
-    return int32_t(uint32_t(reinterpret_cast<uintptr_t>(p) >> (32 * half)));
-  };
-  const int32_t host[6] = {0, int32_t(T), word(gate.w.raw(), 0), word(gate.w.raw(), 1), word(up.w.raw(), 0),
-                           word(up.w.raw(), 1)};
-  Tensor meta = upload_i32(host);
-  const int32_t* base = meta.data<int32_t>();
-  GroupedGemmArgs g;
-  g.N = I, g.K = K, g.a = xb.raw(), g.a_ld = xb.strides()[0];
-  g.w = reinterpret_cast<const void* const*>(base + 2), g.w2 = reinterpret_cast<const void* const*>(base + 4);
-  g.w_ld = gate.w.strides()[0], g.offsets = base, g.experts = 1, g.max_rows = T;
-  g.c = act.raw(), g.c_ld = act.strides()[0];
-  grouped_gemm(g, true);
-  return true;
-}
-
-}  // namespace
-
 void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool round_bf16, Tensor& act,
                   ops::Overlap overlap) {
   check_device_tensor(act, {DType::BF16, DType::F32}, "gated_linear", "output");
@@ -247,7 +204,6 @@ void gated_linear(const Tensor& x, const Weight& gate, const Weight& up, bool ro
   if (T == 0) return;
   const Tensor xb = rows_bf16(x);
   if (try_gated_gemv(xb, gate, up, act, runs_beside(overlap, x, xb))) return;
-  if (try_gated_grouped(xb, gate, up, round_bf16, act)) return;
   Tensor gu = scratch(act.dtype(), {T, 2 * I});
   Tensor g = gu.slice(1, 0, I), u = gu.slice(1, I, 2 * I);
   cuda::linear(x, gate, nullptr, g);
