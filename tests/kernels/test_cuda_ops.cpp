@@ -31,6 +31,23 @@ TEST(CudaOps, LinearBf16MatchesCpu) {
   }
 }
 
+// A dense gated MLP's silu(x gate^T) * (x up^T) at decode and prefill row counts (the streaming
+// product; two cuBLASLt products and the SiLU pass), V2-Lite's shared-expert width.
+TEST(CudaOps, GatedLinearMatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const int64_t K = 2048, I = 2816;
+  Tensor gate = randn({I, K}, 0.02f), up = randn({I, K}, 0.02f);
+  const ops::Weight gc{host_as(gate, DType::BF16)}, uc{host_as(up, DType::BF16)}, gg{gpu(gate)}, ug{gpu(up)};
+  for (int64_t T : {4, 300, 1024}) {
+    Tensor x = randn({T, K});
+    Tensor want = Tensor::empty(DType::F32, {T, I});
+    cpu::gated_linear(x, gc, uc, false, want);
+    Tensor act = poisoned(DType::BF16, {T, I});
+    cuda::gated_linear(gpu(x), gg, ug, false, act);
+    EXPECT_LT(rel_error(act, want), kBf16Tol) << "T=" << T;
+  }
+}
+
 // Column slices in and out (row stride != width), a bias, and F32 output (router logits).
 TEST(CudaOps, LinearStridedBiasAndF32Output) {
   MS_REQUIRE_CUDA();
