@@ -44,3 +44,29 @@ if [ $PHASE = 1 ]; then
   grep -A20 "== ops" $L/bench.log > $L/ops.txt
   log done
 fi
+
+# PHASE=2: each tile's finish (the P V wait, rescale, P packing) moved to the next iteration's top in both
+#   warp-specialized prefill attentions, so the softmax's exponentials run beside P V ("ws" / "n128ws";
+#   "wsjoint" / "n128wsjoint": as before). Tests of both kernels on every variant, their benches, Nsight
+#   Compute SASS of the new MLA kernel, both models' 8k prefills both ways (two rotated rounds), op traces.
+if [ $PHASE = 2 ]; then
+  cp /usr/local/cuda/bin/nvdisasm /usr/local/cuda/bin/cuobjdump $OUT/ 2>/dev/null
+  T2="test_cuda_mla_prefill test_cuda_flash_prefill test_cuda_fixtures"
+  JOBS=15 build_after $T2
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T2
+  mla_bench ws,wsjoint mla-bench
+  MOESERVE_BENCH_PREFILL=1 MOESERVE_FLASH_WGMMA_VARIANTS=n128ws,n128wsjoint gtest gqa-bench 120 \
+    /tmp/b/tests/test_cuda_flash_prefill --gtest_filter=CudaFlashPrefill.PrefillAttentionBench
+  grep "\[bench\]" $L/gqa-bench.log >> $OUT/summary.log
+  wait
+  ncu_prefill mla 'mla_expanded_ws_kernel'
+  S2="top joint:MOESERVE_MLA_EXPANDED_VARIANT=wsjoint,MOESERVE_FLASH_WGMMA_VARIANT=n128wsjoint"
+  for r in 0 1; do
+    SIDES="$(SIDES="$S2" rotated $r)" bench_sides qwen3 "1 8192 2"
+    SIDES="$(SIDES="$S2" rotated $r)" bench_sides v2lite "1 8192 2"
+  done
+  SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  grep -A20 "== ops" $L/bench.log > $L/ops.txt
+  log done
+fi

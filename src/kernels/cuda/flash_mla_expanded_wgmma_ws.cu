@@ -68,7 +68,7 @@ struct MlaWs {
 using Ws128 = MlaWs<128, 2>;  // 48 + 2 x 80 KB = 208 KB (+ barriers, alignment slack)
 using Ws64 = MlaWs<64, 4>;    // 48 + 4 x 40 KB = 208 KB
 
-template <class T>
+template <class T, bool kFinishAtTop>
 __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaExpandedParams p) {
   constexpr int kKeys = T::kKeys, kStages = T::kStages, kBlock = T::kBlock;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -201,9 +201,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
   flash_softmax_probs<kKeys>(s, kKeys > warp_full, 0, seen, p.scale_log2, lane, m, l, alpha);
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
-  // Iteration t enters with P of tile t in pa and o rescaled for it; the last P V follows the
-  // loop (a stale product past the last tile would wait for a stage nobody fills).
+  // Iteration t enters with P of tile t in pa and o rescaled for it once finish(t - 1) has run;
+  // the last P V follows the loop (a stale product past the last tile would wait for a stage
+  // nobody fills). finish(t) waits for P V of tile t, releases its V, rescales o and packs P of
+  // tile t + 1. It runs at the top of the next iteration, not after the softmax it follows: in one
+  // basic block with the softmax, ptxas hoisted the wait above it (Nsight's SASS, session 37), so
+  // the exponentials ran after P V had finished, not beside it. The back edge keeps them apart.
+  auto finish = [&](int t) {
+    wgmma_wait<0>();
+    fence_operands(o_acc);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
+    mbar_arrive(empty_v + 8 * (t % kStages));
+    flash_rescale<kDv>(o, alpha);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
+  };
   for (int t = 0; t < ntiles - 1; ++t) {
+    if (kFinishAtTop && t > 0) finish(t - 1);
     wait_full(full_k, t + 1);
     wait_full(full_v, t);
     // P and o are written before the wgmma.fence, which orders them before P V reads them.
@@ -218,15 +233,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
     mbar_arrive(empty_k + 8 * ((t + 1) % kStages));
     const int k1 = (t + 1) * kKeys;
     flash_softmax_probs<kKeys>(s, k1 + kKeys > warp_full, k1, seen, p.scale_log2, lane, m, l, alpha);
-    wgmma_wait<0>();  // P V of tile t: its V is free
-    fence_operands(o_acc);
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
-    mbar_arrive(empty_v + 8 * (t % kStages));
-    flash_rescale<kDv>(o, alpha);
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
+    if (!kFinishAtTop) finish(t);
   }
+  if (kFinishAtTop && ntiles > 1) finish(ntiles - 2);
   wait_full(full_v, ntiles - 1);
   fence_operands(o_acc);
 #pragma unroll
@@ -239,14 +248,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
                         [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
-template <class T>
+template <class T, bool kFinishAtTop = true>
 void launch(const MlaExpandedParams& p, unsigned blocks) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T, kFinishAtTop>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(T::kSmemBytes)));
   });
-  mla_expanded_ws_kernel<T><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p);
+  mla_expanded_ws_kernel<T, kFinishAtTop><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p);
   MS_CUDA_LAUNCHED("mla_expanded_ws_kernel");
 }
 
@@ -254,5 +263,6 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128>(p, blocks); }
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks) { launch<Ws64>(p, blocks); }
+void mla_expanded_wgmma_ws128_joint(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128, false>(p, blocks); }
 
 }  // namespace ms::cuda
