@@ -70,3 +70,29 @@ if [ $PHASE = 2 ]; then
   grep -A20 "== ops" $L/bench.log > $L/ops.txt
   log done
 fi
+
+# PHASE=3: the softmax in fewer instructions (max of the raw scores, the scale folded into each
+#   exponential's FFMA, four chains a row for the max and the sum), wgmma descriptors as offsets of
+#   the stage's, o's rescale skipped by a warp whose rows kept their max. Tests of every attention
+#   kernel (flash_softmax.cuh is shared by prefill and decode) and the models', both benches (ws /
+#   wsjoint again), Nsight SASS of the MLA kernel, 8k prefills and B = 1 of both models (two rounds),
+#   op traces, greedy ids.
+if [ $PHASE = 3 ]; then
+  T3="test_cuda_mla_prefill test_cuda_flash_prefill test_cuda_attention_moe test_cuda_mla_decode_wgmma test_cuda_fixtures test_cuda_engine_graphs"
+  JOBS=15 build_after $T3
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b $T3
+  mla_bench ws,wsjoint mla-bench
+  MOESERVE_BENCH_PREFILL=1 MOESERVE_FLASH_WGMMA_VARIANTS=n128ws,n128wsjoint gtest gqa-bench 120 \
+    /tmp/b/tests/test_cuda_flash_prefill --gtest_filter=CudaFlashPrefill.PrefillAttentionBench
+  grep "variant=" $L/gqa-bench.log >> $OUT/summary.log
+  wait
+  ncu_prefill mla 'mla_expanded_ws_kernel'
+  gen_ids qwen3 - qwen3-s37; gen_ids v2lite - v2lite-s37
+  for r in 0 1; do
+    SIDES=final bench_sides qwen3 "1 8192 2" "1 4096 16"; SIDES=final bench_sides v2lite "1 8192 2" "1 4096 16"
+  done
+  SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  grep -A20 "== ops" $L/bench.log > $L/ops.txt
+  log done
+fi

@@ -129,20 +129,21 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
   float s[kKeys / 8][4];  // each tile's first wgmma overwrites it
   float(&s_acc)[kKeys / 2] = reinterpret_cast<float(&)[kKeys / 2]>(s);
   auto scores = [&](int t) {
-    const uint32_t k_addr = kv_addr + (t % kStages) * kStageBytes;
+    // Offsets added to the stage's descriptor: see flash_mla_expanded_wgmma_ws.cu.
+    const uint64_t k_desc = smem_desc(kv_addr + (t % kStages) * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t q_off = (kk / 4) * kQHalf + (kk % 4) * 32, k_off = (kk / 4) * kHalfBytes + (kk % 4) * 32;
-      wgmma_bf16_n128(s_acc, q_desc + (q_off >> 4), smem_desc(k_addr + k_off), kk > 0);
+      wgmma_bf16_n128(s_acc, q_desc + (q_off >> 4), k_desc + (k_off >> 4), kk > 0);
     }
     wgmma_commit();
   };
   auto pv = [&](int t) {
-    const uint32_t v_addr = kv_addr + (t % kStages) * kStageBytes + kTileBytes;
+    const uint64_t v_desc = smem_desc_nmajor(kv_addr + (t % kStages) * kStageBytes + kTileBytes, kHalfBytes);
     // Keys [16 kk, +16) of V start 16 rows (2048 bytes) on; dims 64.. are the next column block.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_bf16_rs_nmajor128(o_acc, pa[kk], smem_desc_nmajor(v_addr + kk * 16 * kRowBytes, kHalfBytes));
+      wgmma_bf16_rs_nmajor128(o_acc, pa[kk], v_desc + ((kk * 16 * kRowBytes) >> 4));
     wgmma_commit();
   };
   float alpha[2];
@@ -163,7 +164,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
     mbar_arrive(empty + 8 * (t % kStages));
-    flash_rescale<kD>(o, alpha);
+    // Once a row's max has settled its factor is exactly 1: a warp whose rows all kept theirs skips the 64 products.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) flash_rescale<kD>(o, alpha);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
   };

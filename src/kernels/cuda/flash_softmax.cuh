@@ -53,11 +53,16 @@ __device__ __forceinline__ void flash_scores(const uint32_t (&qf)[DK / 16][4], c
 // (unnormalized, against the new running max m; base 2 with the scale folded in) and adds them
 // to the running sum l; the output must then be rescaled by alpha (the old max's factor). On a
 // diagonal tile a row's keys from seen[row] on drop out (causality, or past the sequence). Also
-// the wgmma kernel's (flash_prefill_wgmma.cu): its accumulators have this fragment layout.
+// the wgmma kernels': their accumulators have this fragment layout.
+// Instruction count and dependency depth matter here (Nsight, session 37: the softmax is most of
+// a prefill consumer's issue slots): the max is taken of the raw scores (scale_log2 > 0, so it
+// commutes) and the scale folded into each exponential's FFMA, and the row max and sum run as four
+// independent chains a row, not one chain of KEYS / 4.
 template <int KEYS>
 __device__ __forceinline__ void flash_softmax_probs(float (&s)[KEYS / 8][4], bool diagonal, int k0,
                                                     const int (&seen)[2], float scale_log2, int lane, float (&m)[2],
                                                     float (&l)[2], float (&alpha)[2]) {
+  static_assert(KEYS % 16 == 0, "two column groups a chain");
   const int qd = lane % 4;
   if (diagonal) {
 #pragma unroll
@@ -65,35 +70,44 @@ __device__ __forceinline__ void flash_softmax_probs(float (&s)[KEYS / 8][4], boo
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = k0 + n * 8 + 2 * qd + (i & 1);
-        s[n][i] = key < seen[i >> 1] ? s[n][i] * scale_log2 : -INFINITY;
+        if (key >= seen[i >> 1]) s[n][i] = -INFINITY;
       }
-  } else {
-#pragma unroll
-    for (int n = 0; n < KEYS / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] *= scale_log2;
   }
-  float tile_max[2] = {-INFINITY, -INFINITY};
+  // chains [r][c]: row r's values i = 2 r + (c & 1) of column groups n = c / 2 (mod 2).
+  float part[2][4];
 #pragma unroll
-  for (int n = 0; n < KEYS / 8; ++n)
+  for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
+    for (int c = 0; c < 4; ++c) part[r][c] = s[c >> 1][2 * r + (c & 1)];
+#pragma unroll
+  for (int n = 2; n < KEYS / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[i >> 1][(n & 1) * 2 + (i & 1)] = fmaxf(part[i >> 1][(n & 1) * 2 + (i & 1)], s[n][i]);
+  float neg_m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-    const float m_new = fmaxf(m[r], tile_max[r]);  // finite: key 0 is in the first tile of every row
+    float tile_max = fmaxf(fmaxf(part[r][0], part[r][1]), fmaxf(part[r][2], part[r][3]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(m[r], tile_max * scale_log2);  // finite: key 0 is in the first tile of every row
     alpha[r] = exp2_ftz(m[r] - m_new);
     m[r] = m_new;
-    l[r] *= alpha[r];
+    neg_m[r] = -m_new;
   }
 #pragma unroll
   for (int n = 0; n < KEYS / 8; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s[n][i] = exp2_ftz(s[n][i] - m[i >> 1]);
-      l[i >> 1] += s[n][i];
-    }
+    for (int i = 0; i < 4; ++i) s[n][i] = exp2_ftz(fmaf(s[n][i], scale_log2, neg_m[i >> 1]));
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) part[r][c] = s[c >> 1][2 * r + (c & 1)];
+#pragma unroll
+  for (int n = 2; n < KEYS / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[i >> 1][(n & 1) * 2 + (i & 1)] += s[n][i];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + ((part[r][0] + part[r][1]) + (part[r][2] + part[r][3]));
 }
 
 // The output's rows (DV dims) rescaled by alpha, to the new running max.
