@@ -96,3 +96,21 @@ if [ $PHASE = 3 ]; then
   grep -A20 "== ops" $L/bench.log > $L/ops.txt
   log done
 fi
+
+# PHASE=4: the MLA consumers taking turns at their products (named barriers, "wspp") against the
+#   default ("ws") and the old order ("wsjoint"): the test on every variant, the bench, V2-Lite's 8k
+#   prefill ws / wspp (three rotated rounds), op traces of both; the ceilings.
+if [ $PHASE = 4 ]; then
+  JOBS=15 build_after ms_cuda_ceilings test_cuda_mla_prefill
+  model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_mla_prefill
+  mla_bench ws,wsjoint,wspp mla-bench
+  wait
+  for r in 0 1 2; do
+    SIDES="$(SIDES="ws pp:MOESERVE_MLA_EXPANDED_VARIANT=wspp" rotated $r)" bench_sides v2lite "1 8192 2"
+  done
+  SIDES="ops:--trace-ops opspp:--trace-ops,MOESERVE_MLA_EXPANDED_VARIANT=wspp" bench_sides v2lite "1 8192 2"
+  grep -A20 "== ops" $L/bench.log > $L/ops.txt
+  log done
+fi

@@ -195,6 +195,7 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 using Variant = KernelVariant<void (*)(const MlaExpandedParams&, unsigned)>;
 constexpr Variant kVariants[] = {
     {"ws", mla_expanded_wgmma_ws128}, {"ws64", mla_expanded_wgmma_ws64}, {"wsjoint", mla_expanded_wgmma_ws128_joint},
+    {"wspp", mla_expanded_wgmma_ws128_pingpong},
     {"wg", launch<Mla128>}};
 
 }  // namespace

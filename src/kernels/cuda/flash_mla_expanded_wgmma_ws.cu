@@ -68,7 +68,18 @@ struct MlaWs {
 using Ws128 = MlaWs<128, 2>;  // 48 + 2 x 80 KB = 208 KB (+ barriers, alignment slack)
 using Ws64 = MlaWs<64, 4>;    // 48 + 4 x 40 KB = 208 KB
 
-template <class T, bool kFinishAtTop>
+// Where a tile's finish runs, and whether the consumers take turns issuing their products
+// (session 37's A/B; "Top" is the default).
+enum class Order { Joint, Top, PingPong };
+
+// Named barriers 1 and 2 (0 is __syncthreads): consumer c waits on 1 + c before issuing its
+// products and then lets the other go (FA3's ping-pong), so that one's softmax runs beside the
+// other's products. Consumer 1 opens consumer 0's first turn; its own last turn opens nothing,
+// which leaves both barriers with no arrivals pending.
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+
+template <class T, Order kOrder>
 __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaExpandedParams p) {
   constexpr int kKeys = T::kKeys, kStages = T::kStages, kBlock = T::kBlock;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -152,6 +163,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
 
   set_max_regs_inc<kConsumerRegs>();
   const int cw = wg - 1;  // this consumer's 64 rows: cw * 64..
+  constexpr bool kFinishAtTop = kOrder != Order::Joint, kTurns = kOrder == Order::PingPong;
+  if (kTurns && cw == 1) named_arrive(1);
+  auto my_turn = [&] { if (kTurns) named_sync(1 + cw); };
+  auto your_turn = [&](bool last) { if (kTurns && !(last && cw == 1)) named_arrive(2 - cw); };
   // warp: of the block's 128 rows (consumer 0 has warps 0-3).
   const int warp = tid / 32 - 4, lane = tid % 32, g = lane / 4, qd = lane % 4;
 
@@ -196,8 +211,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
   };
   float alpha[2];
   wait_full(full_k, 0);
+  my_turn();
   wgmma_fence();
   scores(0);
+  your_turn(false);
   wgmma_wait<0>();
   fence_operands(s_acc);
   mbar_arrive(empty_k);
@@ -229,9 +246,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
     fence_operands(o_acc);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
+    my_turn();
     wgmma_fence();
     scores(t + 1);
     pv(t);
+    your_turn(false);
     wgmma_wait<1>();  // S of tile t + 1 (committed first): its K is free
     fence_operands(s_acc);
     mbar_arrive(empty_k + 8 * ((t + 1) % kStages));
@@ -244,22 +263,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
   fence_operands(o_acc);
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
+  my_turn();
   wgmma_fence();
   pv(ntiles - 1);
+  your_turn(true);
   wgmma_wait<0>();
   fence_operands(o_acc);
   flash_store_rows<kDv>(o, l, row, rows,
                         [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
-template <class T, bool kFinishAtTop = true>
+template <class T, Order kOrder = Order::Top>
 void launch(const MlaExpandedParams& p, unsigned blocks) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T, kFinishAtTop>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T, kOrder>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(T::kSmemBytes)));
   });
-  mla_expanded_ws_kernel<T, kFinishAtTop><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p);
+  mla_expanded_ws_kernel<T, kOrder><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p);
   MS_CUDA_LAUNCHED("mla_expanded_ws_kernel");
 }
 
@@ -267,6 +288,9 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128>(p, blocks); }
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks) { launch<Ws64>(p, blocks); }
-void mla_expanded_wgmma_ws128_joint(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128, false>(p, blocks); }
+void mla_expanded_wgmma_ws128_joint(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128, Order::Joint>(p, blocks); }
+void mla_expanded_wgmma_ws128_pingpong(const MlaExpandedParams& p, unsigned blocks) {
+  launch<Ws128, Order::PingPong>(p, blocks);
+}
 
 }  // namespace ms::cuda

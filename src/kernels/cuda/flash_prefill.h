@@ -155,6 +155,8 @@ void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks);
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
 // ws128 with each tile's finish in the iteration of its softmax (session 37's A/B, "wsjoint").
 void mla_expanded_wgmma_ws128_joint(const MlaExpandedParams& p, unsigned blocks);
+// ws128 with the consumers taking turns at their products (named barriers; session 37's A/B, "wspp").
+void mla_expanded_wgmma_ws128_pingpong(const MlaExpandedParams& p, unsigned blocks);
 
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.
