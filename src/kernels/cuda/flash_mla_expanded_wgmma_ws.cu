@@ -6,7 +6,9 @@
 // only compute, setmaxnreg gives the producer 56 registers and the consumers 224, S of tile
 // t + 1 is issued before P V of tile t. What differs is the operands: a key's row is 192 dims
 // (K_nope from the head's kv row, then the key's shared k_rope row) and its value 128 (the
-// head's kv row after K_nope), keys contiguous (no slots).
+// head's kv row after K_nope), keys contiguous (no slots). Measured on the H200 (BENCHMARKS,
+// session 37): 583-607 TFLOP/s at V2-Lite's 16 heads and 8192 tokens; FA3's ping-pong of the
+// consumers on named barriers, over this order, gained nothing there and lost 4-10 % at V3's 128 heads.
 //
 // Shared memory, all 128-byte swizzled 64-dim column blocks (wgmma.cuh), 1024-aligned:
 //   Q   128 rows x 192 dims, three column blocks: 48 KB, copied once by the producer.
@@ -68,18 +70,7 @@ struct MlaWs {
 using Ws128 = MlaWs<128, 2>;  // 48 + 2 x 80 KB = 208 KB (+ barriers, alignment slack)
 using Ws64 = MlaWs<64, 4>;    // 48 + 4 x 40 KB = 208 KB
 
-// Where a tile's finish runs, and whether the consumers take turns issuing their products
-// (session 37's A/B; "Top" is the default).
-enum class Order { Joint, Top, PingPong };
-
-// Named barriers 1 and 2 (0 is __syncthreads): consumer c waits on 1 + c before issuing its
-// products and then lets the other go (FA3's ping-pong), so that one's softmax runs beside the
-// other's products. Consumer 1 opens consumer 0's first turn; its own last turn opens nothing,
-// which leaves both barriers with no arrivals pending.
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
-
-template <class T, Order kOrder>
+template <class T>
 __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaExpandedParams p) {
   constexpr int kKeys = T::kKeys, kStages = T::kStages, kBlock = T::kBlock;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -163,10 +154,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
 
   set_max_regs_inc<kConsumerRegs>();
   const int cw = wg - 1;  // this consumer's 64 rows: cw * 64..
-  constexpr bool kFinishAtTop = kOrder != Order::Joint, kTurns = kOrder == Order::PingPong;
-  if (kTurns && cw == 1) named_arrive(1);
-  auto my_turn = [&] { if (kTurns) named_sync(1 + cw); };
-  auto your_turn = [&](bool last) { if (kTurns && !(last && cw == 1)) named_arrive(2 - cw); };
   // warp: of the block's 128 rows (consumer 0 has warps 0-3).
   const int warp = tid / 32 - 4, lane = tid % 32, g = lane / 4, qd = lane % 4;
 
@@ -211,10 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
   };
   float alpha[2];
   wait_full(full_k, 0);
-  my_turn();
   wgmma_fence();
   scores(0);
-  your_turn(false);
   wgmma_wait<0>();
   fence_operands(s_acc);
   mbar_arrive(empty_k);
@@ -239,48 +224,43 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
     for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
   };
   for (int t = 0; t < ntiles - 1; ++t) {
-    if (kFinishAtTop && t > 0) finish(t - 1);
+    if (t > 0) finish(t - 1);
     wait_full(full_k, t + 1);
     wait_full(full_v, t);
     // P and o are written before the wgmma.fence, which orders them before P V reads them.
     fence_operands(o_acc);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
-    my_turn();
     wgmma_fence();
     scores(t + 1);
     pv(t);
-    your_turn(false);
     wgmma_wait<1>();  // S of tile t + 1 (committed first): its K is free
     fence_operands(s_acc);
     mbar_arrive(empty_k + 8 * ((t + 1) % kStages));
     const int k1 = (t + 1) * kKeys;
     flash_softmax_probs<kKeys>(s, k1 + kKeys > warp_full, k1, seen, p.scale_log2, lane, m, l, alpha);
-    if (!kFinishAtTop) finish(t);
   }
-  if (kFinishAtTop && ntiles > 1) finish(ntiles - 2);
+  if (ntiles > 1) finish(ntiles - 2);
   wait_full(full_v, ntiles - 1);
   fence_operands(o_acc);
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
-  my_turn();
   wgmma_fence();
   pv(ntiles - 1);
-  your_turn(true);
   wgmma_wait<0>();
   fence_operands(o_acc);
   flash_store_rows<kDv>(o, l, row, rows,
                         [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
-template <class T, Order kOrder = Order::Top>
+template <class T>
 void launch(const MlaExpandedParams& p, unsigned blocks) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T, kOrder>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(T::kSmemBytes)));
   });
-  mla_expanded_ws_kernel<T, kOrder><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p);
+  mla_expanded_ws_kernel<T><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p);
   MS_CUDA_LAUNCHED("mla_expanded_ws_kernel");
 }
 
@@ -288,9 +268,5 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128>(p, blocks); }
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks) { launch<Ws64>(p, blocks); }
-void mla_expanded_wgmma_ws128_joint(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128, Order::Joint>(p, blocks); }
-void mla_expanded_wgmma_ws128_pingpong(const MlaExpandedParams& p, unsigned blocks) {
-  launch<Ws128, Order::PingPong>(p, blocks);
-}
 
 }  // namespace ms::cuda

@@ -153,16 +153,10 @@ void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_r
 // warpgroup and two consumers, on 128-key tiles (the default) or 64-key tiles.
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks);
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
-// ws128 with each tile's finish in the iteration of its softmax (session 37's A/B, "wsjoint").
-void mla_expanded_wgmma_ws128_joint(const MlaExpandedParams& p, unsigned blocks);
-// ws128 with the consumers taking turns at their products (named barriers; session 37's A/B, "wspp").
-void mla_expanded_wgmma_ws128_pingpong(const MlaExpandedParams& p, unsigned blocks);
 
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.
 void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
-// The same with each tile's finish in the iteration of its softmax (session 37's A/B, "n128wsjoint").
-void flash_prefill_wgmma_ws_joint(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {

@@ -225,8 +225,7 @@ void launch(const FlashParams& p, unsigned blocks) {
 
 // The kernels of 128-row blocks a run can pick (flash_prefill.h); the first is the default.
 using Variant = KernelVariant<void (*)(const FlashParams&, unsigned)>;
-constexpr Variant kVariants[] = {
-    {"n128ws", flash_prefill_wgmma_ws}, {"n128wsjoint", flash_prefill_wgmma_ws_joint}, {"n64", launch<Wg128>}};
+constexpr Variant kVariants[] = {{"n128ws", flash_prefill_wgmma_ws}, {"n64", launch<Wg128>}};
 
 }  // namespace
 

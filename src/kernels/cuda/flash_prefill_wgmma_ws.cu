@@ -46,7 +46,6 @@ constexpr int kRowsPass = 128 / 16, kPieces = kKeys / kRowsPass;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "the register file");
 
-template <bool kFinishAtTop>
 __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(const FlashParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // [Q: 2 column blocks of 128 rows][stage: K column blocks 0, 1; V column blocks 0, 1][barriers], 1024-aligned.
@@ -170,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
     for (int kk = 0; kk < kKeys / 16; ++kk) flash_p_fragment<kKeys>(s, kk, pa[kk]);
   };
   for (int t = 0; t < ntiles - 1; ++t) {
-    if (kFinishAtTop && t > 0) finish(t - 1);
+    if (t > 0) finish(t - 1);
     wait_full(t + 1);
     // P and o are written before the wgmma.fence, which orders them before P V reads them.
     fence_operands(o_acc);
@@ -183,9 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
     fence_operands(s_acc);
     const int k1 = (t + 1) * kKeys;
     flash_softmax_probs<kKeys>(s, k1 + kKeys > warp_full, k1, seen, p.scale_log2, lane, m, l, alpha);
-    if (!kFinishAtTop) finish(t);
   }
-  if (kFinishAtTop && ntiles > 1) finish(ntiles - 2);
+  if (ntiles > 1) finish(ntiles - 2);
   fence_operands(o_acc);
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
@@ -197,20 +195,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
                         [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
-template <bool kFinishAtTop>
-void launch(const FlashParams& p, unsigned blocks) {
-  static PerDeviceOnce smem_limit;
-  smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(flash_prefill_wgmma_ws_kernel<kFinishAtTop>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-  });
-  flash_prefill_wgmma_ws_kernel<kFinishAtTop><<<blocks, kThreads, kSmemBytes, stream()>>>(p);
-  MS_CUDA_LAUNCHED("flash_prefill_wgmma_ws_kernel");
-}
-
 }  // namespace
 
-void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) { launch<true>(p, blocks); }
-void flash_prefill_wgmma_ws_joint(const FlashParams& p, unsigned blocks) { launch<false>(p, blocks); }
+void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) {
+  static PerDeviceOnce smem_limit;
+  smem_limit([] {
+    MS_CUDA(cudaFuncSetAttribute(flash_prefill_wgmma_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(kSmemBytes)));
+  });
+  flash_prefill_wgmma_ws_kernel<<<blocks, kThreads, kSmemBytes, stream()>>>(p);
+  MS_CUDA_LAUNCHED("flash_prefill_wgmma_ws_kernel");
+}
 
 }  // namespace ms::cuda
