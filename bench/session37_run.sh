@@ -7,11 +7,11 @@ source $SRC/bench/device_env.sh && snapshots_ready $SRC
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 # Nsight Compute (full set, SASS stall samples) on the first launch of kernel regex $2 after $3 skipped in
-# /tmp/v2lite's 8k prefill (bench-one-batch), tag $1: details, raw metrics and the SASS lines' stall table
-# (bench/ncu_sass_stalls.py) in $L.
+# /tmp/${NCU_MODEL:-v2lite}'s 8k prefill (bench-one-batch), tag $1: details, raw metrics and the SASS lines'
+# stall table (bench/ncu_sass_stalls.py) in $L.
 ncu_prefill() {
   timeout 200 $NCU --kernel-name-base demangled -k "regex:$2" --launch-skip ${3:-2} --launch-count 1 --set full \
-    --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/v2lite --device cuda --batch-size 1 \
+    --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/${NCU_MODEL:-v2lite} --device cuda --batch-size 1 \
     --input-len 8192 --output-len 2 > $L/ncu-$1.log 2>&1
   log "ncu $1 rc=$?"
   $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
@@ -117,7 +117,8 @@ fi
 
 # PHASE=5: the session's final tree (finish at the iteration's top in both prefill attentions, the
 #   leaner softmax; the A/B variants gone): the ceilings, the touched and the models' test programs,
-#   greedy ids, 8k prefills and B = 1 of both models three rounds, B = 64, the MLA bench.
+#   greedy ids, 8k prefills and B = 1 of both models three rounds, B = 64, the MLA bench; Nsight Compute on
+#   Qwen3's GQA prefill attention (for the next session: it gained nothing from this session's changes).
 if [ $PHASE = 5 ]; then
   T5="test_cuda_mla_prefill test_cuda_flash_prefill test_cuda_attention_moe test_cuda_mla_decode_wgmma test_cuda_fixtures test_cuda_engine_graphs"
   JOBS=15 build_after ms_cuda_ceilings $T5
@@ -131,5 +132,6 @@ if [ $PHASE = 5 ]; then
     SIDES=final bench_sides qwen3 "1 8192 2" "1 4096 16"; SIDES=final bench_sides v2lite "1 8192 2" "1 4096 16"
   done
   SIDES=final bench_sides qwen3 "64 256 16"; SIDES=final bench_sides v2lite "64 256 16"
+  NCU_MODEL=qwen3 ncu_prefill gqa 'flash_prefill_wgmma_ws_kernel'
   log done
 fi
