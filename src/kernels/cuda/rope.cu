@@ -22,7 +22,6 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
 #include "kernels/cuda/rope_head.cuh"
 
 namespace ms::cuda {
