@@ -82,7 +82,10 @@ __device__ __forceinline__ void flash_softmax_probs(float (&s)[KEYS / 8][4], boo
 #pragma unroll
   for (int n = 2; n < KEYS / 8; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) part[i >> 1][(n & 1) * 2 + (i & 1)] = fmaxf(part[i >> 1][(n & 1) * 2 + (i & 1)], s[n][i]);
+    for (int i = 0; i < 4; ++i) {
+      float& chain = part[i >> 1][(n & 1) * 2 + (i & 1)];
+      chain = fmaxf(chain, s[n][i]);
+    }
   float neg_m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
