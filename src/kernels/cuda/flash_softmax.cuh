@@ -49,6 +49,27 @@ __device__ __forceinline__ void flash_scores(const uint32_t (&qf)[DK / 16][4], c
     }
 }
 
+// Each of the lane's two rows of s reduced by op (fmaxf, or a sum) in four independent chains
+// (row r's values i = 2 r + (c & 1) of the column groups n = c / 2 mod 2), joined pairwise.
+template <int KEYS, class Op>
+__device__ __forceinline__ void flash_reduce_rows(const float (&s)[KEYS / 8][4], Op op, float (&out)[2]) {
+  static_assert(KEYS % 16 == 0, "two column groups a chain");
+  float part[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) part[r][c] = s[c >> 1][2 * r + (c & 1)];
+#pragma unroll
+  for (int n = 2; n < KEYS / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float& chain = part[i >> 1][(n & 1) * 2 + (i & 1)];
+      chain = op(chain, s[n][i]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) out[r] = op(op(part[r][0], part[r][1]), op(part[r][2], part[r][3]));
+}
+
 // The online softmax of a tile: turns the scores s of keys [k0, k0 + KEYS) into probabilities
 // (unnormalized, against the new running max m; base 2 with the scale folded in) and adds them
 // to the running sum l; the output must then be rescaled by alpha (the old max's factor). On a
@@ -62,7 +83,6 @@ template <int KEYS>
 __device__ __forceinline__ void flash_softmax_probs(float (&s)[KEYS / 8][4], bool diagonal, int k0,
                                                     const int (&seen)[2], float scale_log2, int lane, float (&m)[2],
                                                     float (&l)[2], float (&alpha)[2]) {
-  static_assert(KEYS % 16 == 0, "two column groups a chain");
   const int qd = lane % 4;
   if (diagonal) {
 #pragma unroll
@@ -73,26 +93,14 @@ __device__ __forceinline__ void flash_softmax_probs(float (&s)[KEYS / 8][4], boo
         if (key >= seen[i >> 1]) s[n][i] = -INFINITY;
       }
   }
-  // chains [r][c]: row r's values i = 2 r + (c & 1) of column groups n = c / 2 (mod 2).
-  float part[2][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) part[r][c] = s[c >> 1][2 * r + (c & 1)];
-#pragma unroll
-  for (int n = 2; n < KEYS / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float& chain = part[i >> 1][(n & 1) * 2 + (i & 1)];
-      chain = fmaxf(chain, s[n][i]);
-    }
+  float tile_max[2], row_sum[2];
+  flash_reduce_rows<KEYS>(s, [](float a, float b) { return fmaxf(a, b); }, tile_max);
   float neg_m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float tile_max = fmaxf(fmaxf(part[r][0], part[r][1]), fmaxf(part[r][2], part[r][3]));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float m_new = fmaxf(m[r], tile_max * scale_log2);  // finite: key 0 is in the first tile of every row
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r] * scale_log2);  // finite: key 0 is in the first tile of every row
     alpha[r] = exp2_ftz(m[r] - m_new);
     m[r] = m_new;
     neg_m[r] = -m_new;
@@ -101,16 +109,9 @@ __device__ __forceinline__ void flash_softmax_probs(float (&s)[KEYS / 8][4], boo
   for (int n = 0; n < KEYS / 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[n][i] = exp2_ftz(fmaf(s[n][i], scale_log2, neg_m[i >> 1]));
+  flash_reduce_rows<KEYS>(s, [](float a, float b) { return a + b; }, row_sum);
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) part[r][c] = s[c >> 1][2 * r + (c & 1)];
-#pragma unroll
-  for (int n = 2; n < KEYS / 8; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) part[i >> 1][(n & 1) * 2 + (i & 1)] += s[n][i];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + ((part[r][0] + part[r][1]) + (part[r][2] + part[r][3]));
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + row_sum[r];
 }
 
 // The output's rows (DV dims) rescaled by alpha, to the new running max.
