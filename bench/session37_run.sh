@@ -25,7 +25,7 @@ mla_bench() {
     --gtest_filter=CudaMlaPrefill.MlaExpandedAttentionBench
 }
 
-# PHASE=1: the dense gated MLP of a prefill as one grouped GEMM in SwiGLU form (try_gated_grouped;
+# PHASE=1 (ran at cfd5808; its switch MOESERVE_GATED_GROUPED is gone since 9c8916b): the dense gated MLP of a prefill as one grouped GEMM in SwiGLU form (try_gated_grouped;
 #   MOESERVE_GATED_GROUPED=0: cuBLASLt products and the SiLU pass): its test and the models', V2-Lite's 8k
 #   prefill both ways (three rotated rounds), the op trace; the MLA attention's bench; Nsight Compute on the
 #   MLA prefill attention with its SASS stall samples.
@@ -45,7 +45,7 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2: each tile's finish (the P V wait, rescale, P packing) moved to the next iteration's top in both
+# PHASE=2 (ran at eba68ac; the variants wsjoint / n128wsjoint are gone since 6d4cc2b): each tile's finish (the P V wait, rescale, P packing) moved to the next iteration's top in both
 #   warp-specialized prefill attentions, so the softmax's exponentials run beside P V ("ws" / "n128ws";
 #   "wsjoint" / "n128wsjoint": as before). Tests of both kernels on every variant, their benches, Nsight
 #   Compute SASS of the new MLA kernel, both models' 8k prefills both ways (two rotated rounds), op traces.
@@ -71,7 +71,7 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3: the softmax in fewer instructions (max of the raw scores, the scale folded into each
+# PHASE=3 (ran at cb282e3; same variants): the softmax in fewer instructions (max of the raw scores, the scale folded into each
 #   exponential's FFMA, four chains a row for the max and the sum), wgmma descriptors as offsets of
 #   the stage's, o's rescale skipped by a warp whose rows kept their max. Tests of every attention
 #   kernel (flash_softmax.cuh is shared by prefill and decode) and the models', both benches (ws /
@@ -97,7 +97,7 @@ if [ $PHASE = 3 ]; then
   log done
 fi
 
-# PHASE=4: the MLA consumers taking turns at their products (named barriers, "wspp") against the
+# PHASE=4 (ran at acf1d35; wspp and wsjoint are gone since 6d4cc2b): the MLA consumers taking turns at their products (named barriers, "wspp") against the
 #   default ("ws") and the old order ("wsjoint"): the test on every variant, the bench, V2-Lite's 8k
 #   prefill ws / wspp (three rotated rounds), op traces of both; the ceilings.
 if [ $PHASE = 4 ]; then
@@ -115,7 +115,7 @@ if [ $PHASE = 4 ]; then
   log done
 fi
 
-# PHASE=5: the session's final tree (finish at the iteration's top in both prefill attentions, the
+# PHASE=5 (ran at d609abe): the session's final tree (finish at the iteration's top in both prefill attentions, the
 #   leaner softmax; the A/B variants gone): the ceilings, the attention tests and the models', greedy
 #   ids, the 8k prefills (V2-Lite three rounds, Qwen3 two), B = 1 (two) and B = 64 of both models; Nsight
 #   Compute on Qwen3's GQA prefill attention (for the next session: it gained nothing from this session's changes).
