@@ -1,3 +1,6 @@
+# Nsight Compute's SASS page (`ncu -i R --page source --print-source sass --csv > F`) as a stall table:
+# usage: ncu_sass_stalls.py F [N] -> total warp-stall samples, the ten largest stall reasons, and the N
+# (30) SASS lines with the most samples, in address order, each with its three largest reasons.
 import csv,sys
 f=sys.argv[1]
 rows=list(csv.reader(open(f)))
