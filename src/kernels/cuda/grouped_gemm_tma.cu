@@ -31,9 +31,10 @@
 // -2.5 to -4 %; then the down product's 16-byte stores (launch_tma_128x256x64) took another 14-20 %
 // off that product (8k prefills -2.5 to -4.4 %, session 36), and the SwiGLU product's silu in two
 // MUFU instructions (grouped_tiles.cuh) 6.6-9 % off that one, its 16-byte stores 3-5 % more.
-// Units of up to 64 rows (an expert's last, in about half the experts) run in full, the second consumer multiplying zeros:
-// splitting their columns over both consumers (m64n128, or two m64n64 for SwiGLU) was tried and
-// saved nothing (Qwen3 8k 1210 vs 1211 us, 2k tokens 451 -> 461, V2-Lite 2k 491 -> 525).
+// Units of up to 64 rows (an expert's last, in about half the experts) run in full, the second
+// consumer multiplying zeros: splitting their columns over both consumers (m64n128, or two m64n64
+// for SwiGLU) was tried and saved nothing (Qwen3 8k 1210 vs 1211 us, 2k tokens 451 -> 461,
+// V2-Lite 2k 491 -> 525).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 

@@ -420,13 +420,13 @@ bool mla_x8_takes(const Tensor& q, const Tensor& kv, const Tensor& norm, const T
   const char* env = std::getenv("MOESERVE_MLA_ROPE_X8");
   if (env && std::string_view(env) == "0") return false;
   const int half = r.rot_dim / 2, per_head = half / 8;
-  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; };
   const int64_t qoff = q.size(2) - 2 * half;
   return q.dtype() == DType::BF16 && kv.dtype() == DType::BF16 && cache.dtype() == DType::BF16 &&
          q.size(0) >= kMlaX8MinTokens && half % 8 == 0 && (per_head & (per_head - 1)) == 0 && per_head <= 32 &&
          L % 8 == 0 && L <= 32 * 8 * kMlaX8MaxLatentPieces && qoff % 8 == 0 && aligned16(q.raw(), q.strides()[0] * 2) &&
          q.strides()[1] % 8 == 0 && aligned16(kv.raw(), kv.strides()[0] * 2) &&
-         aligned16(cache.raw(), cache.strides()[0] * 2) && aligned(norm) && aligned(r.cos) && aligned(r.sin);
+         aligned16(cache.raw(), cache.strides()[0] * 2) && aligned16(norm.raw(), 0) && aligned16(r.cos.raw(), 0) &&
+         aligned16(r.sin.raw(), 0);
 }
 
 }  // namespace
