@@ -241,7 +241,8 @@ void mla_expanded_attention(const Tensor& q, const Tensor& kv, const Tensor& rop
                             kv.data<bf16>(), kv.strides()[0],
                             rope.data<bf16>(), rope.strides()[0],
                             out.data<bf16>(), out.strides()[0], out.strides()[1],
-                            reinterpret_cast<const int4*>(d_tiles.raw()), int(H), scale * float(M_LOG2E)};
+                            reinterpret_cast<const int4*>(d_tiles.raw()), int(H), scale * float(M_LOG2E),
+                            T, K};
   if (wgmma) mla_expanded_wgmma(p, unsigned(blocks), block_rows, variant);
   else if (block_rows == 128) launch<8>(p, unsigned(blocks));
   else launch<4>(p, unsigned(blocks));

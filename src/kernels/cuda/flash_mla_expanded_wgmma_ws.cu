@@ -10,6 +10,15 @@
 // session 37): 583-607 TFLOP/s at V2-Lite's 16 heads and 8192 tokens; FA3's ping-pong of the
 // consumers on named barriers, over this order, gained nothing there and lost 4-10 % at V3's 128 heads.
 //
+// "wstma" (TMA = true): every copy a tensor copy (cp.async.bulk.tensor) issued by producer thread
+// 0 alone — Q as three boxes of a 3-d map over [T, H, 192], a K stage as two boxes of the kv map
+// and one of the rope map, a V stage as two of the kv map — each stage's full barrier completed by
+// its bytes (one arrival with expect_tx), Q on a barrier of its own. Nsight (session 37) had the
+// producer warpgroup issuing a third of the block's instructions (address math and 40 cp.async a
+// tile a thread) on the schedulers the consumers need; here it issues ~10 a tile. The copy
+// engine writes whole boxes: rows past a tile's keys are the next keys' (or zeros past K), which
+// the softmax masks to zero probability and are finite, so no row needs zero-filling.
+//
 // Shared memory, all 128-byte swizzled 64-dim column blocks (wgmma.cuh), 1024-aligned:
 //   Q   128 rows x 192 dims, three column blocks: 48 KB, copied once by the producer.
 //   K   KEYS keys x 192 dims (column blocks K_nope 0..63, 64..127, k_rope): 48 KB at 128 keys.
@@ -39,6 +48,7 @@
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace ms::cuda {
@@ -46,7 +56,7 @@ namespace {
 
 using namespace wg;
 
-constexpr int kNope = 128, kDv = 128, kRows = 128, kThreads = 384;
+constexpr int kNope = 128, kRope = 64, kDv = 128, kRows = 128, kThreads = 384;
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 constexpr int kKBlocks = 3, kVBlocks = kDv / 64;  // K_nope, K_nope, k_rope; V, V
 constexpr int kRopeBlock = kNope / 64;            // the K column block that comes from rope
@@ -60,9 +70,9 @@ struct MlaWs {
   static constexpr int kBlock = KEYS * kRowBytes;  // KEYS keys x 64 dims: one column block
   static constexpr int kKBytes = kKBlocks * kBlock, kVBytes = kVBlocks * kBlock;
   static constexpr int kVOffset = kQBytes + STAGES * kKBytes;
-  // full K[STAGES], full V[STAGES], empty K[STAGES], empty V[STAGES]
+  // full K[STAGES], full V[STAGES], empty K[STAGES], empty V[STAGES], Q's (tensor copies only)
   static constexpr int kBarrierOffset = kVOffset + STAGES * kVBytes;
-  static constexpr size_t kSmemBytes = kBarrierOffset + 4 * STAGES * 8 + kAtomBytes;  // + alignment slack
+  static constexpr size_t kSmemBytes = kBarrierOffset + (4 * STAGES + 1) * 8 + kAtomBytes;  // + alignment slack
   static constexpr int kPasses = KEYS / kRowsPass;  // of one column block
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
   static_assert(STAGES >= 2, "K of tile t + 1 and V of tile t are held at once");
@@ -70,15 +80,21 @@ struct MlaWs {
 using Ws128 = MlaWs<128, 2>;  // 48 + 2 x 80 KB = 208 KB (+ barriers, alignment slack)
 using Ws64 = MlaWs<64, 4>;    // 48 + 4 x 40 KB = 208 KB
 
-template <class T>
-__global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaExpandedParams p) {
+// The tensor copies' maps (TMA kernels only): q as [T][H][192], kv as [K][H * 256], rope as [K][64].
+struct MlaMaps {
+  CUtensorMap q, kv, rope;
+};
+
+template <class T, bool TMA>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_expanded_ws_kernel(const MlaExpandedParams p, const __grid_constant__ MlaMaps maps) {
   constexpr int kKeys = T::kKeys, kStages = T::kStages, kBlock = T::kBlock;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t misalign = uint32_t(__cvta_generic_to_shared(smem_raw)) % kAtomBytes;
   uint8_t* const smem = smem_raw + (kAtomBytes - misalign) % kAtomBytes;
   const uint32_t smem_addr = uint32_t(__cvta_generic_to_shared(smem));
   const uint32_t full_k = smem_addr + T::kBarrierOffset, full_v = full_k + 8 * kStages;
-  const uint32_t empty_k = full_v + 8 * kStages, empty_v = empty_k + 8 * kStages;
+  const uint32_t empty_k = full_v + 8 * kStages, empty_v = empty_k + 8 * kStages, full_q = empty_v + 8 * kStages;
   const int4 tile = p.tiles[blockIdx.x / p.heads];
   const int h = blockIdx.x % p.heads;
   const int q0 = tile.x, rows = tile.y, kv0 = tile.z, vis0 = tile.w;
@@ -86,16 +102,50 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
   const int tid = threadIdx.x, wg = tid / 128;
 
   if (tid == 0) {
+    // A full barrier completes on each producer thread's copies (cp.async), or on thread 0's
+    // expect_tx and the bytes of its tensor copies.
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k + 8 * s, 128);
-      mbar_init(full_v + 8 * s, 128);
+      mbar_init(full_k + 8 * s, TMA ? 1 : 128);
+      mbar_init(full_v + 8 * s, TMA ? 1 : 128);
       mbar_init(empty_k + 8 * s, 256);
       mbar_init(empty_v + 8 * s, 256);
     }
+    if (TMA) mbar_init(full_q, 1);
   }
   __syncthreads();
 
-  if (wg == 0) {
+  if (TMA && wg == 0) {
+    set_max_regs_dec<kProducerRegs>();
+    if (tid != 0) return;
+    expect_bytes(full_q, kQBytes);
+#pragma unroll
+    for (int b = 0; b < kKBlocks; ++b) tma_load_3d(smem_addr + b * kQBlock, &maps.q, b * 64, h, q0, full_q);
+    const int head_x = h * (kNope + kDv);  // the head's first column of a kv row
+    auto load_k = [&](int t) {
+      const int stage = t % kStages, y = kv0 + t * kKeys;
+      if (t >= kStages) mbar_wait(empty_k + 8 * stage, (t / kStages + 1) & 1);  // K of t - kStages released
+      const uint32_t dst = smem_addr + kQBytes + stage * T::kKBytes, bar = full_k + 8 * stage;
+      expect_bytes(bar, T::kKBytes);
+      tma_load_2d(dst, &maps.kv, head_x, y, bar);
+      tma_load_2d(dst + kBlock, &maps.kv, head_x + 64, y, bar);
+      tma_load_2d(dst + kRopeBlock * kBlock, &maps.rope, 0, y, bar);
+    };
+    auto load_v = [&](int t) {
+      const int stage = t % kStages, y = kv0 + t * kKeys;
+      if (t >= kStages) mbar_wait(empty_v + 8 * stage, (t / kStages + 1) & 1);  // V of t - kStages released
+      const uint32_t dst = smem_addr + T::kVOffset + stage * T::kVBytes, bar = full_v + 8 * stage;
+      expect_bytes(bar, T::kVBytes);
+      tma_load_2d(dst, &maps.kv, head_x + kNope, y, bar);
+      tma_load_2d(dst + kBlock, &maps.kv, head_x + kNope + 64, y, bar);
+    };
+    load_k(0);  // the consumers' order, as below
+    for (int t = 0; t < ntiles; ++t) {
+      if (t + 1 < ntiles) load_k(t + 1);
+      load_v(t);
+    }
+    return;
+  }
+  if (!TMA && wg == 0) {
     set_max_regs_dec<kProducerRegs>();
     const int cc = tid % 8, cu = tid / 8;
     const uint32_t swz = swizzled_offset(cu, cc);  // rows cu + 16 n share it
@@ -171,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
 
   auto wait_full = [&](uint32_t bar, int t) {
     mbar_wait(bar + 8 * (t % kStages), (t / kStages) & 1);
-    fence_proxy_async();  // cp.async writes are generic-proxy, wgmma reads async-proxy
+    if (!TMA) fence_proxy_async();  // cp.async writes are generic-proxy, wgmma reads async-proxy
   };
   float s[kKeys / 8][4];  // each tile's first wgmma overwrites it
   float(&s_acc)[kKeys / 2] = reinterpret_cast<float(&)[kKeys / 2]>(s);
@@ -197,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
     wgmma_commit();
   };
   float alpha[2];
+  if (TMA) mbar_wait(full_q, 0);
   wait_full(full_k, 0);
   wgmma_fence();
   scores(0);
@@ -253,14 +304,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_expanded_ws_kernel(const MlaE
                         [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
-template <class T>
+// The maps of p's q, kv and rope for boxes of `keys` key rows (and 128 query rows).
+MlaMaps maps_of(const MlaExpandedParams& p, int keys) {
+  MlaMaps m;
+  const uint64_t q_dims[3] = {uint64_t(kNope + kRope), uint64_t(p.heads), uint64_t(p.q_rows)};
+  const uint64_t q_strides[2] = {uint64_t(p.q_s1) * 2, uint64_t(p.q_s0) * 2};
+  const uint32_t q_box[3] = {64, 1, uint32_t(kRows)};
+  m.q = tiled_bf16_map(p.q, 3, q_dims, q_strides, q_box, "mla_prefill_expanded (q)");
+  const uint64_t kv_dims[2] = {uint64_t(p.heads) * (kNope + kDv), uint64_t(p.kv_rows)};
+  const uint64_t kv_strides[1] = {uint64_t(p.kv_s0) * 2};
+  const uint32_t box[2] = {64, uint32_t(keys)};
+  m.kv = tiled_bf16_map(p.kv, 2, kv_dims, kv_strides, box, "mla_prefill_expanded (kv)");
+  const uint64_t rope_dims[2] = {uint64_t(kRope), uint64_t(p.kv_rows)}, rope_strides[1] = {uint64_t(p.rope_s0) * 2};
+  m.rope = tiled_bf16_map(p.rope, 2, rope_dims, rope_strides, box, "mla_prefill_expanded (rope)");
+  return m;
+}
+
+template <class T, bool TMA = false>
 void launch(const MlaExpandedParams& p, unsigned blocks) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(T::kSmemBytes)));
   });
-  mla_expanded_ws_kernel<T><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p);
+  MlaMaps maps{};
+  if (TMA) maps = maps_of(p, T::kKeys);
+  mla_expanded_ws_kernel<T, TMA><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p, maps);
   MS_CUDA_LAUNCHED("mla_expanded_ws_kernel");
 }
 
@@ -268,5 +337,6 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128>(p, blocks); }
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks) { launch<Ws64>(p, blocks); }
+void mla_expanded_wgmma_ws128_tma(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128, true>(p, blocks); }
 
 }  // namespace ms::cuda

@@ -145,6 +145,7 @@ struct MlaExpandedParams {
   const int4* tiles;                  // {first query, rows, first key index, keys seen by the first row}
   int heads;                          // block b takes tile b / heads and head b % heads
   float scale_log2;
+  int64_t q_rows, kv_rows;            // T and K: the extents of q and of kv / rope (tensor maps)
 };
 // The wgmma kernels over `blocks` = tiles x heads blocks of block_rows (64 or 128) queries; the
 // 128-row blocks in `variant` (mla_expanded_wgmma_variants; empty: the environment's or the default).
@@ -153,6 +154,8 @@ void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_r
 // warpgroup and two consumers, on 128-key tiles (the default) or 64-key tiles.
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks);
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
+// ws128 with every copy a tensor copy by one producer thread ("wstma").
+void mla_expanded_wgmma_ws128_tma(const MlaExpandedParams& p, unsigned blocks);
 
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.

@@ -36,7 +36,6 @@
 // for SwiGLU) was tried and saved nothing (Qwen3 8k 1210 vs 1211 us, 2k tokens 451 -> 461,
 // V2-Lite 2k 491 -> 525).
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -52,6 +51,7 @@
 #include "kernels/cuda/grouped_tiles.cuh"
 #include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/mma.h"  // pack_bf16
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace ms::cuda::grouped_gemm_impl {
@@ -90,18 +90,6 @@ __global__ void weight_maps_kernel(const MapBytes tmpl, const void* const* __res
 __device__ __forceinline__ void map_acquire(const void* map) {
   MS_WGMMA_ASM("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(map) : "memory");
 }
-__device__ __forceinline__ void expect_bytes(uint32_t bar, uint32_t bytes) {
-  MS_WGMMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// The box of `map` at (k, row) into shared memory at dst, completing `bytes` on bar.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int k, int row, uint32_t bar) {
-  MS_WGMMA_ASM(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          dst),
-      "l"(map), "r"(k), "r"(row), "r"(bar)
-      : "memory");
-}
-
 // m[j] of quad lane t becomes m[t] of lane j (a 4 x 4 transpose over the lanes of a quad): blocks
 // of 2 x 2 swap across lanes t ^ 2, then elements within them across t ^ 1. Every lane of the warp
 // takes part (shuffles).
@@ -279,25 +267,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 MapBytes map_template(int64_t N, int64_t K, int64_t ld, int box_rows, const void* address) {
   static std::mutex mutex;
   static std::map<std::tuple<int64_t, int64_t, int64_t, int>, MapBytes> cache;
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_tuple(N, K, ld, box_rows);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (!encode) {
-    cudaDriverEntryPointQueryResult found{};
-    void* fn = nullptr;
-    MS_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    MS_CHECK(fn && found == cudaDriverEntryPointSuccess, "grouped_gemm: the driver has no cuTensorMapEncodeTiled");
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(N)}, strides[1] = {cuuint64_t(ld) * 2};
-  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)}, unit[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(address), dims, strides, box,
-                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MS_CHECK(r == CUDA_SUCCESS, "grouped_gemm: cuTensorMapEncodeTiled failed (", int(r), ") for weights ", N, " x ", K,
-           " ld ", ld);
+  const uint64_t dims[2] = {uint64_t(K), uint64_t(N)}, strides[1] = {uint64_t(ld) * 2};
+  const uint32_t box[2] = {uint32_t(kBK), uint32_t(box_rows)};
+  const CUtensorMap map = tiled_bf16_map(address, 2, dims, strides, box, "grouped_gemm");
   MapBytes bytes;
   static_assert(sizeof(map) == sizeof(bytes));
   std::memcpy(&bytes, &map, sizeof(map));
