@@ -194,8 +194,7 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 // The kernels of 128-row blocks a run can pick (flash_prefill.h); the first is the default.
 using Variant = KernelVariant<void (*)(const MlaExpandedParams&, unsigned)>;
 constexpr Variant kVariants[] = {
-    {"ws", mla_expanded_wgmma_ws128}, {"ws64", mla_expanded_wgmma_ws64}, {"wstma", mla_expanded_wgmma_ws128_tma},
-    {"wg", launch<Mla128>}};
+    {"ws", mla_expanded_wgmma_ws128}, {"ws64", mla_expanded_wgmma_ws64}, {"wg", launch<Mla128>}};
 
 }  // namespace
 

@@ -1,23 +1,22 @@
 // The warp-specialized kernels for flash_mla_expanded_wgmma.cu's 128-row blocks ("ws", the
 // default on a Hopper, and "ws64"): the contract of MlaExpandedParams (tiles, longest-first
 // order, causal rule, outputs) on flash_prefill_wgmma_ws.cu's design, whose header gives the
-// why: warpgroup 0 only copies (cp.async, 16 bytes a thread a row chunk, handed over through
-// mbarriers: cp.async.mbarrier.arrive.noinc), warpgroups 1 and 2 own 64 query rows each and
-// only compute, setmaxnreg gives the producer 56 registers and the consumers 224, S of tile
-// t + 1 is issued before P V of tile t. What differs is the operands: a key's row is 192 dims
-// (K_nope from the head's kv row, then the key's shared k_rope row) and its value 128 (the
-// head's kv row after K_nope), keys contiguous (no slots). Measured on the H200 (BENCHMARKS,
-// session 37): 583-607 TFLOP/s at V2-Lite's 16 heads and 8192 tokens; FA3's ping-pong of the
-// consumers on named barriers, over this order, gained nothing there and lost 4-10 % at V3's 128 heads.
-//
-// "wstma" (TMA = true): every copy a tensor copy (cp.async.bulk.tensor) issued by producer thread
-// 0 alone — Q as three boxes of a 3-d map over [T, H, 192], a K stage as two boxes of the kv map
-// and one of the rope map, a V stage as two of the kv map — each stage's full barrier completed by
-// its bytes (one arrival with expect_tx), Q on a barrier of its own. Nsight (session 37) had the
-// producer warpgroup issuing a third of the block's instructions (address math and 40 cp.async a
-// tile a thread) on the schedulers the consumers need; here it issues ~10 a tile. The copy
-// engine writes whole boxes: rows past a tile's keys are the next keys' (or zeros past K), which
-// the softmax masks to zero probability and are finite, so no row needs zero-filling.
+// why: warpgroup 0 only copies, warpgroups 1 and 2 own 64 query rows each and only compute,
+// setmaxnreg gives the producer 56 registers and the consumers 224, S of tile t + 1 is issued
+// before P V of tile t. What differs is the operands: a key's row is 192 dims (K_nope from the
+// head's kv row, then the key's shared k_rope row) and its value 128 (the head's kv row after
+// K_nope), keys contiguous (no slots), so every copy is a tensor copy (cp.async.bulk.tensor)
+// issued by producer thread 0 alone — Q as three boxes of a 3-d map over [T, H, 192], a K stage
+// as two boxes of the kv map and one of the rope map, a V stage as two of the kv map — each
+// stage's full barrier completed by its bytes (one arrival with expect_tx), Q on a barrier of
+// its own; the other 127 producer threads exit. The copy engine writes whole boxes: rows past a
+// tile's keys are the next keys' (or zeros past K), which the softmax masks to zero probability
+// and are finite, so no row needs zero-filling.
+// Measured on the H200 (BENCHMARKS, session 38): at V2-Lite's 16 heads and 8192 tokens 709
+// TFLOP/s, where the same kernel with all 128 producer threads issuing cp.async (40 a tile a
+// thread, and their address math) made 614: Nsight (session 37) had that producer issuing a third
+// of the block's instructions on the schedulers the consumers need. FA3's ping-pong of the
+// consumers on named barriers gained nothing (session 37) and lost 4-10 % at V3's 128 heads.
 //
 // Shared memory, all 128-byte swizzled 64-dim column blocks (wgmma.cuh), 1024-aligned:
 //   Q   128 rows x 192 dims, three column blocks: 48 KB, copied once by the producer.
@@ -39,12 +38,6 @@
 // took the GQA kernel from 379 to 522 TFLOP/s. Consumer registers are those of that kernel: S
 // 64 + O 64 (f32 accumulators) + P 32 (bf16 pairs) = 160 of 224; the 192-dim reduction adds
 // wgmmas (12 of S for 8 of P V), not registers. At 64 keys S is 32 and P 16.
-//
-// Copies a tile per producer thread: K 3 x KEYS / 16 = 24, V 16 at 128 keys (16-byte chunks; 8
-// threads read a 128-byte line, 16 rows a pass), in loops unrolled by two: fully unrolled they
-// spill under the producer's 56 registers (ptxas: 8 to 24 bytes). No slot loads to overlap here
-// (keys are contiguous), so the unroll buys nothing. Q's 24 go first: their copies complete
-// before K of tile 0 arrives, which the consumers wait for.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mbarrier.cuh"
@@ -61,7 +54,6 @@ constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 constexpr int kKBlocks = 3, kVBlocks = kDv / 64;  // K_nope, K_nope, k_rope; V, V
 constexpr int kRopeBlock = kNope / 64;            // the K column block that comes from rope
 constexpr int kQBlock = kRows * kRowBytes, kQBytes = kKBlocks * kQBlock;
-constexpr int kRowsPass = 128 / 8;  // producer thread i copies chunk i % 8 of rows i / 8 + 16 n
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "the register file");
 
 template <int KEYS, int STAGES>
@@ -70,22 +62,21 @@ struct MlaWs {
   static constexpr int kBlock = KEYS * kRowBytes;  // KEYS keys x 64 dims: one column block
   static constexpr int kKBytes = kKBlocks * kBlock, kVBytes = kVBlocks * kBlock;
   static constexpr int kVOffset = kQBytes + STAGES * kKBytes;
-  // full K[STAGES], full V[STAGES], empty K[STAGES], empty V[STAGES], Q's (tensor copies only)
+  // full K[STAGES], full V[STAGES], empty K[STAGES], empty V[STAGES], Q's
   static constexpr int kBarrierOffset = kVOffset + STAGES * kVBytes;
   static constexpr size_t kSmemBytes = kBarrierOffset + (4 * STAGES + 1) * 8 + kAtomBytes;  // + alignment slack
-  static constexpr int kPasses = KEYS / kRowsPass;  // of one column block
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
   static_assert(STAGES >= 2, "K of tile t + 1 and V of tile t are held at once");
 };
 using Ws128 = MlaWs<128, 2>;  // 48 + 2 x 80 KB = 208 KB (+ barriers, alignment slack)
 using Ws64 = MlaWs<64, 4>;    // 48 + 4 x 40 KB = 208 KB
 
-// The tensor copies' maps (TMA kernels only): q as [T][H][192], kv as [K][H * 256], rope as [K][64].
+// The tensor copies' maps: q as [T][H][192], kv as [K][H * 256], rope as [K][64].
 struct MlaMaps {
   CUtensorMap q, kv, rope;
 };
 
-template <class T, bool TMA>
+template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_expanded_ws_kernel(const MlaExpandedParams p, const __grid_constant__ MlaMaps maps) {
   constexpr int kKeys = T::kKeys, kStages = T::kStages, kBlock = T::kBlock;
@@ -102,19 +93,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128;
 
   if (tid == 0) {
-    // A full barrier completes on each producer thread's copies (cp.async), or on thread 0's
-    // expect_tx and the bytes of its tensor copies.
+    // A full barrier completes on thread 0's expect_tx and the bytes of its tensor copies.
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k + 8 * s, TMA ? 1 : 128);
-      mbar_init(full_v + 8 * s, TMA ? 1 : 128);
+      mbar_init(full_k + 8 * s, 1);
+      mbar_init(full_v + 8 * s, 1);
       mbar_init(empty_k + 8 * s, 256);
       mbar_init(empty_v + 8 * s, 256);
     }
-    if (TMA) mbar_init(full_q, 1);
+    mbar_init(full_q, 1);
   }
   __syncthreads();
 
-  if (TMA && wg == 0) {
+  if (wg == 0) {
     set_max_regs_dec<kProducerRegs>();
     if (tid != 0) return;
     expect_bytes(full_q, kQBytes);
@@ -145,63 +135,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  if (!TMA && wg == 0) {
-    set_max_regs_dec<kProducerRegs>();
-    const int cc = tid % 8, cu = tid / 8;
-    const uint32_t swz = swizzled_offset(cu, cc);  // rows cu + 16 n share it
-    const bf16* const kv_head = p.kv + int64_t(h) * (kNope + kDv) + cc * 8;
-    {
-      const bf16* src = p.q + h * p.q_s1 + cc * 8;
-#pragma unroll
-      for (int n = 0; n < kKBlocks * kRows / kRowsPass; ++n) {
-        const int b = n / (kRows / kRowsPass), r = cu + n % (kRows / kRowsPass) * kRowsPass;
-        cp_async16(smem + b * kQBlock + swz + (r - cu) * kRowBytes,
-                   src + (r < rows ? int64_t(q0 + r) * p.q_s0 : 0) + b * 64, r < rows);
-      }
-    }
-    // Keys past the tile's last are zeros: a zero probability times a stale NaN is NaN. Column
-    // blocks 0, 1 of K and V are kv row dims 0..127 (K_nope) and 128..255, K's block 2 the rope row.
-    auto copy_k = [&](int t) {
-      const int stage = t % kStages;
-      if (t >= kStages) mbar_wait(empty_k + 8 * stage, (t / kStages + 1) & 1);  // K of t - kStages released
-      uint8_t* dst = smem + kQBytes + stage * T::kKBytes + swz;
-#pragma unroll 2
-      for (int n = 0; n < T::kPasses; ++n) {
-        const int j = t * kKeys + cu + n * kRowsPass;
-        const int64_t key = kv0 + (j < keys ? j : 0);
-        const bf16* src = kv_head + key * p.kv_s0;
-        uint8_t* d = dst + n * kRowsPass * kRowBytes;
-        cp_async16(d, src, j < keys);
-        cp_async16(d + kBlock, src + 64, j < keys);
-        cp_async16(d + kRopeBlock * kBlock, p.rope + key * p.rope_s0 + cc * 8, j < keys);
-      }
-      mbar_arrive_copies(full_k + 8 * stage);
-    };
-    auto copy_v = [&](int t) {
-      const int stage = t % kStages;
-      if (t >= kStages) mbar_wait(empty_v + 8 * stage, (t / kStages + 1) & 1);  // V of t - kStages released
-      uint8_t* dst = smem + T::kVOffset + stage * T::kVBytes + swz;
-#pragma unroll 2
-      for (int n = 0; n < T::kPasses; ++n) {
-        const int j = t * kKeys + cu + n * kRowsPass;
-        const bf16* src = kv_head + (kv0 + (j < keys ? j : 0)) * p.kv_s0 + kNope;
-        uint8_t* d = dst + n * kRowsPass * kRowBytes;
-        cp_async16(d, src, j < keys);
-        cp_async16(d + kBlock, src + 64, j < keys);
-      }
-      mbar_arrive_copies(full_v + 8 * stage);
-    };
-    // The consumers' order: iteration t needs K of t + 1 and V of t.
-    copy_k(0);
-    for (int t = 0; t < ntiles; ++t) {
-      if (t + 1 < ntiles) copy_k(t + 1);
-      copy_v(t);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();  // leave no copy in flight behind the producer
-    return;
-  }
-
   set_max_regs_inc<kConsumerRegs>();
   const int cw = wg - 1;  // this consumer's 64 rows: cw * 64..
   // warp: of the block's 128 rows (consumer 0 has warps 0-3).
@@ -219,10 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Q of this consumer's 64 rows (8 atoms in); a 16 of dims is 32 bytes on, the next 64 a column block on.
   const uint64_t q_desc = smem_desc(smem_addr + cw * 64 * kRowBytes);
 
-  auto wait_full = [&](uint32_t bar, int t) {
-    mbar_wait(bar + 8 * (t % kStages), (t / kStages) & 1);
-    if (!TMA) fence_proxy_async();  // cp.async writes are generic-proxy, wgmma reads async-proxy
-  };
+  auto wait_full = [&](uint32_t bar, int t) { mbar_wait(bar + 8 * (t % kStages), (t / kStages) & 1); };
   float s[kKeys / 8][4];  // each tile's first wgmma overwrites it
   float(&s_acc)[kKeys / 2] = reinterpret_cast<float(&)[kKeys / 2]>(s);
   auto scores = [&](int t) {
@@ -247,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
   float alpha[2];
-  if (TMA) mbar_wait(full_q, 0);
+  mbar_wait(full_q, 0);
   wait_full(full_k, 0);
   wgmma_fence();
   scores(0);
@@ -320,16 +250,15 @@ MlaMaps maps_of(const MlaExpandedParams& p, int keys) {
   return m;
 }
 
-template <class T, bool TMA = false>
+template <class T>
 void launch(const MlaExpandedParams& p, unsigned blocks) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MS_CUDA(cudaFuncSetAttribute(mla_expanded_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(T::kSmemBytes)));
   });
-  MlaMaps maps{};
-  if (TMA) maps = maps_of(p, T::kKeys);
-  mla_expanded_ws_kernel<T, TMA><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p, maps);
+  const MlaMaps maps = maps_of(p, T::kKeys);
+  mla_expanded_ws_kernel<T><<<blocks, kThreads, T::kSmemBytes, stream()>>>(p, maps);
   MS_CUDA_LAUNCHED("mla_expanded_ws_kernel");
 }
 
@@ -337,6 +266,5 @@ void launch(const MlaExpandedParams& p, unsigned blocks) {
 
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128>(p, blocks); }
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks) { launch<Ws64>(p, blocks); }
-void mla_expanded_wgmma_ws128_tma(const MlaExpandedParams& p, unsigned blocks) { launch<Ws128, true>(p, blocks); }
 
 }  // namespace ms::cuda

@@ -151,11 +151,10 @@ struct MlaExpandedParams {
 // 128-row blocks in `variant` (mla_expanded_wgmma_variants; empty: the environment's or the default).
 void mla_expanded_wgmma(const MlaExpandedParams& p, unsigned blocks, int block_rows, std::string_view variant);
 // The warp-specialized kernels for 128-row blocks (flash_mla_expanded_wgmma_ws.cu): a producer
-// warpgroup and two consumers, on 128-key tiles (the default) or 64-key tiles.
+// warpgroup (its one thread issuing tensor copies) and two consumers, on 128-key tiles (the
+// default) or 64-key tiles.
 void mla_expanded_wgmma_ws128(const MlaExpandedParams& p, unsigned blocks);
 void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
-// ws128 with every copy a tensor copy by one producer thread ("wstma").
-void mla_expanded_wgmma_ws128_tma(const MlaExpandedParams& p, unsigned blocks);
 
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.
