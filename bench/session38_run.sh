@@ -45,3 +45,29 @@ if [ $PHASE = 1 ]; then
   NCU_ENV=MOESERVE_MLA_EXPANDED_VARIANT=wstma ncu_prefill mlatma 'mla_expanded_ws_kernel'
   log done
 fi
+
+# PHASE=2: the MLA kernels with tensor copies only (ws, ws64; the cp.async producer deleted); the GQA prefill
+#   kernel's whole tiles of keys on consecutive slots by tensor copies ("n128wstma", the rest gathered as
+#   before) against "n128ws": the tests of both attentions (every variant against the CPU op, the two GQA
+#   variants bit for bit, keys on shuffled, consecutive and run slots), both benches, Qwen3's 8k prefill both
+#   ways (three rotated rounds), V2-Lite's twice, op traces; Nsight Compute on the new GQA kernel.
+if [ $PHASE = 2 ]; then
+  T2="test_cuda_flash_prefill test_cuda_mla_prefill test_cuda_fixtures test_cuda_engine_graphs"
+  JOBS=15 build_after ms_cuda_ceilings $T2
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $T2
+  MOESERVE_BENCH_PREFILL=1 MOESERVE_FLASH_WGMMA_VARIANTS=n128ws,n128wstma gtest gqa-bench 160 \
+    /tmp/b/tests/test_cuda_flash_prefill --gtest_filter=CudaFlashPrefill.PrefillAttentionBench
+  grep "variant=" $L/gqa-bench.log >> $OUT/summary.log
+  mla_bench ws,ws64 mla-bench
+  wait
+  for r in 0 1 2; do
+    SIDES="$(SIDES="ws tma:MOESERVE_FLASH_WGMMA_VARIANT=n128wstma" rotated $r)" bench_sides qwen3 "1 8192 2"
+  done
+  SIDES="final final" bench_sides v2lite "1 8192 2"
+  SIDES="ops:--trace-ops opstma:--trace-ops,MOESERVE_FLASH_WGMMA_VARIANT=n128wstma" bench_sides qwen3 "1 8192 2"
+  grep -A20 "== ops" $L/bench.log > $L/ops.txt
+  NCU_MODEL=qwen3 NCU_ENV=MOESERVE_FLASH_WGMMA_VARIANT=n128wstma ncu_prefill gqatma 'flash_prefill_wgmma_ws_kernel'
+  log done
+fi

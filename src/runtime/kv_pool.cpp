@@ -30,7 +30,10 @@ bool SlotAllocator::alloc(int64_t n, std::vector<int32_t>& out) {
 }
 
 void SlotAllocator::free(std::span<const int32_t> slots) {
-  for (int32_t s : slots) {
+  // Pushed last to first, so the next allocation takes them back in their order: a run of
+  // consecutive slots stays a run, which the prefill attention reads as one box of the cache.
+  for (auto it = slots.rbegin(); it != slots.rend(); ++it) {
+    const int32_t s = *it;
     MS_CHECK(s >= 0 && s < capacity_ && in_use_[size_t(s)], "KV pool: slot ", s, " freed twice or never allocated");
     in_use_[size_t(s)] = 0;
     free_.push_back(s);

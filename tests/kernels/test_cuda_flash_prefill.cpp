@@ -109,18 +109,38 @@ std::string describe(const std::vector<std::pair<int, int>>& seqs) {
   return s;
 }
 
+// The slots of a layout: shuffled one by one (every key tile a gather), in pool order (every
+// whole key tile one box of the cache), or in runs of 150 consecutive slots at shuffled places
+// (some tiles one box, some straddling two runs).
+enum class Slots { Shuffled, Consecutive, Runs };
+ops::AttentionLayout layout_with(const std::vector<std::pair<int, int>>& seqs, int pool, Slots slots) {
+  if (slots != Slots::Runs) return make_layout(seqs, pool, slots == Slots::Shuffled);
+  auto layout = make_layout(seqs, pool, false);
+  std::vector<int32_t> starts;
+  for (int s = 0; s + 150 <= pool; s += 150) starts.push_back(s);
+  std::shuffle(starts.begin(), starts.end(), rng());
+  for (size_t j = 0; j < layout.kv_slots.size(); ++j) layout.kv_slots[j] = starts.at(j / 150) + int32_t(j % 150);
+  return layout;
+}
+const char* describe(Slots s) {
+  return s == Slots::Shuffled ? "shuffled slots" : s == Slots::Consecutive ? "consecutive slots" : "runs of 150 slots";
+}
+
 // Query heads per KV head 8 (Qwen3-30B-A3B), 7 (Qwen2-57B-A14B) and 1; q is the head slice of a
 // fused [T, Hq + 2 Hkv, D] projection, as GqaAttention passes it; a sharp softmax (q x 4) for
-// one group stresses the online max.
+// one group stresses the online max. Qwen3's heads also with consecutive slots and runs of them
+// (the tensor-copy variant's boxes), where "n128wstma" must equal "n128ws" bit for bit.
 TEST(CudaFlashPrefill, MatchesCpu) {
   MS_REQUIRE_CUDA();
   const int64_t D = 128, pool = 4096;
-  struct Heads { int64_t hq, hkv; float q_scale; };
-  for (auto [Hq, Hkv, q_scale] : std::vector<Heads>{{32, 4, 1.f}, {28, 4, 1.f}, {8, 8, 4.f}}) {
+  struct Heads { int64_t hq, hkv; float q_scale; Slots slots; };
+  for (auto [Hq, Hkv, q_scale, slots] : std::vector<Heads>{{32, 4, 1.f, Slots::Shuffled}, {32, 4, 1.f, Slots::Consecutive},
+                                                          {32, 4, 1.f, Slots::Runs}, {28, 4, 1.f, Slots::Shuffled},
+                                                          {8, 8, 4.f, Slots::Shuffled}}) {
     Tensor kc = randn({pool, Hkv, D}), vc = randn({pool, Hkv, D});
     Tensor kg = gpu(kc), vg = gpu(vc);
     for (const auto& seqs : kPrompts) {
-      const auto layout = make_layout(seqs, int(pool));
+      const auto layout = layout_with(seqs, int(pool), slots);
       const int64_t T = layout.q_start.back();
       Tensor qkv = randn({T, Hq + 2 * Hkv, D}, q_scale), q = qkv.slice(1, 0, Hq);
       Tensor qg = gpu(qkv).slice(1, 0, Hq);
@@ -128,13 +148,23 @@ TEST(CudaFlashPrefill, MatchesCpu) {
       ASSERT_TRUE(cuda::flash_prefill_wgmma_supported(qg, kg, vg, qg));
       Tensor ref = Tensor::empty(DType::F32, {T, Hq, D});
       cpu::attention(q, kc, vc, layout, 0.088f, ref);
+      std::vector<std::pair<std::string, std::vector<float>>> variant_outs;
       for (const Kernel& k : kernels()) {
         Tensor out = poisoned(DType::BF16, {T, Hq, D});
         run_kernel(k, qg, kg, vg, layout, 0.088f, out);
-        const std::string what = std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, " + describe(k) +
-                                 ", q/k per sequence" + describe(seqs);
+        const std::string what = std::to_string(Hq) + "/" + std::to_string(Hkv) + " heads, " + describe(slots) + ", " +
+                                 describe(k) + ", q/k per sequence" + describe(seqs);
         EXPECT_LT(rel_error(out, ref), kBf16Tol) << what;
         EXPECT_LT(worst_row_error(out, ref), kRowTol) << what;
+        if (k.wgmma && k.rows == 128) variant_outs.emplace_back(k.variant, out.to_vector());
+      }
+      auto find = [&](std::string_view name) -> const std::vector<float>* {
+        for (const auto& [n, v] : variant_outs)
+          if (n == name) return &v;
+        return nullptr;
+      };
+      if (const auto *ws = find("n128ws"), *tma = find("n128wstma"); ws && tma) {
+        EXPECT_TRUE(*ws == *tma) << "n128wstma against n128ws, " << describe(slots) << describe(seqs);
       }
     }
   }
@@ -208,7 +238,8 @@ TEST(CudaFlashPrefill, MlaPrefillMatchesCpu) {
 
 // One causal prompt of T tokens: the Qwen3-30B-A3B shape (32/4 heads of 128) through both block
 // heights of both kernels (wgmma on a Hopper, its 128-row blocks in each variant, printed as
-// `[bench] variant=<name> T=<tokens> ms=<> tflops=<>` lines to pick the default from) and the
+// `[bench] variant=<name> T=<tokens> <slots> ms=<> tflops=<>` lines to pick the default from),
+// its keys on shuffled slots and on consecutive ones (a fresh pool's prefill), and the
 // dispatch (MOESERVE_FLASH_WGMMA=0 keeps it on mma.sync, MOESERVE_FLASH_WGMMA_VARIANT picks), and
 // DeepSeek-V2-Lite's absorbed MLA (16 heads, 576-dim keys, 512-dim values; flash_mla.cu) for
 // comparison. TFLOP/s counts the causal triangle's mma work only.
@@ -218,9 +249,9 @@ TEST(CudaFlashPrefill, PrefillAttentionBench) {
   const char* env = std::getenv("MOESERVE_BENCH_PREFILL");
   if (!env || std::string(env) != "1") GTEST_SKIP() << "set MOESERVE_BENCH_PREFILL=1 to time prefill attention";
   for (int T : {4096, 8192}) {
-    const auto layout = make_layout({{T, T}}, T);
     const double pairs = double(T) * (T + 1) / 2;  // (query, visible key) pairs
-    {
+    for (Slots slots : {Slots::Shuffled, Slots::Consecutive}) {
+      const auto layout = make_layout({{T, T}}, T, slots == Slots::Shuffled);
       const int64_t Hq = 32, Hkv = 4, D = 128;
       Tensor k = gpu(randn({T, Hkv, D})), v = gpu(randn({T, Hkv, D})), q = gpu(randn({T, Hq, D}));
       Tensor out = poisoned(DType::BF16, {T, Hq, D});
@@ -228,14 +259,16 @@ TEST(CudaFlashPrefill, PrefillAttentionBench) {
       for (const Kernel& kern : kernels()) {
         const double ms = time_ms([&] { run_kernel(kern, q, k, v, layout, 0.088f, out); }, 20);
         if (!kern.variant.empty())
-          std::printf("[bench] variant=%s T=%d ms=%.3f tflops=%.0f\n", kern.variant.c_str(), T, ms, flop / ms / 1e9);
+          std::printf("[bench] variant=%s T=%d %s ms=%.3f tflops=%.0f\n", kern.variant.c_str(), T, describe(slots), ms,
+                      flop / ms / 1e9);
         else
-          std::printf("[bench] prefill GQA 32/4 heads x 128, %d tokens, %s: %.3f ms, %.0f TFLOP/s\n", T,
-                      describe(kern).c_str(), ms, flop / ms / 1e9);
+          std::printf("[bench] prefill GQA 32/4 heads x 128, %d tokens, %s, %s: %.3f ms, %.0f TFLOP/s\n", T,
+                      describe(slots), describe(kern).c_str(), ms, flop / ms / 1e9);
         std::fflush(stdout);  // lines so far survive a variant that hangs
       }
     }
     {
+      const auto layout = make_layout({{T, T}}, T);
       const int64_t H = 16, L = 512, R = 64;
       Tensor cache = gpu(randn({T, L + R})), ql = gpu(randn({T, H, L}, 0.3f)), qr = gpu(randn({T, H, R}));
       Tensor out = poisoned(DType::BF16, {T, H, L});

@@ -166,13 +166,21 @@ FlashPlan flash_prefill_plan(const Tensor& q, const Tensor& k_cache, const Tenso
   const int64_t heads = q.size(1), blocks = int64_t(tiles.size()) * heads;
   MS_CHECK(blocks < (int64_t(1) << 31), "attention: ", blocks, " prefill blocks");
   plan.tiles = upload_i32(flat);
-  plan.slots = upload_i32(layout.kv_slots);
+  // The slots, then each kv index's run of consecutive slots: a tile of keys whose slots run on
+  // is one box of the cache, which the warp-specialized kernel brings by tensor copies.
+  const size_t K = layout.kv_slots.size();
+  std::vector<int32_t> slots_runs(layout.kv_slots);
+  slots_runs.resize(2 * K);
+  for (size_t j = K; j-- > 0;)
+    slots_runs[K + j] = j + 1 < K && layout.kv_slots[j + 1] == layout.kv_slots[j] + 1 ? slots_runs[K + j + 1] + 1 : 1;
+  plan.slots = upload_i32(slots_runs);
   plan.p = FlashParams{q.data<bf16>(), q.strides()[0], q.strides()[1],
                        k_cache.data<bf16>(), k_cache.strides()[0], k_cache.strides()[1],
                        v_cache.data<bf16>(), v_cache.strides()[0], v_cache.strides()[1],
                        out.data<bf16>(), out.strides()[0], out.strides()[1],
-                       plan.slots.data<int32_t>(), reinterpret_cast<const int4*>(plan.tiles.raw()),
-                       int(heads), int(heads / k_cache.size(1)), scale * float(M_LOG2E)};
+                       plan.slots.data<int32_t>(), plan.slots.data<int32_t>() + K,
+                       reinterpret_cast<const int4*>(plan.tiles.raw()), int(heads), int(heads / k_cache.size(1)),
+                       scale * float(M_LOG2E), slots};
   plan.blocks = unsigned(blocks);
   return plan;
 }

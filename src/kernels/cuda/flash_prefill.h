@@ -130,9 +130,11 @@ struct FlashParams {
   const bf16* v; int64_t v_s0, v_s1;
   bf16* out; int64_t o_s0, o_s1;
   const int32_t* slots;
-  const int4* tiles;  // {first query, rows, first kv index, keys seen by the first row}
-  int heads, group;   // block b takes tile b / heads and query head b % heads
+  const int32_t* runs;  // runs[j]: how many kv indices from j on have consecutive slots (slots[j] + i)
+  const int4* tiles;    // {first query, rows, first kv index, keys seen by the first row}
+  int heads, group;     // block b takes tile b / heads and query head b % heads
   float scale_log2;
+  int64_t pool_slots;   // the caches' first extent (tensor maps)
 };
 // The launch of the expanded MLA prefill kernels (flash_mla_expanded.cu, mma.sync;
 // flash_mla_expanded_wgmma.cu, flash_mla_expanded_wgmma_ws.cu). Keys are contiguous rows, no
@@ -159,6 +161,8 @@ void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.
 void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
+// The same with tiles of keys on consecutive slots brought by tensor copies ("n128wstma").
+void flash_prefill_wgmma_ws_tma(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {

@@ -225,7 +225,8 @@ void launch(const FlashParams& p, unsigned blocks) {
 
 // The kernels of 128-row blocks a run can pick (flash_prefill.h); the first is the default.
 using Variant = KernelVariant<void (*)(const FlashParams&, unsigned)>;
-constexpr Variant kVariants[] = {{"n128ws", flash_prefill_wgmma_ws}, {"n64", launch<Wg128>}};
+constexpr Variant kVariants[] = {
+    {"n128ws", flash_prefill_wgmma_ws}, {"n128wstma", flash_prefill_wgmma_ws_tma}, {"n64", launch<Wg128>}};
 
 }  // namespace
 

@@ -26,6 +26,7 @@
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mbarrier.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace ms::cuda {
@@ -46,7 +47,14 @@ constexpr int kRowsPass = 128 / 16, kPieces = kKeys / kRowsPass;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "the register file");
 
-__global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(const FlashParams p) {
+// The caches as [pool slots][KV heads][128] for the tensor copies.
+struct KvMaps {
+  CUtensorMap k, v;
+};
+
+template <bool TMA>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_prefill_wgmma_ws_kernel(const FlashParams p, const __grid_constant__ KvMaps maps) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // [Q: 2 column blocks of 128 rows][stage: K column blocks 0, 1; V column blocks 0, 1][barriers], 1024-aligned.
   const uint32_t misalign = uint32_t(__cvta_generic_to_shared(smem_raw)) % kAtomBytes;
@@ -84,6 +92,22 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
     for (int t = 0; t < ntiles; ++t) {
       const int stage = t % kStages;
       if (t >= kStages) mbar_wait(empty + 8 * stage, (t / kStages + 1) & 1);  // tile t - kStages released
+      // A whole tile of keys on consecutive slots is four boxes of the caches, which thread 0
+      // alone asks the copy engine for; every producer thread still arrives (its Q copies).
+      if (TMA && (t + 1) * kKeys <= keys && p.runs[kv0 + t * kKeys] >= kKeys) {
+        if (tid == 0) {
+          const uint32_t bar = full + 8 * stage, dst = smem_addr + kQBytes + stage * kStageBytes;
+          const int slot = p.slots[kv0 + t * kKeys];
+          fence_proxy_async();  // the stage's last writer may have been cp.async (generic proxy)
+          expect_bytes_only(bar, kStageBytes);
+          tma_load_3d(dst, &maps.k, 0, kvh, slot, bar);
+          tma_load_3d(dst + kHalfBytes, &maps.k, 64, kvh, slot, bar);
+          tma_load_3d(dst + kTileBytes, &maps.v, 0, kvh, slot, bar);
+          tma_load_3d(dst + kTileBytes + kHalfBytes, &maps.v, 64, kvh, slot, bar);
+        }
+        mbar_arrive_copies(full + 8 * stage);
+        continue;
+      }
       uint8_t* ks = smem + kQBytes + stage * kStageBytes + (cc / 8) * kHalfBytes + swz;
       uint8_t* vs = ks + kTileBytes;
       // Unrolled: the 16 slot loads go out together, one L2 latency a tile (the producer runs
@@ -195,16 +219,29 @@ __global__ void __launch_bounds__(kThreads, 1) flash_prefill_wgmma_ws_kernel(con
                         [&](int r) { return p.out + int64_t(q0 + row[r]) * p.o_s0 + h * p.o_s1 + 2 * qd; });
 }
 
-}  // namespace
-
-void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) {
+template <bool TMA>
+void launch(const FlashParams& p, unsigned blocks) {
   static PerDeviceOnce smem_limit;
   smem_limit([] {
-    MS_CUDA(cudaFuncSetAttribute(flash_prefill_wgmma_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MS_CUDA(cudaFuncSetAttribute(flash_prefill_wgmma_ws_kernel<TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(kSmemBytes)));
   });
-  flash_prefill_wgmma_ws_kernel<<<blocks, kThreads, kSmemBytes, stream()>>>(p);
+  KvMaps maps{};
+  if (TMA) {
+    const uint64_t dims[3] = {uint64_t(kD), uint64_t(p.heads / p.group), uint64_t(p.pool_slots)};
+    const uint64_t k_strides[2] = {uint64_t(p.k_s1) * 2, uint64_t(p.k_s0) * 2};
+    const uint64_t v_strides[2] = {uint64_t(p.v_s1) * 2, uint64_t(p.v_s0) * 2};
+    const uint32_t box[3] = {64, 1, uint32_t(kKeys)};
+    maps.k = tiled_bf16_map(p.k, 3, dims, k_strides, box, "attention prefill (k cache)");
+    maps.v = tiled_bf16_map(p.v, 3, dims, v_strides, box, "attention prefill (v cache)");
+  }
+  flash_prefill_wgmma_ws_kernel<TMA><<<blocks, kThreads, kSmemBytes, stream()>>>(p, maps);
   MS_CUDA_LAUNCHED("flash_prefill_wgmma_ws_kernel");
 }
+
+}  // namespace
+
+void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) { launch<false>(p, blocks); }
+void flash_prefill_wgmma_ws_tma(const FlashParams& p, unsigned blocks) { launch<true>(p, blocks); }
 
 }  // namespace ms::cuda

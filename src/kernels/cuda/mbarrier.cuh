@@ -31,6 +31,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
 __device__ __forceinline__ void expect_bytes(uint32_t bar, uint32_t bytes) {
   MS_WGMMA_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// The same announcement without an arrival, for a barrier whose arrivals come from other threads too.
+__device__ __forceinline__ void expect_bytes_only(uint32_t bar, uint32_t bytes) {
+  MS_WGMMA_ASM("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x, int y, uint32_t bar) {
   MS_WGMMA_ASM(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(

@@ -25,6 +25,18 @@ TEST(SlotAllocator, AllocatesFreesAndCatchesDoubleFrees) {
   EXPECT_EQ(b, (std::vector<int32_t>{1, 2, 5, 6, 7}));
 }
 
+// A request's freed slots come back in their order, so consecutive slots stay consecutive for
+// the next request (the prefill attention copies a run of 128 as one box).
+TEST(SlotAllocator, FreedRunsComeBackInOrder) {
+  SlotAllocator pool(16);
+  std::vector<int32_t> a, b, c;
+  ASSERT_TRUE(pool.alloc(6, a));
+  ASSERT_TRUE(pool.alloc(10, b));
+  pool.free(b);
+  ASSERT_TRUE(pool.alloc(4, c));
+  EXPECT_EQ(c, (std::vector<int32_t>{6, 7, 8, 9}));
+}
+
 TEST(ReqToTokenTable, RowsAreHandedOutOnceAndCleared) {
   ReqToTokenTable t(2, 4);
   int r0 = t.alloc_row(), r1 = t.alloc_row();
