@@ -25,7 +25,7 @@ mla_bench() {
     --gtest_filter=CudaMlaPrefill.MlaExpandedAttentionBench
 }
 
-# PHASE=1: session 37's pending patch, the MLA prefill kernel's producer as one thread issuing tensor copies
+# PHASE=1 (ran at 194efdf; "wstma" is the only "ws" since 2712b8a): session 37's pending patch, the MLA prefill kernel's producer as one thread issuing tensor copies
 #   ("wstma") against the default ("ws"): the ceilings, the tests of the MLA prefill (every variant against the CPU
 #   op) and of the grouped GEMM (its tensor-map encoder moved), the bench, V2-Lite's 8k prefill both ways (three
 #   rotated rounds), op traces of both, Nsight Compute on the new kernel.
@@ -46,7 +46,7 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2: the MLA kernels with tensor copies only (ws, ws64; the cp.async producer deleted); the GQA prefill
+# PHASE=2 (ran at 246c8bc; "n128wstma" is "n128ws" since, the all-gather kernel "n128wscp"): the MLA kernels with tensor copies only (ws, ws64; the cp.async producer deleted); the GQA prefill
 #   kernel's whole tiles of keys on consecutive slots by tensor copies ("n128wstma", the rest gathered as
 #   before) against "n128ws": the tests of both attentions (every variant against the CPU op, the two GQA
 #   variants bit for bit, keys on shuffled, consecutive and run slots), both benches, Qwen3's 8k prefill both
@@ -69,5 +69,30 @@ if [ $PHASE = 2 ]; then
   SIDES="ops:--trace-ops opstma:--trace-ops,MOESERVE_FLASH_WGMMA_VARIANT=n128wstma" bench_sides qwen3 "1 8192 2"
   grep -A20 "== ops" $L/bench.log > $L/ops.txt
   NCU_MODEL=qwen3 NCU_ENV=MOESERVE_FLASH_WGMMA_VARIANT=n128wstma ncu_prefill gqatma 'flash_prefill_wgmma_ws_kernel'
+  log done
+fi
+
+# PHASE=3: the session's tree: the GQA kernel with tensor copies the default ("n128ws"; "n128wscp" gathers every
+#   tile), its next tile's run loaded a tile ahead. Every GPU test program, the ceilings, the GQA bench both ways
+#   (shuffled and consecutive slots), the MLA bench, greedy ids, the 8k prefills (three rounds each), B = 1 (two)
+#   and B = 64 of both models, op traces of the prefills; the remaining GPU test programs last.
+if [ $PHASE = 3 ]; then
+  cp /usr/local/cuda/bin/nvdisasm /usr/local/cuda/bin/cuobjdump $OUT/ 2>/dev/null
+  JOBS=15 build_after ms_cuda_ceilings $(gpu_tests_of $SRC)
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_flash_prefill test_cuda_mla_prefill test_cuda_fixtures test_cuda_engine_graphs
+  wait
+  MOESERVE_BENCH_PREFILL=1 MOESERVE_FLASH_WGMMA_VARIANTS=n128ws,n128wscp gtest gqa-bench 160 \
+    /tmp/b/tests/test_cuda_flash_prefill --gtest_filter=CudaFlashPrefill.PrefillAttentionBench
+  grep "variant=" $L/gqa-bench.log >> $OUT/summary.log
+  mla_bench ws mla-bench
+  gen_ids qwen3 - qwen3-final; gen_ids v2lite - v2lite-final
+  for r in 0 1 2; do SIDES=final bench_sides qwen3 "1 8192 2"; SIDES=final bench_sides v2lite "1 8192 2"; done
+  for r in 0 1; do SIDES=final bench_sides qwen3 "1 4096 16"; SIDES=final bench_sides v2lite "1 4096 16"; done
+  SIDES=final bench_sides qwen3 "64 256 16"; SIDES=final bench_sides v2lite "64 256 16"
+  SIDES="ops:--trace-ops" bench_sides qwen3 "1 8192 2"; SIDES="ops:--trace-ops" bench_sides v2lite "1 8192 2"
+  grep -A20 "== ops" $L/bench.log > $L/ops.txt
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
   log done
 fi

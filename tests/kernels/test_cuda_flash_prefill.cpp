@@ -129,7 +129,7 @@ const char* describe(Slots s) {
 // Query heads per KV head 8 (Qwen3-30B-A3B), 7 (Qwen2-57B-A14B) and 1; q is the head slice of a
 // fused [T, Hq + 2 Hkv, D] projection, as GqaAttention passes it; a sharp softmax (q x 4) for
 // one group stresses the online max. Qwen3's heads also with consecutive slots and runs of them
-// (the tensor-copy variant's boxes), where "n128wstma" must equal "n128ws" bit for bit.
+// (the tensor copies' boxes), where "n128ws" must equal "n128wscp" (every tile gathered) bit for bit.
 TEST(CudaFlashPrefill, MatchesCpu) {
   MS_REQUIRE_CUDA();
   const int64_t D = 128, pool = 4096;
@@ -163,8 +163,8 @@ TEST(CudaFlashPrefill, MatchesCpu) {
           if (n == name) return &v;
         return nullptr;
       };
-      if (const auto *ws = find("n128ws"), *tma = find("n128wstma"); ws && tma) {
-        EXPECT_TRUE(*ws == *tma) << "n128wstma against n128ws, " << describe(slots) << describe(seqs);
+      if (const auto *ws = find("n128ws"), *cp = find("n128wscp"); ws && cp) {
+        EXPECT_TRUE(*ws == *cp) << "n128ws against n128wscp, " << describe(slots) << describe(seqs);
       }
     }
   }

@@ -161,8 +161,8 @@ void mla_expanded_wgmma_ws64(const MlaExpandedParams& p, unsigned blocks);
 // The warp-specialized 128-row kernel (flash_prefill_wgmma_ws.cu): a producer warpgroup and two
 // consumers on 128-key tiles; the default for flash_prefill_wgmma.cu's 128-row blocks.
 void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
-// The same with tiles of keys on consecutive slots brought by tensor copies ("n128wstma").
-void flash_prefill_wgmma_ws_tma(const FlashParams& p, unsigned blocks);
+// The same with every tile gathered by cp.async, none by tensor copies ("n128wscp").
+void flash_prefill_wgmma_ws_gather(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
 // slots, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {

@@ -226,7 +226,7 @@ void launch(const FlashParams& p, unsigned blocks) {
 // The kernels of 128-row blocks a run can pick (flash_prefill.h); the first is the default.
 using Variant = KernelVariant<void (*)(const FlashParams&, unsigned)>;
 constexpr Variant kVariants[] = {
-    {"n128ws", flash_prefill_wgmma_ws}, {"n128wstma", flash_prefill_wgmma_ws_tma}, {"n64", launch<Wg128>}};
+    {"n128ws", flash_prefill_wgmma_ws}, {"n128wscp", flash_prefill_wgmma_ws_gather}, {"n64", launch<Wg128>}};
 
 }  // namespace
 

@@ -1,8 +1,14 @@
 // The warp-specialized kernel for flash_prefill_wgmma.cu's 128-row blocks ("n128ws", the
 // default on a Hopper): the same contract, tiles, slot gather, causal rule and products, on
 // 128-key tiles, but the copies leave the consumers. A block has three warpgroups: warpgroup 0 only
-// gathers K and V by slot (cp.async, 16 bytes a thread a row chunk) into three 64 KB stages;
-// warpgroups 1 and 2 own 64 query rows each and only compute.
+// copies K and V into three 64 KB stages; warpgroups 1 and 2 own 64 query rows each and only compute.
+// A whole tile of keys whose slots run on (FlashParams::runs; a fresh pool's prefill) is four boxes
+// of the caches, which producer thread 0 asks the copy engine for (cp.async.bulk.tensor, bytes
+// counted on the stage's barrier); any other tile is gathered by slot (cp.async, 16 bytes a thread
+// a row chunk, zeros past the keys). Measured on the H200 (BENCHMARKS, session 38; Qwen3's 32 / 4
+// heads at 8192 tokens): 623 TFLOP/s on consecutive slots against 493 when every tile is
+// gathered ("n128wscp", kept for that comparison), whose 128 threads' copies and address math
+// shared the schedulers with the consumers' softmax.
 //
 // Why: in the single-role kernel every thread issues 16 copies a tile and the block meets at a
 // __syncthreads per tile, so the slowest warpgroup's softmax holds up both warpgroups' next
@@ -20,9 +26,9 @@
 // product past the last tile would wait for a stage nobody fills). cp.async writes are
 // generic-proxy and wgmma reads async-proxy: a consumer fences (fence.proxy.async) after its
 // full wait, before its products.
-// Measured on the H200 (BENCHMARKS, session 8; Qwen3's 32 / 4 heads, causal): 522 TFLOP/s at
-// 8192 tokens against 379 for the single-role 64-key kernel; FA3's ping-pong of the two
-// consumers on named barriers measured 476 and was dropped.
+// Measured on the H200 (BENCHMARKS, session 8; Qwen3's 32 / 4 heads, causal, every tile
+// gathered): 522 TFLOP/s at 8192 tokens against 379 for the single-role 64-key kernel; FA3's
+// ping-pong of the two consumers on named barriers measured 476 and was dropped.
 #include "kernels/cuda/flash_prefill.h"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mbarrier.cuh"
@@ -89,15 +95,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async16(dst + n * kRowsPass * kRowBytes, src + (r < rows ? int64_t(q0 + r) * p.q_s0 : 0), r < rows);
       }
     }
+    // A whole tile of keys on consecutive slots is four boxes of the caches, which thread 0 alone
+    // asks the copy engine for; every producer thread still arrives (its Q copies). The next
+    // tile's run and first slot are loaded a tile ahead: read where they are needed, their
+    // latency came before every gather (6 % at 8192 shuffled keys, session 38).
+    int next_run = TMA ? p.runs[kv0] : 0, next_slot = TMA ? p.slots[kv0] : 0;
     for (int t = 0; t < ntiles; ++t) {
-      const int stage = t % kStages;
+      const int stage = t % kStages, run = next_run, first_slot = next_slot;
+      if (TMA && t + 1 < ntiles) next_run = p.runs[kv0 + (t + 1) * kKeys], next_slot = p.slots[kv0 + (t + 1) * kKeys];
       if (t >= kStages) mbar_wait(empty + 8 * stage, (t / kStages + 1) & 1);  // tile t - kStages released
-      // A whole tile of keys on consecutive slots is four boxes of the caches, which thread 0
-      // alone asks the copy engine for; every producer thread still arrives (its Q copies).
-      if (TMA && (t + 1) * kKeys <= keys && p.runs[kv0 + t * kKeys] >= kKeys) {
+      if (TMA && (t + 1) * kKeys <= keys && run >= kKeys) {
         if (tid == 0) {
           const uint32_t bar = full + 8 * stage, dst = smem_addr + kQBytes + stage * kStageBytes;
-          const int slot = p.slots[kv0 + t * kKeys];
+          const int slot = first_slot;
           fence_proxy_async();  // the stage's last writer may have been cp.async (generic proxy)
           expect_bytes_only(bar, kStageBytes);
           tma_load_3d(dst, &maps.k, 0, kvh, slot, bar);
@@ -241,7 +251,7 @@ void launch(const FlashParams& p, unsigned blocks) {
 
 }  // namespace
 
-void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) { launch<false>(p, blocks); }
-void flash_prefill_wgmma_ws_tma(const FlashParams& p, unsigned blocks) { launch<true>(p, blocks); }
+void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks) { launch<true>(p, blocks); }
+void flash_prefill_wgmma_ws_gather(const FlashParams& p, unsigned blocks) { launch<false>(p, blocks); }
 
 }  // namespace ms::cuda
