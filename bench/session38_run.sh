@@ -25,7 +25,7 @@ mla_bench() {
     --gtest_filter=CudaMlaPrefill.MlaExpandedAttentionBench
 }
 
-# PHASE=1 (ran at 194efdf; "wstma" is the only "ws" since 2712b8a): session 37's pending patch, the MLA prefill kernel's producer as one thread issuing tensor copies
+# PHASE=1 (ran at 194efdf; "wstma" is the only "ws" since 979a746): session 37's pending patch, the MLA prefill kernel's producer as one thread issuing tensor copies
 #   ("wstma") against the default ("ws"): the ceilings, the tests of the MLA prefill (every variant against the CPU
 #   op) and of the grouped GEMM (its tensor-map encoder moved), the bench, V2-Lite's 8k prefill both ways (three
 #   rotated rounds), op traces of both, Nsight Compute on the new kernel.
@@ -46,7 +46,7 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2 (ran at 246c8bc; "n128wstma" is "n128ws" since, the all-gather kernel "n128wscp"): the MLA kernels with tensor copies only (ws, ws64; the cp.async producer deleted); the GQA prefill
+# PHASE=2 (ran at da3c5dd; "n128wstma" is "n128ws" since, the all-gather kernel "n128wscp"): the MLA kernels with tensor copies only (ws, ws64; the cp.async producer deleted); the GQA prefill
 #   kernel's whole tiles of keys on consecutive slots by tensor copies ("n128wstma", the rest gathered as
 #   before) against "n128ws": the tests of both attentions (every variant against the CPU op, the two GQA
 #   variants bit for bit, keys on shuffled, consecutive and run slots), both benches, Qwen3's 8k prefill both
