@@ -46,7 +46,7 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2 (ran at da3c5dd; "n128wstma" is "n128ws" since, the all-gather kernel "n128wscp"): the MLA kernels with tensor copies only (ws, ws64; the cp.async producer deleted); the GQA prefill
+# PHASE=2 (ran at da3c5dd; "n128wstma" is "n128ws" since efcf3d4, the all-gather kernel "n128wscp"): the MLA kernels with tensor copies only (ws, ws64; the cp.async producer deleted); the GQA prefill
 #   kernel's whole tiles of keys on consecutive slots by tensor copies ("n128wstma", the rest gathered as
 #   before) against "n128ws": the tests of both attentions (every variant against the CPU op, the two GQA
 #   variants bit for bit, keys on shuffled, consecutive and run slots), both benches, Qwen3's 8k prefill both
