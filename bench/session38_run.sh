@@ -96,3 +96,16 @@ if [ $PHASE = 3 ]; then
   run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
   log done
 fi
+
+# PHASE=4: DeepSeek-V3's EP8 shard (FP8 blocks, 32 experts, make-random-model --set n_routed_experts=32) at L = 2
+#   and 5 layers: the prefill of 4096 tokens (the 128-head MLA prefill now by tensor copies) and the decode at
+#   B = 64 and 128 at 1536 keys and B = 256 at 128 keys, for the per-layer figures of the 61-layer projection.
+if [ $PHASE = 4 ]; then
+  JOBS=15 build_after
+  for n in 2 5; do
+    model v3-$n deepseek-v3 $n --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32
+    SIDES=v3 bench_sides v3-$n "1 4096 4" "64 1536 16" "128 1536 16" "256 128 16"
+    rm -rf .b4/models/v3-$n
+  done
+  log done
+fi
