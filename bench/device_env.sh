@@ -267,3 +267,25 @@ before_after_figures() {
     for o in 16 528; do offline $m $o after-$m; B=/tmp/before/moeserve offline $m $o before-$m; done
   done
 }
+
+# The Nsight Compute binary, and the helpers of the prefill sessions (36-38).
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+
+# Nsight Compute (full set, SASS stall samples) on the first launch of kernel regex $2 after $3 skipped in
+# /tmp/${NCU_MODEL:-v2lite}'s 8k prefill (bench-one-batch), tag $1, env $NCU_ENV: details, raw metrics and the
+# SASS lines' stall table (bench/ncu_sass_stalls.py) in $L.
+ncu_prefill() {
+  env ${NCU_ENV:-} timeout 200 $NCU --kernel-name-base demangled -k "regex:$2" --launch-skip ${3:-2} --launch-count 1 \
+    --set full --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/${NCU_MODEL:-v2lite} --device cuda \
+    --batch-size 1 --input-len 8192 --output-len 2 > $L/ncu-$1.log 2>&1
+  log "ncu $1 rc=$?"
+  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
+  $NCU -i $L/ncu-$1.ncu-rep --page raw --csv > $L/ncu-$1-raw.csv 2>&1
+  $NCU -i $L/ncu-$1.ncu-rep --page source --print-source sass --csv > $L/ncu-$1-sass.csv 2>&1
+  python3 $SRC/bench/ncu_sass_stalls.py $L/ncu-$1-sass.csv 60 > $L/ncu-$1-stalls.txt 2>&1
+}
+# The MLA prefill attention's bench (mla_expanded_attention on each wgmma variant of $1, comma-separated), tag $2.
+mla_bench() {
+  MOESERVE_BENCH_MLA_PREFILL=1 MOESERVE_MLA_EXPANDED_VARIANTS=$1 gtest $2 120 /tmp/b/tests/test_cuda_mla_prefill \
+    --gtest_filter=CudaMlaPrefill.MlaExpandedAttentionBench
+}

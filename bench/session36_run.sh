@@ -4,7 +4,6 @@
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 # Nsight Compute on the SwiGLU product of the tma shape at one bench point ($1: "<model> <tokens>"), env $2, tag $3:
 # the report's details and its SASS lines with their stall samples, in $L (the logs brought back).
@@ -47,15 +46,6 @@ if [ $PHASE = 1 ]; then
   grep -A40 "== ops" $L/bench.log | grep -iE "op|ms" | head -80 > $L/ops.txt
   log done
 fi
-
-# Nsight Compute (full set) on the first launch of kernel regex $2 in /tmp/v2lite's 8k prefill (bench-one-batch), tag $1.
-ncu_prefill() {
-  timeout 200 $NCU --kernel-name-base demangled -k "regex:$2" --launch-skip 2 --launch-count 1 --set full \
-    --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/v2lite --device cuda --batch-size 1 \
-    --input-len 8192 --output-len 2 > $L/ncu-$1.log 2>&1
-  log "ncu $1 rc=$?"
-  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
-}
 
 # PHASE=2 (ran at c68e8d1): MLA's rope + cache write at prefill sizes in 16-byte accesses (mla_rope_store_x8_kernel;
 #   MOESERVE_MLA_ROPE_X8=0: the warp-a-head kernel): its tests and those of the models, greedy ids with it

@@ -4,26 +4,6 @@
 set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-
-# Nsight Compute (full set, SASS stall samples) on the first launch of kernel regex $2 after $3 skipped in
-# /tmp/${NCU_MODEL:-v2lite}'s 8k prefill (bench-one-batch), tag $1, env $NCU_ENV: details, raw metrics and the
-# SASS lines' stall table (bench/ncu_sass_stalls.py) in $L.
-ncu_prefill() {
-  env ${NCU_ENV:-} timeout 200 $NCU --kernel-name-base demangled -k "regex:$2" --launch-skip ${3:-2} --launch-count 1 \
-    --set full --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/${NCU_MODEL:-v2lite} --device cuda \
-    --batch-size 1 --input-len 8192 --output-len 2 > $L/ncu-$1.log 2>&1
-  log "ncu $1 rc=$?"
-  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
-  $NCU -i $L/ncu-$1.ncu-rep --page raw --csv > $L/ncu-$1-raw.csv 2>&1
-  $NCU -i $L/ncu-$1.ncu-rep --page source --print-source sass --csv > $L/ncu-$1-sass.csv 2>&1
-  python3 $SRC/bench/ncu_sass_stalls.py $L/ncu-$1-sass.csv 60 > $L/ncu-$1-stalls.txt 2>&1
-}
-# The MLA prefill attention's bench (mla_expanded_attention on each wgmma variant of $1, comma-separated), tag $2.
-mla_bench() {
-  MOESERVE_BENCH_MLA_PREFILL=1 MOESERVE_MLA_EXPANDED_VARIANTS=$1 gtest $2 120 /tmp/b/tests/test_cuda_mla_prefill \
-    --gtest_filter=CudaMlaPrefill.MlaExpandedAttentionBench
-}
 
 # PHASE=1 (ran at 194efdf; "wstma" is the only "ws" since 979a746): session 37's pending patch, the MLA prefill kernel's producer as one thread issuing tensor copies
 #   ("wstma") against the default ("ws"): the ceilings, the tests of the MLA prefill (every variant against the CPU
