@@ -1,7 +1,9 @@
 // The tensor-core prefill attention (flash_prefill.cu) against the CPU op: causal prompts whose
 // lengths fall around the 64- and 128-row blocks and the 64-key tiles, batches of sequences with
 // a cached prefix, chunked prefill whose queries start mid-sequence, GQA groups of 8, 7 and 1,
-// and queries strided as the fused q/k/v projection leaves them. Both block heights run on both
+// queries strided as the fused q/k/v projection leaves them, and keys on shuffled slots, on
+// consecutive ones and on runs of them (gathered tiles, tensor-copy tiles, both in one
+// sequence). Both block heights run on both
 // kernels (mma.sync, and wgmma on a Hopper: flash_prefill_wgmma.cu, its 128-row blocks in every
 // variant), and the dispatch through cuda::attention. Head dims other than 128 (DeepSeek's
 // 192-dim keys with 128-dim values) are not the kernel's: they keep the CUDA-core kernel, checked

@@ -164,7 +164,7 @@ void flash_prefill_wgmma_ws(const FlashParams& p, unsigned blocks);
 // The same with every tile gathered by cp.async, none by tensor copies ("n128wscp").
 void flash_prefill_wgmma_ws_gather(const FlashParams& p, unsigned blocks);
 // The tiles of block_rows queries of every sequence (longest first, heads fastest) and the
-// slots, uploaded, with the params over them; blocks 0 when there are no queries.
+// slots with their runs, uploaded, with the params over them; blocks 0 when there are no queries.
 struct FlashPlan {
   Tensor tiles, slots;
   FlashParams p{};
