@@ -409,6 +409,22 @@ TEST(CudaGroupedGemmFp8, MoeExpertsReplayedWithNewIds) {
 
 // ---- timing (time_us, graphed_us: cuda_test_util.h) ----
 
+// The token counts to time: MOESERVE_BENCH_FP8_TOKENS (comma-separated, e.g. "64,256": one size
+// under a profiler), else `all`; "none" skips the experts (the dense linears alone).
+std::vector<int64_t> bench_tokens(std::vector<int64_t> all) {
+  const char* env = std::getenv("MOESERVE_BENCH_FP8_TOKENS");
+  if (!env) return all;
+  std::vector<int64_t> t;
+  for (const char* c = env; *c;) {
+    char* end = nullptr;
+    const long long v = std::strtoll(c, &end, 10);
+    if (end == c) break;
+    t.push_back(v);
+    c = *end == ',' ? end + 1 : end;
+  }
+  return t;
+}
+
 TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
   MS_REQUIRE_CUDA();
   const char* env = std::getenv("MOESERVE_BENCH_FP8_GROUPED");
@@ -419,7 +435,7 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
   const double bytes = 3.0 * kE * kH * kI;  // FP8 weights, one byte each
   const cuda::ExpertTable* table = cuda::expert_table(ex.gpu);
   ASSERT_NE(table, nullptr);
-  for (int64_t T : {64, 256, 1024, 4096}) {
+  for (int64_t T : bench_tokens({64, 256, 1024, 4096})) {
     Tensor ids, w;
     random_route(T, ids, w);
     Tensor x = gpu(randn({T, kH})), idsg = ids.to(Device::CUDA), wg = w.to(Device::CUDA);
@@ -492,7 +508,7 @@ TEST(CudaGroupedGemmFp8, FP8GroupedBench) {
       wt.w = h.to(Device::CUDA), wt.scale_inv = sc.to(Device::CUDA);
     }
     const double wbytes = double(s.N) * s.K;
-    for (int64_t T : {16, 64, 256, 1024}) {
+    for (int64_t T : bench_tokens({16, 64, 256, 1024})) {
       Tensor x = gpu(randn({T, s.K})), out = cuda::scratch(DType::BF16, {T, s.N});
       const double flop = 2.0 * T * s.N * s.K;
       for (int mode : {2, 1, 0}) {

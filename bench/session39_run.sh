@@ -1,0 +1,40 @@
+#!/bin/bash
+# Session 39's device calls (bench/BENCHMARKS.md, "Session 39"), run from the repository root on
+# the GPU machine: PHASE picks the call; sources are snapshots (git archive) carried as $SRC.
+set -u
+SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
+source $SRC/bench/device_env.sh && snapshots_ready $SRC
+
+# Nsight Compute (full set, SASS stall samples) on the grouped FP8 products of FP8GroupedBench at
+# $2 tokens (MOESERVE_BENCH_FP8_TOKENS), the first $3 launches matching regex $4 (default: both
+# kernels), tag $1, env $NCU_ENV; details, raw metrics and the stall table in $L.
+ncu_fp8() {
+  env ${NCU_ENV:-} MOESERVE_BENCH_FP8_GROUPED=1 MOESERVE_BENCH_FP8_TOKENS=$2 timeout 240 $NCU --kernel-name-base demangled \
+    -k "regex:${4:-grouped_gemm_fp8}" --launch-count $3 --set full --import-source no -o $L/ncu-$1 \
+    /tmp/b/tests/test_cuda_grouped_gemm_fp8 --gtest_filter='*FP8GroupedBench' > $L/ncu-$1.log 2>&1
+  log "ncu $1 rc=$?"
+  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
+  $NCU -i $L/ncu-$1.ncu-rep --page raw --csv > $L/ncu-$1-raw.csv 2>&1
+  $NCU -i $L/ncu-$1.ncu-rep --page source --print-source sass --csv > $L/ncu-$1-sass.csv 2>&1
+  python3 $SRC/bench/ncu_sass_stalls.py $L/ncu-$1-sass.csv 60 > $L/ncu-$1-stalls.txt 2>&1
+}
+# The V3 EP8 shard (FP8 blocks, 32 experts) of $2 layers as /tmp/$1.
+v3_model() { model $1 deepseek-v3 $2 --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; }
+
+# PHASE=1: where DeepSeek-V3's FP8 decode spends its time. The grouped FP8 products' bench (V3's EP8
+#   experts at 64, 256 and 1024 tokens, the dense FP8 linears), Nsight Compute on the experts' two
+#   products at 64 tokens (mma.sync, BM 32) and 256 (wgmma, BM 64), kernel timelines of the EP8
+#   shard's graphed decode at B = 1 (4096 keys) and B = 64 (1536 keys).
+if [ $PHASE = 1 ]; then
+  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings test_cuda_grouped_gemm_fp8
+  v3_model v3-2 2 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  MOESERVE_BENCH_FP8_GROUPED=1 MOESERVE_BENCH_FP8_TOKENS=64,256,1024 gtest fp8-bench 200 \
+    /tmp/b/tests/test_cuda_grouped_gemm_fp8 --gtest_filter='*FP8GroupedBench'
+  ncu_fp8 t64 64 2
+  ncu_fp8 t256 256 2
+  wait
+  trace v3-2 1 4096 v3; trace v3-2 64 1536 v3
+  SIDES=v3 bench_sides v3-2 "1 4096 16" "64 1536 16"
+  log done
+fi
