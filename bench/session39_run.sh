@@ -38,3 +38,25 @@ if [ $PHASE = 1 ]; then
   SIDES=v3 bench_sides v3-2 "1 4096 16" "64 1536 16"
   log done
 fi
+
+# PHASE=2: the FP8 weight-streaming product with raw codes in registers and two rounds in turn ($SRC) against
+#   $BEFORE_SRC: the GPU tests it touches, greedy ids of the V3 shard both ways, B = 1 timelines both ways, B = 1
+#   at 4096 keys (three rotated rounds) at L = 2 and 5 (a layer = (t5 - t2) / 3), B = 64 once each.
+if [ $PHASE = 2 ]; then
+  build_before 5
+  T2="test_cuda_gemv test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_moe_route test_cuda_moe_one_token"
+  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $T2
+  v3_model v3-2 2 & v3_model v3-5 5 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $T2
+  wait
+  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
+  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
+  trace v3-2 1 4096 after; B=/tmp/before/moeserve trace v3-2 1 4096 before
+  for r in 0 1 2; do
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16"
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16"
+  done
+  SIDES="after before" bench_sides v3-2 "64 1536 16"; SIDES="after before" bench_sides v3-5 "64 1536 16"
+  log done
+fi

@@ -7,7 +7,10 @@
 // Fragment layout: a dot product does not care in which order k is summed, so each lane loads
 // 16 consecutive k (two 16-byte bf16 loads, or one of fp8) of weight rows g and g + 8 and of input
 // row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
-// FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy).
+// FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy),
+// right before their mma: a round in registers is the raw bytes, half BF16's, so an FP8 warp holds
+// two rounds and asks for the next before converting this one. (Converted as they arrived, one
+// round at a time, DeepSeek-V3's FP8 products at batch 1 streamed at ~1 TB/s: BENCHMARKS, session 39.)
 // (A block asking for all of its slab at once into shared memory instead, cp.async, then these
 // mmas in this order, was measured and dropped: Qwen3's q|k|v 7.95 -> 8.32 us a layer, V2-Lite's
 // q|kv_a 2.45 -> 2.93; the rounds in registers are not what holds these products back.
@@ -53,10 +56,28 @@ struct GemvParams {
 // input was written before that kernel, so all of it may run beside that kernel).
 enum class Start { Wait, Early, Beside };
 
-// 16 weights of row n at k0 as 8 bf16 pairs (zeros past N or K), read under L2 `policy`.
+// 16 weights of a row as the mma takes them, pair(i) the i-th bf16 pair: BF16 as loaded; FP8 as
+// the 16 codes and their block's scale until then, each pair bf16(float(e4m3) * scale).
+template <bool FP8>
+struct WeightRegs {
+  uint32_t v[8];
+  __device__ __forceinline__ uint32_t pair(int i) const { return v[i]; }
+};
+template <>
+struct WeightRegs<true> {
+  uint32_t raw[4];
+  float scale;
+  __device__ __forceinline__ uint32_t pair(int i) const {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(raw[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));  // e4m3 -> f16 -> f32: exact
+    return pack_bf16(f.x * scale, f.y * scale);
+  }
+};
+
+// 16 weights of row n at k0 (zeros past N or K), read under L2 `policy`.
 template <bool FP8>
 __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W, const float* S, int n, int k0,
-                                             uint64_t policy, uint32_t (&w)[8]) {
+                                             uint64_t policy, WeightRegs<FP8>& w) {
   uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
   if (n < p.N && k0 < p.K) {
     if constexpr (FP8) {
@@ -68,17 +89,10 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
     }
   }
   if constexpr (FP8) {
-    const float scale = (n < p.N && k0 < p.K) ? S[int64_t(n / p.w.block_n) * p.w.scale_ld + k0 / p.w.block_k] : 0.f;
-    const uint32_t words[4] = {lo.x, lo.y, lo.z, lo.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float f[4];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) f[b] = fp8_to_f(uint8_t(words[i] >> (8 * b))) * scale;
-      w[2 * i] = pack_bf16(f[0], f[1]), w[2 * i + 1] = pack_bf16(f[2], f[3]);
-    }
+    w.scale = (n < p.N && k0 < p.K) ? S[int64_t(n / p.w.block_n) * p.w.scale_ld + k0 / p.w.block_k] : 0.f;
+    w.raw[0] = lo.x, w.raw[1] = lo.y, w.raw[2] = lo.z, w.raw[3] = lo.w;
   } else {
-    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+    w.v[0] = lo.x, w.v[1] = lo.y, w.v[2] = lo.z, w.v[3] = lo.w, w.v[4] = hi.x, w.v[5] = hi.y, w.v[6] = hi.z, w.v[7] = hi.w;
   }
 }
 
@@ -105,7 +119,7 @@ __device__ __forceinline__ void store_out(const GemvParams& p, int row, int n, f
 // n0 + g + 8 of each matrix, into a[u][m][0 / 1].
 template <bool FP8, int U, int MATS>
 __device__ __forceinline__ void load_round(const GemvParams& p, const char* const (&W)[2], const float* const (&SC)[2],
-                                           int n0, int c0, int S, uint64_t policy, uint32_t (&a)[U][MATS][2][8]) {
+                                           int n0, int c0, int S, uint64_t policy, WeightRegs<FP8> (&a)[U][MATS][2]) {
   const int g = threadIdx.x % 32 / 4, q = threadIdx.x % 4;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -138,7 +152,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // inputs, the routing of grouped rows). The next kernel may launch meanwhile.
   // EARLY: the round's registers live across the loops below (as one array, not copied: a copy
   // doubled the registers); loaded here for the first round, in the loop for the others.
-  uint32_t held[EARLY ? U : 1][MATS][2][8];
+  WeightRegs<FP8> held[EARLY ? U : 1][MATS][2];
   bool have_round = EARLY && blockIdx.y < p.slabs;
   if constexpr (EARLY)
     if (have_round) {
@@ -170,41 +184,22 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
     for (int slab = blockIdx.y; slab < p.slabs; slab += gridDim.y) {
       const int n0 = slab * kSlab;
       float acc[MATS][NT][4] = {};
-      for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
-        uint32_t fresh[EARLY ? 1 : U][MATS][2][8];
-        uint32_t(&a)[U][MATS][2][8] = *[&] {
-          if constexpr (EARLY) return &held;
-          else return &fresh;
-        }();
-        uint32_t xs[kPrefetchX ? U : 1][NT][8];
-        if constexpr (EARLY) {  // weights (unless loaded before the wait), then the inputs
-          if (!have_round) load_round<FP8, U, MATS>(p, W, SC, n0, c0, S, policy, a);
-          have_round = false;
-          if constexpr (kPrefetchX)
+      // This lane's k0 in chunk c (past the last chunk: K, which loads zeros).
+      auto k0_of = [&](int c) { return c < p.chunks ? c * kChunk + q * 16 : p.K; };
+      using Round = WeightRegs<FP8>[U][MATS][2];
+      using Inputs = uint32_t[kPrefetchX ? U : 1][NT][8];
+      auto load_x = [&](int c0, Inputs& xs) {
+        if constexpr (kPrefetchX)
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-              const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
+          for (int u = 0; u < U; ++u)
 #pragma unroll
-              for (int t = 0; t < NT; ++t) load_inputs(p, src[t], k0, xs[u][t]);
-            }
-        } else {  // each chunk's weights and inputs together
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const int k0 = c0 + u * S < p.chunks ? (c0 + u * S) * kChunk + q * 16 : p.K;
-#pragma unroll
-            for (int m = 0; m < MATS; ++m) {
-              load_weights<FP8>(p, W[m], SC[m], n0 + g, k0, policy, a[u][m][0]);
-              load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0, policy, a[u][m][1]);
-            }
-            if constexpr (kPrefetchX)
-#pragma unroll
-              for (int t = 0; t < NT; ++t) load_inputs<BESIDE>(p, src[t], k0, xs[u][t]);
-          }
-        }
+            for (int t = 0; t < NT; ++t) load_inputs<BESIDE>(p, src[t], k0_of(c0 + u * S), xs[u][t]);
+      };
+      // The mmas of the round of chunks c0, c0 + S, ... (in that order: the sums' order).
+      auto compute = [&](int c0, const Round& a, const Inputs& xs) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if (c0 + u * S >= p.chunks) break;
-          const int k0 = (c0 + u * S) * kChunk + q * 16;
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             uint32_t x[8];
@@ -212,18 +207,67 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
 #pragma unroll
               for (int i = 0; i < 8; ++i) x[i] = xs[u][t][i];
             } else {
-              load_inputs<BESIDE>(p, src[t], k0, x);
+              load_inputs<BESIDE>(p, src[t], k0_of(c0 + u * S), x);
             }
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
 #pragma unroll
               for (int m = 0; m < MATS; ++m) {
-                const uint32_t frag[4] = {a[u][m][0][2 * s], a[u][m][1][2 * s], a[u][m][0][2 * s + 1],
-                                          a[u][m][1][2 * s + 1]};
+                const uint32_t frag[4] = {a[u][m][0].pair(2 * s), a[u][m][1].pair(2 * s),
+                                          a[u][m][0].pair(2 * s + 1), a[u][m][1].pair(2 * s + 1)};
                 mma_bf16(acc[m][t], frag, x[2 * s], x[2 * s + 1]);
               }
             }
           }
+        }
+      };
+      if constexpr (FP8) {
+        // Two rounds in turn: the next round's loads are asked for before this one's conversions
+        // and mmas, which for FP8 take as long as a round's loads (one round at a time, the loads
+        // sat idle while a warp converted: ~1 TB/s at batch 1, BENCHMARKS, session 39).
+        Round fresh0, a1;
+        Round& a0 = *[&] {
+          if constexpr (EARLY) return &held;
+          else return &fresh0;
+        }();
+        Inputs x0, x1;
+        if (!have_round) load_round<FP8, U, MATS>(p, W, SC, n0, warp, S, policy, a0);
+        have_round = false;
+        load_x(warp, x0);
+        for (int c0 = warp; c0 < p.chunks; c0 += 2 * S * U) {
+          load_round<FP8, U, MATS>(p, W, SC, n0, c0 + S * U, S, policy, a1);
+          load_x(c0 + S * U, x1);
+          compute(c0, a0, x0);
+          load_round<FP8, U, MATS>(p, W, SC, n0, c0 + 2 * S * U, S, policy, a0);
+          load_x(c0 + 2 * S * U, x0);
+          compute(c0 + S * U, a1, x1);
+        }
+      } else {
+        for (int c0 = warp; c0 < p.chunks; c0 += S * U) {
+          Round fresh;
+          Round& a = *[&] {
+            if constexpr (EARLY) return &held;
+            else return &fresh;
+          }();
+          Inputs xs;
+          if constexpr (EARLY) {  // weights (unless loaded before the wait), then the inputs
+            if (!have_round) load_round<FP8, U, MATS>(p, W, SC, n0, c0, S, policy, a);
+            have_round = false;
+            load_x(c0, xs);
+          } else {  // each chunk's weights and inputs together
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+              for (int m = 0; m < MATS; ++m) {
+                load_weights<FP8>(p, W[m], SC[m], n0 + g, k0_of(c0 + u * S), policy, a[u][m][0]);
+                load_weights<FP8>(p, W[m], SC[m], n0 + g + 8, k0_of(c0 + u * S), policy, a[u][m][1]);
+              }
+              if constexpr (kPrefetchX)
+#pragma unroll
+                for (int t = 0; t < NT; ++t) load_inputs<BESIDE>(p, src[t], k0_of(c0 + u * S), xs[u][t]);
+            }
+          }
+          compute(c0, a, xs);
         }
       }
       // Lane (g, q) holds features g and g + 8 for rows 2q and 2q + 1 of each tile.
@@ -275,7 +319,7 @@ struct RouteTask {
   const GemvParams& p;
   const int S, n0, first, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const char* W = static_cast<const char*>(p.w.w_one);
-  uint32_t a[U][2][8];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
+  WeightRegs<FP8> a[U][2];  // a round's weights: chunks c0, c0 + S, ..., rows n0 + g and n0 + g + 8
   const uint64_t policy = l2_policy(p.evict_first);
 
   __device__ RouteTask(const GemvParams& params, int task, int parts)
@@ -312,7 +356,8 @@ struct RouteTask {
         if (c0 + u * S >= p.chunks) break;
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-          const uint32_t frag[4] = {a[u][0][2 * s], a[u][1][2 * s], a[u][0][2 * s + 1], a[u][1][2 * s + 1]};
+          const uint32_t frag[4] = {a[u][0].pair(2 * s), a[u][1].pair(2 * s), a[u][0].pair(2 * s + 1),
+                                    a[u][1].pair(2 * s + 1)};
           mma_bf16(acc, frag, xs[u][2 * s], xs[u][2 * s + 1]);
         }
       }
