@@ -143,8 +143,11 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
   // weights arrive, each input load was one more L2 round trip per chunk, in series. Measured on
   // the H200: batch 1 gains; with two tiles (the experts at batch 64) the extra registers cost
-  // more occupancy than the round trips did.
-  constexpr bool kPrefetchX = NT == 1;
+  // more occupancy than the round trips did. Not FP8's two rounds: an input register holds a byte
+  // for each weight byte there, and at ~190 registers a thread two blocks an SM kept too few
+  // weights in flight (V3's products at batch 1: BENCHMARKS, session 39); its mmas read the
+  // inputs from L1, where the block's first warp brought them.
+  constexpr bool kPrefetchX = NT == 1 && !FP8;
   extern __shared__ float red[];  // [S][MATS][NT][16 features][8 rows]
   const int S = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const uint64_t policy = l2_policy(p.evict_first);
