@@ -60,3 +60,20 @@ if [ $PHASE = 2 ]; then
   SIDES="after before" bench_sides v3-2 "64 1536 16"; SIDES="after before" bench_sides v3-5 "64 1536 16"
   log done
 fi
+
+# PHASE=3: the session's tree: every GPU test program, the ceilings, greedy ids of the V3 shard, B = 1 at 4096 keys
+#   of the V3 shard at L = 2 and 5 (two rounds), B = 1 of Qwen3 and V2-Lite (BF16 products: their kernels' registers
+#   unchanged) and the V3 timeline.
+if [ $PHASE = 3 ]; then
+  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  v3_model v3-2 2 & v3_model v3-5 5 & model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_fixtures test_cuda_engine_graphs test_cuda_grouped_gemm_fp8
+  wait
+  gen_ids v3-2 - v3-final
+  for r in 0 1; do SIDES=final bench_sides v3-2 "1 4096 16"; SIDES=final bench_sides v3-5 "1 4096 16"; done
+  for r in 0 1; do SIDES=final bench_sides qwen3 "1 4096 16"; SIDES=final bench_sides v2lite "1 4096 16"; done
+  trace v3-2 1 4096 final
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  log done
+fi
