@@ -79,13 +79,13 @@ if [ $PHASE = 3 ]; then
 fi
 
 # PHASE=4: Nsight Compute on the session's FP8 weight-streaming products in the V3 shard's eager B = 1 decode (the
-#   first three launches of `gemv_kernel<true` after $NCU_SKIP (30): which of them and what bounds them now).
+#   first three launches of `gemv_kernel<(bool)1` after $NCU_SKIP (12): which of them and what bounds them now).
 if [ $PHASE = 4 ]; then
   JOBS=15 build_after
   v3_model v3-2 2
-  timeout 300 $NCU --kernel-name-base demangled -k "regex:gemv_kernel<true" --launch-skip ${NCU_SKIP:-30} --launch-count 3 \
+  timeout 300 $NCU --kernel-name-base demangled -k "regex:gemv_kernel<.bool.1" --launch-skip ${NCU_SKIP:-12} --launch-count 3 \
     --set full --import-source no -o $L/ncu-gemv $B bench-one-batch --model-path /tmp/v3-2 --device cuda --batch-size 1 \
-    --input-len 256 --output-len 4 --disable-cuda-graph > $L/ncu-gemv.log 2>&1
+    --input-len 256 --output-len 8 --disable-cuda-graph > $L/ncu-gemv.log 2>&1
   log "ncu gemv rc=$?"
   $NCU -i $L/ncu-gemv.ncu-rep --page details --csv > $L/ncu-gemv-details.csv 2>&1
   $NCU -i $L/ncu-gemv.ncu-rep --page raw --csv > $L/ncu-gemv-raw.csv 2>&1
