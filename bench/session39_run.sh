@@ -92,3 +92,24 @@ if [ $PHASE = 4 ]; then
   $NCU -i $L/ncu-gemv.ncu-rep --page source --print-source sass --csv > $L/ncu-gemv-sass.csv 2>&1
   log done
 fi
+
+# PHASE=5 (not run: the session's device time was spent): bench/gpu_pending.patch applied in $SRC against $BEFORE_SRC
+#   (main): the FP8 products' scale index by a multiply (BlockDiv) instead of two divisions a load. As PHASE=2, and
+#   B = 16 at 4096 keys (the experts' two-tile product, whose registers the patch raises 164 -> 195).
+if [ $PHASE = 5 ]; then
+  build_before 5
+  T5="test_cuda_gemv test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route"
+  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $T5
+  v3_model v3-2 2 & v3_model v3-5 5 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b $T5
+  wait
+  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
+  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
+  trace v3-2 1 4096 after; B=/tmp/before/moeserve trace v3-2 1 4096 before
+  for r in 0 1 2; do
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16" "16 4096 16"
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16" "16 4096 16"
+  done
+  log done
+fi
