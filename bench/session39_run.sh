@@ -21,6 +21,20 @@ ncu_fp8() {
 # The V3 EP8 shard (FP8 blocks, 32 experts) of $2 layers as /tmp/$1.
 v3_model() { model $1 deepseek-v3 $2 --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; }
 
+# An A/B of the V3 shard's FP8 products, $SRC ("after") against $BEFORE_SRC ("before"): both built, the test programs
+# named run, both shards (L = 2 and 5) made, the ceilings, greedy ids and B = 1 timelines of the L = 2 shard both ways.
+fp8_ab() {
+  build_before 5
+  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings "$@"
+  v3_model v3-2 2 & v3_model v3-5 5 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b "$@"
+  wait
+  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
+  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
+  trace v3-2 1 4096 after; B=/tmp/before/moeserve trace v3-2 1 4096 before
+}
+
 # PHASE=1: where DeepSeek-V3's FP8 decode spends its time. The grouped FP8 products' bench (V3's EP8
 #   experts at 64, 256 and 1024 tokens, the dense FP8 linears), Nsight Compute on the experts' two
 #   products at 64 tokens (mma.sync, BM 32) and 256 (wgmma, BM 64), kernel timelines of the EP8
@@ -43,16 +57,8 @@ fi
 #   $BEFORE_SRC: the GPU tests it touches, greedy ids of the V3 shard both ways, B = 1 timelines both ways, B = 1
 #   at 4096 keys (three rotated rounds) at L = 2 and 5 (a layer = (t5 - t2) / 3), B = 64 once each.
 if [ $PHASE = 2 ]; then
-  build_before 5
-  T2="test_cuda_gemv test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe test_cuda_moe_route test_cuda_moe_one_token"
-  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $T2
-  v3_model v3-2 2 & v3_model v3-5 5 &
-  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  run_gpu_tests /tmp/b $T2
-  wait
-  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
-  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
-  trace v3-2 1 4096 after; B=/tmp/before/moeserve trace v3-2 1 4096 before
+  fp8_ab test_cuda_gemv test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_attention_moe \
+    test_cuda_moe_route test_cuda_moe_one_token
   for r in 0 1 2; do
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16"
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16"
@@ -97,16 +103,7 @@ fi
 #   (main): the FP8 products' scale index by a multiply (BlockDiv) instead of two divisions a load. As PHASE=2, and
 #   B = 16 at 4096 keys (the experts' two-tile product, whose registers the patch raises 164 -> 195).
 if [ $PHASE = 5 ]; then
-  build_before 5
-  T5="test_cuda_gemv test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route"
-  JOBS=11 build_after ms_kernel_trace ms_cuda_ceilings $T5
-  v3_model v3-2 2 & v3_model v3-5 5 &
-  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
-  run_gpu_tests /tmp/b $T5
-  wait
-  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
-  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
-  trace v3-2 1 4096 after; B=/tmp/before/moeserve trace v3-2 1 4096 before
+  fp8_ab test_cuda_gemv test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_moe_route
   for r in 0 1 2; do
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16" "16 4096 16"
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16" "16 4096 16"
