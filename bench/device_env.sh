@@ -278,6 +278,11 @@ ncu_prefill() {
   env ${NCU_ENV:-} timeout 200 $NCU --kernel-name-base demangled -k "regex:$2" --launch-skip ${3:-2} --launch-count 1 \
     --set full --import-source no -o $L/ncu-$1 $B bench-one-batch --model-path /tmp/${NCU_MODEL:-v2lite} --device cuda \
     --batch-size 1 --input-len 8192 --output-len 2 > $L/ncu-$1.log 2>&1
+  ncu_export $1
+}
+# Report $L/ncu-$1.ncu-rep (its rc logged) as text in $L: details, raw metrics, SASS and the SASS lines' stall table
+# (bench/ncu_sass_stalls.py, each kernel of the report in turn).
+ncu_export() {
   log "ncu $1 rc=$?"
   $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
   $NCU -i $L/ncu-$1.ncu-rep --page raw --csv > $L/ncu-$1-raw.csv 2>&1

@@ -12,11 +12,7 @@ ncu_fp8() {
   env ${NCU_ENV:-} MOESERVE_BENCH_FP8_GROUPED=1 MOESERVE_BENCH_FP8_TOKENS=$2 timeout 240 $NCU --kernel-name-base demangled \
     -k "regex:${4:-grouped_gemm_fp8}" --launch-count $3 --set full --import-source no -o $L/ncu-$1 \
     /tmp/b/tests/test_cuda_grouped_gemm_fp8 --gtest_filter='*FP8GroupedBench' > $L/ncu-$1.log 2>&1
-  log "ncu $1 rc=$?"
-  $NCU -i $L/ncu-$1.ncu-rep --page details --csv > $L/ncu-$1-details.csv 2>&1
-  $NCU -i $L/ncu-$1.ncu-rep --page raw --csv > $L/ncu-$1-raw.csv 2>&1
-  $NCU -i $L/ncu-$1.ncu-rep --page source --print-source sass --csv > $L/ncu-$1-sass.csv 2>&1
-  python3 $SRC/bench/ncu_sass_stalls.py $L/ncu-$1-sass.csv 60 > $L/ncu-$1-stalls.txt 2>&1
+  ncu_export $1
 }
 # The V3 EP8 shard (FP8 blocks, 32 experts) of $2 layers as /tmp/$1.
 v3_model() { model $1 deepseek-v3 $2 --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; }
@@ -92,10 +88,7 @@ if [ $PHASE = 4 ]; then
   timeout 300 $NCU --kernel-name-base demangled -k "regex:gemv_kernel<.bool.1" --launch-skip ${NCU_SKIP:-12} --launch-count 3 \
     --set full --import-source no -o $L/ncu-gemv $B bench-one-batch --model-path /tmp/v3-2 --device cuda --batch-size 1 \
     --input-len 256 --output-len 8 --disable-cuda-graph > $L/ncu-gemv.log 2>&1
-  log "ncu gemv rc=$?"
-  $NCU -i $L/ncu-gemv.ncu-rep --page details --csv > $L/ncu-gemv-details.csv 2>&1
-  $NCU -i $L/ncu-gemv.ncu-rep --page raw --csv > $L/ncu-gemv-raw.csv 2>&1
-  $NCU -i $L/ncu-gemv.ncu-rep --page source --print-source sass --csv > $L/ncu-gemv-sass.csv 2>&1
+  ncu_export gemv
   log done
 fi
 

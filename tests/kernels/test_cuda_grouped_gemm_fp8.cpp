@@ -409,8 +409,8 @@ TEST(CudaGroupedGemmFp8, MoeExpertsReplayedWithNewIds) {
 
 // ---- timing (time_us, graphed_us: cuda_test_util.h) ----
 
-// The token counts to time: MOESERVE_BENCH_FP8_TOKENS (comma-separated, e.g. "64,256": one size
-// under a profiler), else `all`; "none" skips the experts (the dense linears alone).
+// The token counts to time, for the experts and the dense linears alike: MOESERVE_BENCH_FP8_TOKENS
+// (comma-separated, e.g. "64,256": one size under a profiler), else `all`.
 std::vector<int64_t> bench_tokens(std::vector<int64_t> all) {
   const char* env = std::getenv("MOESERVE_BENCH_FP8_TOKENS");
   if (!env) return all;

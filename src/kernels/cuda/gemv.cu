@@ -226,8 +226,8 @@ __global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
       };
       if constexpr (FP8) {
         // Two rounds in turn: the next round's loads are asked for before this one's conversions
-        // and mmas, which for FP8 take as long as a round's loads (one round at a time, the loads
-        // sat idle while a warp converted: ~1 TB/s at batch 1, BENCHMARKS, session 39).
+        // and mmas (one round at a time, the loads sat idle while a warp converted: ~1 TB/s at
+        // batch 1, BENCHMARKS, session 39).
         Round fresh0, a1;
         Round& a0 = *[&] {
           if constexpr (EARLY) return &held;
