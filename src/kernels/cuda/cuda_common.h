@@ -170,6 +170,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
                : "memory");
 }
+// A 4-byte cp.async (through L1: .cg takes only 16), zero-filled when !valid.
+__device__ __forceinline__ void cp_async4(uint32_t smem_addr, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(valid ? 4 : 0)
+               : "memory");
+}
 // An L2 policy for the loads of data read once (weights_evict_first) or of any other.
 __device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
   uint64_t policy;

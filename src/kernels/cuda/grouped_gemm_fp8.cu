@@ -13,9 +13,14 @@
 // Fragments without ldmatrix: the k order inside an MMA is free as long as A and B agree, so a
 // thread (g, t) takes bytes 8t..8t+7 of a 32-wide K step as its B values (one 8-byte shared
 // load, two MMAs' worth: bytes 8t..8t+3 are logical k {2t, 2t+1, 2t+8, 2t+9} of the first
-// k16, 8t+4..8t+7 of the second) and the same physical columns of A (one 16-byte load a row).
-// Rows are padded by 32 bytes (B) and 32 elements (A), so that the 8-byte B loads of a half-warp
-// (4 rows x 4 threads) and the 16-byte A loads of a quarter-warp (2 rows x 4) hit distinct banks.
+// k16, 8t+4..8t+7 of the second) and the same physical columns of A. An MMA's A registers are
+// {row g, row g + 8, row g, row g + 8} and must be four consecutive registers, so A is staged
+// with the rows g and g + 8 of a 16-row slice interleaved word by word (4-byte copies): one
+// 16-byte load is one MMA's A. (Staged row by row, each MMA first moved its four registers into
+// place: Nsight counted those moves a quarter of the kernel's instructions; BENCHMARKS, session 40.)
+// B rows are padded by 32 bytes and A's row pairs by 16, so that the 8-byte B loads of a
+// half-warp (4 rows x 4 threads) and the 16-byte A loads of a quarter-warp (2 pairs x 4) hit
+// distinct banks.
 //
 // Scales: a K tile (64 or 128) lies inside one 128-wide scale block, and a warp's 8-row fragment
 // inside one 128-row block (gate and up rows each come from their own matrix at 8-row
@@ -50,9 +55,9 @@ struct F8Tile {
   static constexpr int kBM = BM, kBK = BK, kStages = STAGES, kWarpM = WM, kWarpN = WN, kMinBlocks = MIN_BLOCKS;
   static constexpr int kWarpsN = kBN / WN, kWarps = (BM / WM) * kWarpsN;
   static constexpr int kMF = WM / 16, kNF = WN / 8;
-  static constexpr int kLda = BK + 32;  // elements: a row is 64 mod 128 bytes
-  static constexpr int kLdb = BK + 32;  // bytes: a row is 32 or 96 mod 128 bytes
-  static constexpr int kABytes = BM * kLda * 2, kStageBytes = kABytes + kBN * kLdb;
+  static constexpr int kLdp = 4 * BK + 16;  // bytes of a row pair (a_pair_offset): 16 mod 128
+  static constexpr int kLdb = BK + 32;      // bytes: a row is 32 or 96 mod 128 bytes
+  static constexpr int kABytes = BM / 2 * kLdp, kStageBytes = kABytes + kBN * kLdb;
   static constexpr size_t kSmemBytes = size_t(STAGES) * kStageBytes;
   static constexpr int kAChunks = BM * BK / 8, kBChunks = kBN * BK / 16;  // 16-byte copies a stage
   static constexpr int kACopies = (kAChunks + kThreads - 1) / kThreads, kBCopies = kBChunks / kThreads;
@@ -63,18 +68,26 @@ using F8Tile16 = F8Tile<16, 128, 4, 16, 16, 2>;   // 100 KiB
 using F8Tile32 = F8Tile<32, 128, 3, 32, 16, 2>;   // 90 KiB
 using F8Tile64 = F8Tile<64, 64, 4, 64, 16, 2>;    // 96 KiB
 
+// Where word w (elements 2w, 2w + 1) of a stage's A row r lies, in bytes: rows r and r + 8 of a
+// 16-row slice share a row pair, in groups of 16 bytes {row g word 2j, row g + 8 word 2j, row g
+// word 2j + 1, row g + 8 word 2j + 1}, so that group 8 ks + 2t + h is the A of thread (g, t)'s
+// MMA h of K step ks.
+template <class T>
+__device__ __forceinline__ int a_pair_offset(int r, int w) {
+  return (r / 16 * 8 + r % 8) * T::kLdp + (w / 2) * 16 + (w % 2) * 8 + (r / 8 % 2) * 4;
+}
 // One K tile of a warp's products over its first NM 16-row slices: as / bs point at the lane's
-// first A row (g) and B row (g) in the stage, column 8t.
+// first A group (pair g, group 2t) and B row (g, column 8t) in the stage.
 template <class T, int NM>
-__device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, const float (&sc)[T::kNF],
+__device__ __forceinline__ void warp_tile(const uint8_t* as, const uint8_t* bs, const float (&sc)[T::kNF],
                                           float (&acc)[T::kMF][T::kNF][4]) {
 #pragma unroll
   for (int ks = 0; ks < T::kBK / 32; ++ks) {
-    uint4 lo[NM], hi[NM];
+    uint4 lo[NM], hi[NM];  // the A of the K step's first and second MMA
 #pragma unroll
     for (int mf = 0; mf < NM; ++mf) {
-      lo[mf] = *reinterpret_cast<const uint4*>(as + mf * 16 * T::kLda + ks * 32);
-      hi[mf] = *reinterpret_cast<const uint4*>(as + (mf * 16 + 8) * T::kLda + ks * 32);
+      lo[mf] = *reinterpret_cast<const uint4*>(as + mf * 8 * T::kLdp + ks * 128);
+      hi[mf] = *reinterpret_cast<const uint4*>(as + mf * 8 * T::kLdp + ks * 128 + 16);
     }
 #pragma unroll
     for (int nf = 0; nf < T::kNF; ++nf) {
@@ -83,8 +96,8 @@ __device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, con
       const uint32_t b10 = fp8x2_bf16x2(raw.y & 0xffffu, sc[nf]), b11 = fp8x2_bf16x2(raw.y >> 16, sc[nf]);
 #pragma unroll
       for (int mf = 0; mf < NM; ++mf) {
-        const uint32_t a0[4] = {lo[mf].x, hi[mf].x, lo[mf].y, hi[mf].y};
-        const uint32_t a1[4] = {lo[mf].z, hi[mf].z, lo[mf].w, hi[mf].w};
+        const uint32_t a0[4] = {lo[mf].x, lo[mf].y, lo[mf].z, lo[mf].w};
+        const uint32_t a1[4] = {hi[mf].x, hi[mf].y, hi[mf].z, hi[mf].w};
         mma_bf16(acc[mf][nf], a0, b00, b01);
         mma_bf16(acc[mf][nf], a1, b10, b11);
       }
@@ -95,7 +108,7 @@ __device__ __forceinline__ void warp_tile(const bf16* as, const uint8_t* bs, con
 // warp_tile over the warp's `slices` 16-row slices that hold rows (warp-uniform; 0: none), as a
 // choice among straight-line bodies so no branch sits between the loads and the MMAs.
 template <class T, int NM = T::kMF>
-__device__ __forceinline__ void warp_tile_rows(int slices, const bf16* as, const uint8_t* bs,
+__device__ __forceinline__ void warp_tile_rows(int slices, const uint8_t* as, const uint8_t* bs,
                                                const float (&sc)[T::kNF], float (&acc)[T::kMF][T::kNF][4]) {
   if constexpr (NM > 0) {
     if (slices >= NM) warp_tile<T, NM>(as, bs, sc, acc);
@@ -117,17 +130,21 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
   const int g = lane / 4, t = lane % 4;
 
-  // Copies: A chunk i of the stage is row i / (BK / 8), 8 elements; B chunk row i / (BK / 16), 16 bytes.
+  // Copies: A chunk i of the stage is row i / (BK / 8), 8 elements (four words to a_pair_offset's
+  // places: a_dst, then + 8, 16, 24); B chunk row i / (BK / 16), 16 bytes.
   const bf16* a_src[T::kACopies];
+  int a_dst[T::kACopies];
   bool a_ok[T::kACopies];
 #pragma unroll
   for (int i = 0; i < T::kACopies; ++i) {
     const int idx = tid + i * kThreads;
-    const int gr = m0 + idx / (kBK / 8);
+    const int r = idx / (kBK / 8), gr = m0 + r;
     a_ok[i] = idx < T::kAChunks && gr < m_end;
     const int64_t src_row = a_ok[i] ? (p.a_rows ? __ldg(p.a_rows + gr) : gr) : 0;
     a_src[i] = p.a + src_row * p.a_ld + (idx % (kBK / 8)) * 8;
+    a_dst[i] = a_pair_offset<T>(r, (idx % (kBK / 8)) * 4);
   }
+  const uint32_t smem_addr = uint32_t(__cvta_generic_to_shared(smem));
   const uint8_t* w_e = dense ? p.w_one : p.w[e];
   const uint8_t* w2_e = SWIGLU ? (dense ? p.w2_one : p.w2[e]) : nullptr;
   const float* s_e = dense ? p.s_one : p.s[e];
@@ -165,10 +182,30 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
 
   const int KT = (p.K + kBK - 1) / kBK;
   const int kt0 = blockIdx.z * (p.k_split / kBK), kt1 = min(KT, kt0 + p.k_split / kBK);
+  // K a multiple of BK (every published block-FP8 shape): each copy's columns are in range, and a
+  // copy of a row past the group or N keeps row 0's address, so no copy tests its column.
+  const bool k_whole = p.K % kBK == 0;
   auto load_stage = [&](int stage, int kt) {
-    bf16* as = reinterpret_cast<bf16*>(smem + stage * T::kStageBytes);
+    const uint32_t as = smem_addr + stage * T::kStageBytes;
     uint8_t* bs = smem + stage * T::kStageBytes + T::kABytes;
     const int k = kt * kBK;
+    if (k_whole) {
+#pragma unroll
+      for (int i = 0; i < T::kACopies; ++i) {
+        if (T::kAChunks % kThreads != 0 && tid + i * kThreads >= T::kAChunks) break;
+        const bf16* src = a_src[i] + k;
+        cp_async4(as + a_dst[i], src, a_ok[i]);
+        cp_async4(as + a_dst[i] + 8, src + 2, a_ok[i]);
+        cp_async4(as + a_dst[i] + 16, src + 4, a_ok[i]);
+        cp_async4(as + a_dst[i] + 24, src + 6, a_ok[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kBCopies; ++i) {
+        const int idx = tid + i * kThreads;
+        cp_async16(bs + (idx / (kBK / 16)) * T::kLdb + (idx % (kBK / 16)) * 16, b_src[i] + k, b_ok[i]);
+      }
+      return;
+    }
     // An invalid copy reads nothing; its address stays the row's start, inside the operand.
 #pragma unroll
     for (int i = 0; i < T::kACopies; ++i) {
@@ -176,7 +213,11 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
       if (T::kAChunks % kThreads != 0 && idx >= T::kAChunks) break;
       const int kc = (idx % (kBK / 8)) * 8;
       const bool v = a_ok[i] && k + kc < p.K;
-      cp_async16(as + (idx / (kBK / 8)) * T::kLda + kc, a_src[i] + (v ? k : 0), v);
+      const bf16* src = a_src[i] + (v ? k : 0);
+      cp_async4(as + a_dst[i], src, v);
+      cp_async4(as + a_dst[i] + 8, src + 2, v);
+      cp_async4(as + a_dst[i] + 16, src + 4, v);
+      cp_async4(as + a_dst[i] + 24, src + 6, v);
     }
 #pragma unroll
     for (int i = 0; i < T::kBCopies; ++i) {
@@ -195,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
   const int slices = (m_end - (m0 + wm * T::kWarpM) + 15) / 16;
-  const int a_lane = (wm * T::kWarpM + g) * T::kLda + 8 * t;  // elements
+  const int a_lane = (wm * T::kWarpM / 2 + g) * T::kLdp + 32 * t;  // bytes
   const int b_lane = T::kABytes + (wn * kWarpN + g) * T::kLdb + 8 * t;  // bytes
 
 #pragma unroll
@@ -203,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
     if (kt0 + s < kt1) load_stage(s, kt0 + s);
     cp_async_commit();
   }
+  int read_stage = 0, write_stage = kStages - 1;  // (kt - kt0) % kStages, (next - kt0) % kStages
   for (int kt = kt0; kt < kt1; ++kt) {
     float sc[T::kNF];
     const int kb = kt * kBK / 128;
@@ -211,10 +253,12 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
     cp_async_wait<kStages - 2>();  // tile kt has landed (this thread's copies) ...
     __syncthreads();               // ... everyone's, and every warp is done with tile kt - 1's stage
     const int next = kt + kStages - 1;
-    if (next < kt1) load_stage((next - kt0) % kStages, next);
+    if (next < kt1) load_stage(write_stage, next);
     cp_async_commit();
-    const uint8_t* stage = smem + ((kt - kt0) % kStages) * T::kStageBytes;
-    warp_tile_rows<T>(slices, reinterpret_cast<const bf16*>(stage) + a_lane, stage + b_lane, sc, acc);
+    const uint8_t* stage = smem + read_stage * T::kStageBytes;
+    read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
+    warp_tile_rows<T>(slices, stage + a_lane, stage + b_lane, sc, acc);
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
