@@ -10,7 +10,7 @@ v3_model() { model $1 deepseek-v3 $2 --fp8 --set num_nextn_predict_layers=0 --se
 # The opcode mix of the grouped FP8 mma.sync kernels in build $1's object (cuobjdump), as $L/sass-$2.txt.
 sass_mix() {
   local o; o=$(find $1 -name 'grouped_gemm_fp8.cu.o' | head -1)
-  cuobjdump -sass $o > $L/sass-$2.sass 2>&1
+  PATH=$PATH:/usr/local/cuda/bin cuobjdump -sass $o > $L/sass-$2.sass 2>&1
   python3 - $L/sass-$2.sass > $L/sass-$2.txt <<'PY'
 import re, sys, collections
 fn, mix = None, collections.OrderedDict()
