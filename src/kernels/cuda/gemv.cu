@@ -39,6 +39,17 @@ constexpr int kSlab = 16;    // output features per mma tile
 // Chunks a warp loads before its first mma (U of gemv_kernel): a SwiGLU pair loads two weights.
 constexpr int unroll(bool swiglu) { return swiglu ? 2 : 4; }
 
+// v / d for 0 <= v < 2^24 and 0 < d < 2^16 as one wide multiply and a shift: m = ceil(2^40 / d)
+// is d m = 2^40 + e with 0 <= e < d, so v m / 2^40 = v / d + v e / (d 2^40), whose second term
+// stays below 1 / d, and the floor is v / d's. (The FP8 scale index divided by runtime values
+// twice for each 16-weight load; at batch 1 Nsight counted two-thirds of the product's
+// instructions integer, 0.29 a weight in all: BENCHMARKS, session 39.)
+struct BlockDiv {
+  uint64_t m = 1;
+  static BlockDiv of(int d) { return {((uint64_t(1) << 40) + uint64_t(d) - 1) / uint64_t(d)}; }
+  __device__ __forceinline__ int operator()(int v) const { return int((uint64_t(uint32_t(v)) * m) >> 40); }
+};
+
 struct GemvParams {
   GemvWeights w;
   GemvRows rows;
@@ -47,6 +58,7 @@ struct GemvParams {
   int64_t out_ld;
   const float* bias;
   int N, K, chunks, slabs;
+  BlockDiv block_n, block_k;  // FP8: the scale blocks' rows and columns
   bool early;        // a dense weight's first round loaded before pdl_wait (early_fetch)
   bool evict_first;  // the weights' L2 policy (weights_evict_first)
 };
@@ -89,7 +101,7 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
     }
   }
   if constexpr (FP8) {
-    w.scale = (n < p.N && k0 < p.K) ? S[int64_t(n / p.w.block_n) * p.w.scale_ld + k0 / p.w.block_k] : 0.f;
+    w.scale = (n < p.N && k0 < p.K) ? S[int64_t(p.block_n(n)) * p.w.scale_ld + p.block_k(k0)] : 0.f;
     w.raw[0] = lo.x, w.raw[1] = lo.y, w.raw[2] = lo.z, w.raw[3] = lo.w;
   } else {
     w.v[0] = lo.x, w.v[1] = lo.y, w.v[2] = lo.z, w.v[3] = lo.w, w.v[4] = hi.x, w.v[5] = hi.y, w.v[6] = hi.z, w.v[7] = hi.w;
@@ -137,7 +149,7 @@ __device__ __forceinline__ void load_round(const GemvParams& p, const char* cons
 // round of its block's first slab is loaded before pdl_wait, as no kernel of the step writes
 // weights. Beside (a dense product): the wait is at the end.
 template <bool FP8, class TO, bool SWIGLU, int NT, int U, Start START>
-__global__ void __launch_bounds__(256) gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(256, FP8 && NT == 1 ? 2 : 1) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
   constexpr bool EARLY = START == Start::Early, BESIDE = START == Start::Beside;
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
@@ -590,10 +602,13 @@ void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, cons
           const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
   MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
+  MS_CHECK(!w.fp8 || (w.block_n > 0 && w.block_n < (1 << 16) && w.block_k < (1 << 16) && N < (1 << 24) && K < (1 << 24)),
+           "gemv: fp8 blocks of ", w.block_n, " x ", w.block_k, " over ", N, " x ", K, " (BlockDiv's range)");
   MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");
   if (N == 0 || rows.rows == 0) return;
   GemvParams p{w, rows, in, out.out, out.out_ld, out.bias, int(N), int(K), int((K + kChunk - 1) / kChunk),
-               int((N + kSlab - 1) / kSlab), !w.w && early_fetch(w.fetch_early), weights_evict_first()};
+               int((N + kSlab - 1) / kSlab), BlockDiv::of(w.fp8 ? w.block_n : 1), BlockDiv::of(w.fp8 ? w.block_k : 1),
+               !w.w && early_fetch(w.fetch_early), weights_evict_first()};
   // Tiles of 8 rows per pass over the weights: a group with more rows than NT * 8 streams its
   // weights once more per further pass.
   const int per_group = (rows.rows + rows.expected_groups - 1) / rows.expected_groups;
