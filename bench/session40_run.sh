@@ -7,9 +7,10 @@ source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
 # The V3 EP8 shard (FP8 blocks, 32 experts) of $2 layers as /tmp/$1.
 v3_model() { model $1 deepseek-v3 $2 --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; }
-# The opcode mix of the grouped FP8 mma.sync kernels in build $1's object (cuobjdump), as $L/sass-$2.txt.
+# The opcode mix of the kernels in build $1's object $3.cu.o (grouped_gemm_fp8: the mma.sync kernels) by
+# cuobjdump, tag $2, as $L/sass-$2.txt.
 sass_mix() {
-  local o; o=$(find $1 -name 'grouped_gemm_fp8.cu.o' | head -1)
+  local o; o=$(find $1/ -name "${3:-grouped_gemm_fp8}.cu.o" | head -1)
   PATH=$PATH:/usr/local/cuda/bin cuobjdump -sass $o > $L/sass-$2.sass 2>&1
   python3 - $L/sass-$2.sass > $L/sass-$2.txt <<'PY'
 import re, sys, collections
@@ -20,7 +21,7 @@ for line in open(sys.argv[1]):
     m = re.match(r'\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)', line)
     if m and fn: mix[fn][m.group(2)] += 1
 for fn, c in mix.items():
-    if 'grouped_gemm_fp8_kernel' not in fn: continue
+    if 'kernel' not in fn: continue
     print(fn, sum(c.values()), ' '.join(f'{k}:{v}' for k, v in c.most_common(14)))
 PY
   log "sass $2: $(cut -c1-400 $L/sass-$2.txt | tr '\n' '|')"
@@ -60,5 +61,30 @@ if [ $PHASE = 1 ]; then
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "64 1536 16" "1 4096 16"
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "64 1536 16" "1 4096 16"
   done
+  log done
+fi
+
+# PHASE=2: the wgmma FP8 product's pipeline depth (MOESERVE_FP8_WGMMA_STAGES: BM 64 at 4 (the default), 5 (two blocks
+#   an SM) or 10 (one), BM 128 at 4 or 8): the grouped FP8 test under each, its bench (V3's EP8 experts at 64, 256
+#   and 1024 tokens, the dense FP8 linears) under each, the V3 shard at B = 64, 128 and 256 under each; the opcode
+#   mix of both grouped FP8 objects; timelines of the shard's B = 1 and B = 64 decode (the default).
+if [ $PHASE = 2 ]; then
+  JOBS=15 build_after ms_kernel_trace ms_cuda_ceilings test_cuda_grouped_gemm_fp8 test_cuda_fixtures
+  v3_model v3-2 2 & v3_model v3-5 5 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  sass_mix /tmp/b mma grouped_gemm_fp8; sass_mix /tmp/b wgmma grouped_gemm_fp8_wgmma
+  for st in 4 5 10 8; do
+    MOESERVE_FP8_WGMMA_STAGES=$st gtest fp8-test-s$st 200 /tmp/b/tests/test_cuda_grouped_gemm_fp8
+    MOESERVE_FP8_WGMMA_STAGES=$st MOESERVE_BENCH_FP8_GROUPED=1 MOESERVE_BENCH_FP8_TOKENS=64,256,1024 gtest fp8-bench-s$st 120 \
+      /tmp/b/tests/test_cuda_grouped_gemm_fp8 --gtest_filter='*FP8GroupedBench'
+  done
+  wait
+  SD="s4:MOESERVE_FP8_WGMMA_STAGES=4 s5:MOESERVE_FP8_WGMMA_STAGES=5 s10:MOESERVE_FP8_WGMMA_STAGES=10 s8:MOESERVE_FP8_WGMMA_STAGES=8"
+  for r in 0 1; do
+    SIDES="$(SIDES="$SD" rotated $r)" bench_sides v3-2 "64 1536 16" "128 1536 16" "256 128 16"
+    SIDES="$(SIDES="$SD" rotated $r)" bench_sides v3-5 "64 1536 16" "128 1536 16" "256 128 16"
+    [ $r = 0 ] && { trace v3-2 1 4096 final; trace v3-2 64 1536 final; }
+  done
+  run_gpu_tests /tmp/b test_cuda_fixtures
   log done
 fi

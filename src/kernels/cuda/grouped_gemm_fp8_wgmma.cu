@@ -248,7 +248,7 @@ void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_ro
   });
   launch(p, row_tiles, swiglu, max_rows,
          Kernels{grouped_gemm_fp8_wgmma_kernel<T, false>, grouped_gemm_fp8_wgmma_kernel<T, true>, T::kBK,
-                 T::kThreads, T::kSmemBytes});
+                 T::kThreads, T::kSmemBytes, T::kMinBlocks});
 }
 
 }  // namespace
