@@ -32,8 +32,8 @@
 // On a Hopper, where BM 64 would run, grouped_gemm_fp8_wgmma.cu's warpgroup-MMA shapes (BM 64 and
 // 128, each weight converted once a block into a swizzled BF16 tile) take over (grouped_gemm_fp8_tile).
 // A dense product (one group, offsets null) of few rows has too few N tiles to keep HBM busy
-// (7168 -> 2112 is 17 blocks of 128 columns), so K is split over grid.z until the grid fills
-// every SM's blocks, the partial sums go to an F32 scratch and a second kernel adds them in order.
+// (7168 -> 2112 is 17 blocks of 128 columns), so K is split over grid.z until the grid covers
+// the SMs twice, the partial sums go to an F32 scratch and a second kernel adds them in order.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -315,8 +315,7 @@ void launch_mma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_row
                                  int(T::kSmemBytes)));
   });
   launch(p, row_tiles, swiglu, max_rows,
-         Kernels{grouped_gemm_fp8_kernel<T, false>, grouped_gemm_fp8_kernel<T, true>, T::kBK, kThreads, T::kSmemBytes,
-                 T::kMinBlocks});
+         Kernels{grouped_gemm_fp8_kernel<T, false>, grouped_gemm_fp8_kernel<T, true>, T::kBK, kThreads, T::kSmemBytes});
 }
 
 }  // namespace
@@ -324,13 +323,13 @@ void launch_mma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_row
 void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows, const Kernels& k) {
   const int64_t n_tiles = (p.N + (swiglu ? kBN / 2 : kBN) - 1) / (swiglu ? kBN / 2 : kBN);
   const int KT = (p.K + k.bk - 1) / k.bk;
-  // Split K (dense plain products only: SwiGLU needs whole sums) until the grid fills every SM's
-  // min_blocks; at least 4 K tiles a slice (64 KB of weights at BK 128, 32 at 64), so each slice fills
+  // Split K (dense plain products only: SwiGLU needs whole sums) until the grid covers the SMs
+  // twice; at least 4 K tiles a slice (64 KB of weights at BK 128, 32 at 64), so each slice fills
   // its pipeline. The partial sums are small next to the weights: 14 slices of 16 rows x 2112
   // are 1.9 MB against 15 MB.
   int splits = 1;
   if (!p.offsets && !swiglu) {
-    const int64_t blocks = n_tiles * row_tiles, want = int64_t(k.min_blocks) * sm_count();
+    const int64_t blocks = n_tiles * row_tiles, want = 2 * int64_t(sm_count());
     if (blocks < want) splits = int(std::min<int64_t>((want + blocks - 1) / blocks, std::max(1, KT / 4)));
   }
   const int kt_split = (KT + splits - 1) / splits;

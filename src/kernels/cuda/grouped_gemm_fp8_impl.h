@@ -71,7 +71,6 @@ struct Kernels {
   void (*swiglu)(Params);
   int bk, threads;
   size_t smem;
-  int min_blocks;  // blocks an SM (the launch bounds'); a dense product's K split fills them
 };
 
 // Launches a shape over row_tiles row tiles (grouped_gemm_fp8.cu): a dense plain product of too

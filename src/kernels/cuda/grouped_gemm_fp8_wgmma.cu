@@ -24,7 +24,6 @@
 // reads), __syncthreads, four wgmmas, commit, wait until only this tile's are pending.
 // Each thread converts exactly the weight bytes it copied (the same 16-byte chunks).
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/cuda/flash_prefill.h"  // cp_async16 / cp_async_commit / cp_async_wait
 #include "kernels/cuda/grouped_gemm_fp8_impl.h"
@@ -36,9 +35,9 @@ namespace {
 
 using namespace wg;
 
-template <int BM, int MIN_BLOCKS, int STAGES = 4>
+template <int BM, int MIN_BLOCKS>
 struct WgF8Tile {
-  static constexpr int kBM = BM, kMinBlocks = MIN_BLOCKS, kBK = 64, kStages = STAGES, kAhead = STAGES - 2;
+  static constexpr int kBM = BM, kMinBlocks = MIN_BLOCKS, kBK = 64, kStages = 4, kAhead = 2;
   static constexpr int kThreads = 256;
   static constexpr int kWgN = BM == 128 ? kBN : kBN / 2;  // columns (weight rows) a warpgroup
   static constexpr int kAcc = kWgN / 2;                   // f32 sums a thread
@@ -54,9 +53,6 @@ struct WgF8Tile {
 };
 using WgF8Tile64 = WgF8Tile<64, 2>;    // 97 KiB
 using WgF8Tile128 = WgF8Tile<128, 1>;  // 129 KiB
-using WgF8Tile64s5 = WgF8Tile<64, 2, 5>;     // 113 KiB
-using WgF8Tile64s10 = WgF8Tile<64, 1, 10>;   // 193 KiB
-using WgF8Tile128s8 = WgF8Tile<128, 1, 8>;   // 225 KiB
 
 template <class T>
 __device__ __forceinline__ void wgmma_tile(float (&d)[T::kAcc], uint64_t a, uint64_t b) {
@@ -248,24 +244,14 @@ void launch_tile(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_ro
   });
   launch(p, row_tiles, swiglu, max_rows,
          Kernels{grouped_gemm_fp8_wgmma_kernel<T, false>, grouped_gemm_fp8_wgmma_kernel<T, true>, T::kBK,
-                 T::kThreads, T::kSmemBytes, T::kMinBlocks});
+                 T::kThreads, T::kSmemBytes});
 }
 
 }  // namespace
 
 void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm) {
-  static const int stages = [] {
-    const char* v = std::getenv("MOESERVE_FP8_WGMMA_STAGES");
-    return v ? std::atoi(v) : 4;
-  }();
-  if (bm == 128) {
-    if (stages == 8) launch_tile<WgF8Tile128s8>(p, row_tiles, swiglu, max_rows);
-    else launch_tile<WgF8Tile128>(p, row_tiles, swiglu, max_rows);
-  } else {
-    if (stages == 5) launch_tile<WgF8Tile64s5>(p, row_tiles, swiglu, max_rows);
-    else if (stages == 10) launch_tile<WgF8Tile64s10>(p, row_tiles, swiglu, max_rows);
-    else launch_tile<WgF8Tile64>(p, row_tiles, swiglu, max_rows);
-  }
+  if (bm == 128) launch_tile<WgF8Tile128>(p, row_tiles, swiglu, max_rows);
+  else launch_tile<WgF8Tile64>(p, row_tiles, swiglu, max_rows);
 }
 
 }  // namespace ms::cuda::grouped_fp8
