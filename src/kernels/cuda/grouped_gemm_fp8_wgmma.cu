@@ -118,10 +118,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
 
   const int KT = (p.K + kBK - 1) / kBK;
   const int kt0 = blockIdx.z * (p.k_split / kBK), kt1 = min(KT, kt0 + p.k_split / kBK);
+  // K a multiple of BK (every published block-FP8 shape): each copy's columns are in range, and a
+  // copy of a row past the group or N keeps row 0's address, so no copy tests its column.
+  const bool k_whole = p.K % kBK == 0;
   auto load_stage = [&](int stage, int kt) {
     uint8_t* as = stages + stage * T::kStageBytes;
     uint8_t* ws = as + T::kABytes;
     const int k = kt * kBK;
+    if (k_whole) {
+#pragma unroll
+      for (int i = 0; i < T::kACopies; ++i) cp_async16(as + a_dst + i * 32 * kRowBytes, a_src[i] + k, a_ok[i]);
+#pragma unroll
+      for (int i = 0; i < T::kWCopies; ++i) cp_async16(ws + tid * 16 + i * (T::kWBytes / 2), w_src[i] + k, w_ok[i]);
+      return;
+    }
     // An invalid copy reads nothing (zero fill); its address stays the row's start, inside the operand.
     const bool ka = k + a_chunk * 8 < p.K;
 #pragma unroll
@@ -139,6 +149,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
   // This thread's weight bytes of a stage, times the scales, into BF16 tile `buf`: tile row r,
   // K 16 c.. are swizzled chunks 2 c and 2 c + 1 (16 bytes each). A quarter-warp's stores (rows
   // r, r + 1, chunks 2 c) land on distinct banks: even rows take even chunk slots, odd rows odd.
+  uint32_t w_dst[T::kWCopies][2];  // this thread's two swizzled chunks of each BF16 tile row it converts
+#pragma unroll
+  for (int i = 0; i < T::kWCopies; ++i)
+    w_dst[i][0] = swizzled_offset(tid / 4 + 64 * i, 2 * c), w_dst[i][1] = swizzled_offset(tid / 4 + 64 * i, 2 * c + 1);
   auto convert = [&](int stage, int buf, const float (&sc)[T::kWCopies]) {
     const uint8_t* ws = stages + stage * T::kStageBytes + T::kABytes;
 #pragma unroll
@@ -149,9 +163,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
       const uint4 hi = make_uint4(fp8x2_bf16x2(raw.z & 0xffffu, sc[i]), fp8x2_bf16x2(raw.z >> 16, sc[i]),
                                   fp8x2_bf16x2(raw.w & 0xffffu, sc[i]), fp8x2_bf16x2(raw.w >> 16, sc[i]));
       uint8_t* dst = bf + buf * T::kBf16Bytes;
-      const int r = tid / 4 + 64 * i;
-      *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 2 * c)) = lo;
-      *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 2 * c + 1)) = hi;
+      *reinterpret_cast<uint4*>(dst + w_dst[i][0]) = lo;
+      *reinterpret_cast<uint4*>(dst + w_dst[i][1]) = hi;
     }
   };
 
@@ -171,6 +184,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
     if (kt0 + s < kt1) load_stage(s, kt0 + s);
     cp_async_commit();
   }
+  int read_stage = 0, write_stage = kAhead;  // (kt - kt0) % kStages, (kt - kt0 + kAhead) % kStages
   for (int kt = kt0; kt < kt1; ++kt) {
     const int j = kt - kt0;
     float sc[T::kWCopies];
@@ -179,12 +193,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
     cp_async_wait<kAhead - 1>();  // tile kt has landed (this thread's copies)
     __syncthreads();              // everyone's; tile kt - 2's wgmmas are done in both warpgroups
     const int next = kt + kAhead;
-    if (next < kt1) load_stage((j + kAhead) % kStages, next);  // the buffer of tile kt - 2
+    if (next < kt1) load_stage(write_stage, next);  // the buffer of tile kt - 2
     cp_async_commit();
-    convert(j % kStages, j % 2, sc);  // while tile kt - 1's wgmmas run
+    convert(read_stage, j % 2, sc);  // while tile kt - 1's wgmmas run
     fence_proxy_async();              // this thread's st.shared and cp.async writes, to wgmma ...
     __syncthreads();                  // ... everyone's
-    const uint64_t a_off = uint64_t((j % kStages) * T::kStageBytes) >> 4;
+    const uint64_t a_off = uint64_t(read_stage * T::kStageBytes) >> 4;
+    read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
     const uint64_t b_off = uint64_t((j % 2) * T::kBf16Bytes) >> 4;
     fence_operands(acc);
     wgmma_fence();
