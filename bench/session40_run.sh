@@ -88,3 +88,33 @@ if [ $PHASE = 2 ]; then
   run_gpu_tests /tmp/b test_cuda_fixtures
   log done
 fi
+
+# PHASE=3: the session's tree ($SRC) against $BEFORE_SRC (its wgmma FP8 product before the per-tile cleanup): the
+#   grouped FP8 bench both ways (V3's EP8 experts at 64 and 256 tokens, the dense FP8 linears), every GPU test
+#   program, greedy ids of the V3 shard both ways, the V3 shard's figures at L = 2 and 5 (B = 1, 16 at 4096 keys,
+#   64 and 128 at 1536, 256 at 128; the 4096-token prefill of the B = 1 runs), B = 128 and 256 both ways, Qwen3 and
+#   V2-Lite at B = 1, the opcode mix of the FP8 objects.
+if [ $PHASE = 3 ]; then
+  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
+  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j4 --target moeserve test_cuda_grouped_gemm_fp8) \
+    > $L/build-before.log 2>&1 &
+  JOBS=12 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
+  v3_model v3-2 2 & v3_model v3-5 5 & model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_grouped_gemm_fp8 test_cuda_gemv test_cuda_fixtures
+  wait
+  sass_mix /tmp/b wgmma grouped_gemm_fp8_wgmma; sass_mix /tmp/b gemv gemv
+  for s in after before; do
+    bin=/tmp/b/tests/test_cuda_grouped_gemm_fp8; [ $s = before ] && bin=/tmp/before/tests/test_cuda_grouped_gemm_fp8
+    MOESERVE_BENCH_FP8_GROUPED=1 MOESERVE_BENCH_FP8_TOKENS=64,256 gtest fp8-bench-$s 120 $bin --gtest_filter='*FP8GroupedBench'
+  done
+  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
+  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
+  SIDES=final bench_sides v3-2 "1 4096 16" "16 4096 16" "64 1536 16" "128 1536 16" "256 128 16"
+  SIDES=final bench_sides v3-5 "1 4096 16" "16 4096 16" "64 1536 16" "128 1536 16" "256 128 16"
+  SIDES="before after" bench_sides v3-2 "128 1536 16" "256 128 16"; SIDES="before after" bench_sides v3-5 "128 1536 16" "256 128 16"
+  SIDES=final bench_sides qwen3 "1 4096 16"; SIDES=final bench_sides v2lite "1 4096 16"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  log done
+fi
