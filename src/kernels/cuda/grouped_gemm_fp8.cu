@@ -17,7 +17,7 @@
 // {row g, row g + 8, row g, row g + 8} and must be four consecutive registers, so A is staged
 // with the rows g and g + 8 of a 16-row slice interleaved word by word (4-byte copies): one
 // 16-byte load is one MMA's A. (Staged row by row, each MMA first moved its four registers into
-// place: Nsight counted those moves a quarter of the kernel's instructions; BENCHMARKS, session 40.)
+// place: a quarter of the kernel's instructions in session 39's Nsight report; BENCHMARKS, session 40.)
 // B rows are padded by 32 bytes and A's row pairs by 16, so that the 8-byte B loads of a
 // half-warp (4 rows x 4 threads) and the 16-byte A loads of a quarter-warp (2 pairs x 4) hit
 // distinct banks.
@@ -66,7 +66,8 @@ struct F8Tile {
 };
 using F8Tile16 = F8Tile<16, 128, 4, 16, 16, 2>;   // 100 KiB
 using F8Tile32 = F8Tile<32, 128, 3, 32, 16, 2>;   // 90 KiB
-using F8Tile64 = F8Tile<64, 64, 4, 64, 16, 2>;    // 96 KiB
+using F8Tile64 = F8Tile<64, 64, 4, 64, 16, 2>;    // 96 KiB (only where wgmma is off; its K tile of 64
+                                                   // pays the 4-byte A copies twice a weight: 6 % slower)
 
 // Where word w (elements 2w, 2w + 1) of a stage's A row r lies, in bytes: rows r and r + 8 of a
 // 16-row slice share a row pair, in groups of 16 bytes {row g word 2j, row g + 8 word 2j, row g
