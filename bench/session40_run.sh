@@ -64,7 +64,8 @@ if [ $PHASE = 1 ]; then
   log done
 fi
 
-# PHASE=2: the wgmma FP8 product's pipeline depth (MOESERVE_FP8_WGMMA_STAGES: BM 64 at 4 (the default), 5 (two blocks
+# PHASE=2 (needs `83734a3`: its stage variants and MOESERVE_FP8_WGMMA_STAGES were dropped in `619d325`): the
+#   wgmma FP8 product's pipeline depth (MOESERVE_FP8_WGMMA_STAGES: BM 64 at 4 (the default), 5 (two blocks
 #   an SM) or 10 (one), BM 128 at 4 or 8): the grouped FP8 test under each, its bench (V3's EP8 experts at 64, 256
 #   and 1024 tokens, the dense FP8 linears) under each, the V3 shard at B = 64, 128 and 256 under each; the opcode
 #   mix of both grouped FP8 objects; timelines of the shard's B = 1 and B = 64 decode (the default).

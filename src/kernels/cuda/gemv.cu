@@ -601,7 +601,8 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
           const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
-  MS_CHECK(!w.fp8 || w.block_k % 16 == 0, "gemv: fp8 block_k ", w.block_k, " is not a multiple of 16");
+  MS_CHECK(!w.fp8 || (w.block_k > 0 && w.block_k % 16 == 0), "gemv: fp8 block_k ", w.block_k,
+           " is not a positive multiple of 16");
   MS_CHECK(!w.fp8 || (w.block_n > 0 && w.block_n < (1 << 16) && w.block_k < (1 << 16) && N < (1 << 24) && K < (1 << 24)),
            "gemv: fp8 blocks of ", w.block_n, " x ", w.block_k, " over ", N, " x ", K, " (BlockDiv's range)");
   MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");

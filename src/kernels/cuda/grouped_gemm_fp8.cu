@@ -186,6 +186,13 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
   // K a multiple of BK (every published block-FP8 shape): each copy's columns are in range, and a
   // copy of a row past the group or N keeps row 0's address, so no copy tests its column.
   const bool k_whole = p.K % kBK == 0;
+  // A chunk i's four words from src (zeros when !v) to their places in the stage at `as`.
+  auto copy_a = [&](uint32_t as, int i, const bf16* src, bool v) {
+    cp_async4(as + a_dst[i], src, v);
+    cp_async4(as + a_dst[i] + 8, src + 2, v);
+    cp_async4(as + a_dst[i] + 16, src + 4, v);
+    cp_async4(as + a_dst[i] + 24, src + 6, v);
+  };
   auto load_stage = [&](int stage, int kt) {
     const uint32_t as = smem_addr + stage * T::kStageBytes;
     uint8_t* bs = smem + stage * T::kStageBytes + T::kABytes;
@@ -194,11 +201,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
 #pragma unroll
       for (int i = 0; i < T::kACopies; ++i) {
         if (T::kAChunks % kThreads != 0 && tid + i * kThreads >= T::kAChunks) break;
-        const bf16* src = a_src[i] + k;
-        cp_async4(as + a_dst[i], src, a_ok[i]);
-        cp_async4(as + a_dst[i] + 8, src + 2, a_ok[i]);
-        cp_async4(as + a_dst[i] + 16, src + 4, a_ok[i]);
-        cp_async4(as + a_dst[i] + 24, src + 6, a_ok[i]);
+        copy_a(as, i, a_src[i] + k, a_ok[i]);
       }
 #pragma unroll
       for (int i = 0; i < T::kBCopies; ++i) {
@@ -214,11 +217,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
       if (T::kAChunks % kThreads != 0 && idx >= T::kAChunks) break;
       const int kc = (idx % (kBK / 8)) * 8;
       const bool v = a_ok[i] && k + kc < p.K;
-      const bf16* src = a_src[i] + (v ? k : 0);
-      cp_async4(as + a_dst[i], src, v);
-      cp_async4(as + a_dst[i] + 8, src + 2, v);
-      cp_async4(as + a_dst[i] + 16, src + 4, v);
-      cp_async4(as + a_dst[i] + 24, src + 6, v);
+      copy_a(as, i, a_src[i] + (v ? k : 0), v);
     }
 #pragma unroll
     for (int i = 0; i < T::kBCopies; ++i) {
