@@ -180,8 +180,8 @@ Tensor uniform_bf16_values(Shape shape, float std, uint64_t seed) {
 }
 
 // One weight matrix [N, K]: what the kernel reads (BF16, or FP8 codes with block scales) and
-// the values it multiplies by, as F32 on the host (FP8: code x scale rounded to bf16, as the
-// kernel converts them).
+// the values it multiplies by, as F32 on the host (FP8: code x scale, unrounded: the kernel
+// scales its f32 sums, not the weights).
 struct Matrix {
   Tensor dev, dev_scale, host;
 };
@@ -198,8 +198,8 @@ Matrix make_matrix(int64_t N, int64_t K, bool fp8, uint64_t seed) {
   const int64_t sld = w.cpu.scale_inv.size(1);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k)
-      m.host.data<float>()[n * K + k] = round_bf16(fp8_e4m3_to_f32(w.cpu.w.data<uint8_t>()[n * K + k]) *
-                                                   w.cpu.scale_inv.data<float>()[(n / 128) * sld + k / 128]);
+      m.host.data<float>()[n * K + k] =
+          fp8_e4m3_to_f32(w.cpu.w.data<uint8_t>()[n * K + k]) * w.cpu.scale_inv.data<float>()[(n / 128) * sld + k / 128];
   return m;
 }
 

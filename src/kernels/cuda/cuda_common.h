@@ -252,6 +252,22 @@ __device__ __forceinline__ float fp8_to_f(uint8_t byte) {
   return float(v);
 }
 
+// Four e4m3 codes (the bytes of `four`) as two bf16 pairs, each the code's value times 2^-120
+// exactly: bf16 takes e4m3's sign, 4 exponent and 3 mantissa bits at the bottom of its own
+// fields, and e4m3's subnormals land on bf16's. lo holds bytes 0 and 1, hi bytes 2 and 3 (the
+// lower byte in the lower half). Three integer instructions a pair, where e4m3 -> f16 -> f32,
+// times the block scale, -> bf16 took six; the products that use it apply the block's scale
+// (times kE4m3Unscale) to their f32 sums instead, so a weight counts as float(e4m3) * scale
+// unrounded.
+constexpr float kE4m3Unscale = 0x1p120f;
+__device__ __forceinline__ void e4m3x4_bf16(uint32_t four, uint32_t& lo, uint32_t& hi) {
+  uint32_t a, b;  // each byte sign-extended to 16 bits (prmt selectors with the sign bit set)
+  asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(a) : "r"(four));
+  asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(b) : "r"(four));
+  lo = (a << 4) & 0x87f087f0u;
+  hi = (b << 4) & 0x87f087f0u;
+}
+
 }  // namespace ms::cuda
 
 // Runs `body` with `T` bound to the element type of a BF16 or F32 tensor.

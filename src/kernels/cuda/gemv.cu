@@ -7,9 +7,11 @@
 // Fragment layout: a dot product does not care in which order k is summed, so each lane loads
 // 16 consecutive k (two 16-byte bf16 loads, or one of fp8) of weight rows g and g + 8 and of input
 // row g, and hands them to the mma as if they were the k it expects; A and B are permuted alike.
-// FP8 blocks are scaled into BF16 as they are converted (as the prefill path's dequantised copy),
-// right before their mma: a round in registers is the raw bytes, half BF16's, so an FP8 warp holds
-// two rounds and asks for the next before converting this one. (Converted as they arrived, one
+// FP8 codes are converted right before their mma, unscaled (e4m3x4_bf16: exact, three integer
+// instructions a pair), and each row's block scale multiplies the chunk's f32 sums (a chunk of 64
+// k lies in one scale block): a weight counts as float(e4m3) * scale, unrounded. A round in
+// registers is the raw bytes, half BF16's, so an FP8 warp holds two rounds and asks for the next
+// before converting this one. (Converted as they arrived, one
 // round at a time, DeepSeek-V3's FP8 products at batch 1 streamed at ~1 TB/s: BENCHMARKS, session 39.)
 // (A block asking for all of its slab at once into shared memory instead, cp.async, then these
 // mmas in this order, was measured and dropped: Qwen3's q|k|v 7.95 -> 8.32 us a layer, V2-Lite's
@@ -68,23 +70,42 @@ struct GemvParams {
 // input was written before that kernel, so all of it may run beside that kernel).
 enum class Start { Wait, Early, Beside };
 
-// 16 weights of a row as the mma takes them, pair(i) the i-th bf16 pair: BF16 as loaded; FP8 as
-// the 16 codes and their block's scale until then, each pair bf16(float(e4m3) * scale).
+// 16 weights of a row as the mma takes them: BF16 as 8 pairs; FP8 as the 16 codes and their
+// block's scale times kE4m3Unscale.
 template <bool FP8>
 struct WeightRegs {
   uint32_t v[8];
-  __device__ __forceinline__ uint32_t pair(int i) const { return v[i]; }
 };
 template <>
 struct WeightRegs<true> {
   uint32_t raw[4];
   float scale;
-  __device__ __forceinline__ uint32_t pair(int i) const {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(raw[i / 2] >> (16 * (i % 2))), __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));  // e4m3 -> f16 -> f32: exact
-    return pack_bf16(f.x * scale, f.y * scale);
-  }
 };
+
+// The four mmas of a lane's 16 k (one per 4 bf16 pairs) for rows r0 (g) and r1 (g + 8) and
+// inputs x, into acc. FP8: into zeroed sums, then each row's sums times its scale.
+template <bool FP8>
+__device__ __forceinline__ void chunk_mma(float (&acc)[4], const WeightRegs<FP8>& r0, const WeightRegs<FP8>& r1,
+                                          const uint32_t (&x)[8]) {
+  if constexpr (FP8) {
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t frag[4];  // {row g pair 2s, row g + 8 pair 2s, row g pair 2s + 1, row g + 8 pair 2s + 1}
+      e4m3x4_bf16(r0.raw[s], frag[0], frag[2]);
+      e4m3x4_bf16(r1.raw[s], frag[1], frag[3]);
+      mma_bf16(part, frag, x[2 * s], x[2 * s + 1]);
+    }
+    acc[0] = fmaf(part[0], r0.scale, acc[0]), acc[1] = fmaf(part[1], r0.scale, acc[1]);
+    acc[2] = fmaf(part[2], r1.scale, acc[2]), acc[3] = fmaf(part[3], r1.scale, acc[3]);
+  } else {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t frag[4] = {r0.v[2 * s], r1.v[2 * s], r0.v[2 * s + 1], r1.v[2 * s + 1]};
+      mma_bf16(acc, frag, x[2 * s], x[2 * s + 1]);
+    }
+  }
+}
 
 // 16 weights of row n at k0 (zeros past N or K), read under L2 `policy`.
 template <bool FP8>
@@ -101,7 +122,7 @@ __device__ __forceinline__ void load_weights(const GemvParams& p, const char* W,
     }
   }
   if constexpr (FP8) {
-    w.scale = (n < p.N && k0 < p.K) ? S[int64_t(p.block_n(n)) * p.w.scale_ld + p.block_k(k0)] : 0.f;
+    w.scale = (n < p.N && k0 < p.K) ? S[int64_t(p.block_n(n)) * p.w.scale_ld + p.block_k(k0)] * kE4m3Unscale : 0.f;
     w.raw[0] = lo.x, w.raw[1] = lo.y, w.raw[2] = lo.z, w.raw[3] = lo.w;
   } else {
     w.v[0] = lo.x, w.v[1] = lo.y, w.v[2] = lo.z, w.v[3] = lo.w, w.v[4] = hi.x, w.v[5] = hi.y, w.v[6] = hi.z, w.v[7] = hi.w;
@@ -225,14 +246,7 @@ __global__ void __launch_bounds__(256, FP8 && NT == 1 ? 2 : 1) gemv_kernel(GemvP
               load_inputs<BESIDE>(p, src[t], k0_of(c0 + u * S), x);
             }
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-#pragma unroll
-              for (int m = 0; m < MATS; ++m) {
-                const uint32_t frag[4] = {a[u][m][0].pair(2 * s), a[u][m][1].pair(2 * s),
-                                          a[u][m][0].pair(2 * s + 1), a[u][m][1].pair(2 * s + 1)};
-                mma_bf16(acc[m][t], frag, x[2 * s], x[2 * s + 1]);
-              }
-            }
+            for (int m = 0; m < MATS; ++m) chunk_mma<FP8>(acc[m][t], a[u][m][0], a[u][m][1], x);
           }
         }
       };
@@ -369,12 +383,7 @@ struct RouteTask {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (c0 + u * S >= p.chunks) break;
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const uint32_t frag[4] = {a[u][0].pair(2 * s), a[u][1].pair(2 * s), a[u][0].pair(2 * s + 1),
-                                    a[u][1].pair(2 * s + 1)};
-          mma_bf16(acc, frag, xs[u][2 * s], xs[u][2 * s + 1]);
-        }
+        chunk_mma<FP8>(acc, a[u][0], a[u][1], xs[u]);
       }
     }
     // Lane (g, q) holds features g and g + 8 for rows 2q and 2q + 1 (a warp with no chunk: zeros,
@@ -601,8 +610,8 @@ bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_
 void gemv(int64_t N, int64_t K, const GemvWeights& w, const GemvRows& rows, const GemvInput& in,
           const GemvOutput& out, bool swiglu, const RouteTail* route) {
   MS_CHECK(gemv_supported(K, w.ld, w.fp8, in.x, in.x_ld), "gemv: unsupported shape K=", K);
-  MS_CHECK(!w.fp8 || (w.block_k > 0 && w.block_k % 16 == 0), "gemv: fp8 block_k ", w.block_k,
-           " is not a positive multiple of 16");
+  MS_CHECK(!w.fp8 || gemv_fp8_block_k(w.block_k), "gemv: fp8 block_k ", w.block_k,
+           " is not a positive multiple of 64");
   MS_CHECK(!w.fp8 || (w.block_n > 0 && w.block_n < (1 << 16) && w.block_k < (1 << 16) && N < (1 << 24) && K < (1 << 24)),
            "gemv: fp8 blocks of ", w.block_n, " x ", w.block_k, " over ", N, " x ", K, " (BlockDiv's range)");
   MS_CHECK(!in.beside_last || (!rows.offsets && !route), "gemv: only a dense product runs beside the kernel before");

@@ -26,6 +26,10 @@ struct GemvWeights {
   bool fetch_early = false;  // a dense weight the product may start loading before it waits (ops::Weight)
 };
 
+// Whether the product takes FP8 blocks of block_k columns: its 64-wide K chunk (one mma step of
+// a warp's quad) must lie in one block, as the block's scale multiplies the chunk's sums.
+inline bool gemv_fp8_block_k(int block_k) { return block_k > 0 && block_k % 64 == 0; }
+
 // Which rows each group owns. Dense: one group, rows [0, rows). Grouped: group g owns rows
 // [offsets[g], offsets[g + 1]); block b of the grid serves group active[b] when b < *n_active.
 struct GemvRows {

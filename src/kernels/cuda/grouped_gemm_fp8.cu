@@ -1,14 +1,14 @@
 // The grouped GEMM of grouped_gemm.h with FP8-block weights ("w8a16"): the weights stay e4m3 in
 // HBM and in shared memory (cp.async of bytes, half the traffic and staging of BF16), and each
-// B fragment is dequantised in registers to bf16(float(e4m3) * scale), exactly weight_bf16's
-// value, before mma.sync m16n8k16 with BF16 activations and f32 sums. Scheduling (the device
+// B fragment is converted in registers, unscaled (e4m3x4_bf16: exact), before mma.sync m16n8k16
+// with BF16 activations into f32 sums a K tile long, which the fragment's block scale then adds
+// into the totals: a weight counts as float(e4m3) * scale, unrounded. Scheduling (the device
 // tile table, blocks of one row tile adjacent so an expert's weights are shared through L2) is
 // grouped_tiles.cuh's, the same as the BF16 kernel's.
 //
 // Why not the streaming GEMV: at 16 rows an expert it spends 16 FMAs on CUDA cores per weight
-// (0.77 TB/s measured on V3's experts); here a weight costs a conversion (1 cvt per 2 weights, 2
-// multiplies, 1 pack: ~3.5 instructions a weight a warp issues once per block) and 1/16 of an
-// MMA per 16 rows, which at ~36 weights a clock an SM leaves HBM (4.3 TB/s) the limit.
+// (0.77 TB/s measured on V3's experts); here a weight costs a conversion (3 integer instructions
+// per 2 weights, once per block) and 1/16 of an MMA per 16 rows.
 //
 // Fragments without ldmatrix: the k order inside an MMA is free as long as A and B agree, so a
 // thread (g, t) takes bytes 8t..8t+7 of a 32-wide K step as its B values (one 8-byte shared
@@ -24,7 +24,8 @@
 //
 // Scales: a K tile (64 or 128) lies inside one 128-wide scale block, and a warp's 8-row fragment
 // inside one 128-row block (gate and up rows each come from their own matrix at 8-row
-// granularity), so a fragment needs one scale a K tile, read through L1.
+// granularity), so a fragment needs one scale a K tile, read through L1, applied to its K tile's
+// sums (an FMA a sum a tile, where scaling each weight as it was converted took a multiply a weight).
 //
 // Row tiles: BM 16, 32 or 64 (grouped_gemm_fp8_bm picks from the rows a group), the warps all
 // side by side along N so that each weight is converted once per block. (A BM 128 tile, two warp
@@ -77,11 +78,19 @@ template <class T>
 __device__ __forceinline__ int a_pair_offset(int r, int w) {
   return (r / 16 * 8 + r % 8) * T::kLdp + (w / 2) * 16 + (w % 2) * 8 + (r / 8 % 2) * 4;
 }
-// One K tile of a warp's products over its first NM 16-row slices: as / bs point at the lane's
-// first A group (pair g, group 2t) and B row (g, column 8t) in the stage.
+// One K tile of a warp's products over its first NM 16-row slices, added to acc times each
+// fragment's scale sc: as / bs point at the lane's first A group (pair g, group 2t) and B row
+// (g, column 8t) in the stage.
 template <class T, int NM>
 __device__ __forceinline__ void warp_tile(const uint8_t* as, const uint8_t* bs, const float (&sc)[T::kNF],
                                           float (&acc)[T::kMF][T::kNF][4]) {
+  float part[NM][T::kNF][4];
+#pragma unroll
+  for (int mf = 0; mf < NM; ++mf)
+#pragma unroll
+    for (int nf = 0; nf < T::kNF; ++nf)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) part[mf][nf][v] = 0.f;
 #pragma unroll
   for (int ks = 0; ks < T::kBK / 32; ++ks) {
     uint4 lo[NM], hi[NM];  // the A of the K step's first and second MMA
@@ -93,17 +102,24 @@ __device__ __forceinline__ void warp_tile(const uint8_t* as, const uint8_t* bs, 
 #pragma unroll
     for (int nf = 0; nf < T::kNF; ++nf) {
       const uint2 raw = *reinterpret_cast<const uint2*>(bs + nf * 8 * T::kLdb + ks * 32);
-      const uint32_t b00 = fp8x2_bf16x2(raw.x & 0xffffu, sc[nf]), b01 = fp8x2_bf16x2(raw.x >> 16, sc[nf]);
-      const uint32_t b10 = fp8x2_bf16x2(raw.y & 0xffffu, sc[nf]), b11 = fp8x2_bf16x2(raw.y >> 16, sc[nf]);
+      uint32_t b00, b01, b10, b11;
+      e4m3x4_bf16(raw.x, b00, b01);
+      e4m3x4_bf16(raw.y, b10, b11);
 #pragma unroll
       for (int mf = 0; mf < NM; ++mf) {
         const uint32_t a0[4] = {lo[mf].x, lo[mf].y, lo[mf].z, lo[mf].w};
         const uint32_t a1[4] = {hi[mf].x, hi[mf].y, hi[mf].z, hi[mf].w};
-        mma_bf16(acc[mf][nf], a0, b00, b01);
-        mma_bf16(acc[mf][nf], a1, b10, b11);
+        mma_bf16(part[mf][nf], a0, b00, b01);
+        mma_bf16(part[mf][nf], a1, b10, b11);
       }
     }
   }
+#pragma unroll
+  for (int mf = 0; mf < NM; ++mf)
+#pragma unroll
+    for (int nf = 0; nf < T::kNF; ++nf)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[mf][nf][v] = fmaf(part[mf][nf][v], sc[nf], acc[mf][nf][v]);
 }
 
 // warp_tile over the warp's `slices` 16-row slices that hold rows (warp-uniform; 0: none), as a
@@ -249,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
     float sc[T::kNF];
     const int kb = kt * kBK / 128;
 #pragma unroll
-    for (int nf = 0; nf < T::kNF; ++nf) sc[nf] = __ldg(s_row[nf] + kb);
+    for (int nf = 0; nf < T::kNF; ++nf) sc[nf] = __ldg(s_row[nf] + kb) * kE4m3Unscale;
     cp_async_wait<kStages - 2>();  // tile kt has landed (this thread's copies) ...
     __syncthreads();               // ... everyone's, and every warp is done with tile kt - 1's stage
     const int next = kt + kStages - 1;

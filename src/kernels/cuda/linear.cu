@@ -70,7 +70,7 @@ bool gemv_takes(const Tensor& xb, const Weight& w) {
   const int64_t fp8_max = grouped_gemm_fp8_enabled() ? kGemvMaxRowsFp8 : kGemvMaxRowsFp8Old;
   if (T > (w.is_fp8() ? fp8_max : kGemvMaxRowsBf16) || wt.strides()[1] != 1 || reinterpret_cast<uintptr_t>(wt.raw()) % 16 != 0 || !gemv_supported(K, wt.strides()[0], w.is_fp8(), xb.raw(), xb.strides()[0]))
     return false;
-  if (w.is_fp8()) return w.block_k % 16 == 0 && w.scale_inv.dtype() == DType::F32;
+  if (w.is_fp8()) return gemv_fp8_block_k(w.block_k) && w.scale_inv.dtype() == DType::F32;
   return wt.dtype() == DType::BF16;
 }
 

@@ -103,7 +103,7 @@ bool collect(const std::vector<ops::Weight>& ws, int64_t rows, int64_t cols, boo
       return false;
     if (!fp8 && w.w.dtype() != DType::BF16) return false;
     if (fp8 && (w.scale_inv.dtype() != DType::F32 || w.scale_inv.device() != Device::CUDA ||
-                w.scale_inv.strides()[0] != scale_ld || w.block_n != bn || w.block_k != bk || bk % 16 != 0))
+                w.scale_inv.strides()[0] != scale_ld || w.block_n != bn || w.block_k != bk || !gemv_fp8_block_k(bk)))
       return false;
     ptrs.push_back(reinterpret_cast<uint64_t>(w.w.raw()));
     scales.push_back(fp8 ? reinterpret_cast<uint64_t>(w.scale_inv.raw()) : 0);
