@@ -57,3 +57,26 @@ if [ $PHASE = 1 ]; then
     $(gpu_tests_of $SRC)
   log done
 fi
+
+# PHASE=2: the final tree ($SRC: the first call's with the streaming product's last-chunk scale fixed) against
+#   $BEFORE_SRC (the session's starting tree): the changed products' tests, then every GPU test program; the V3
+#   shard's figures both ways (B = 1 and 16 at 4096 keys with the 4096-token prefill, 64 and 128 at 1536, 256
+#   at 128; L = 2 and 5) in rotated rounds; greedy ids of the shard; Qwen3 and V2-Lite at B = 1.
+if [ $PHASE = 2 ]; then
+  build_before 4
+  JOBS=12 build_after ms_cuda_ceilings $(gpu_tests_of $SRC)
+  v3_model v3-2 2 & v3_model v3-5 5 & model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
+  timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
+  run_gpu_tests /tmp/b test_cuda_gemv test_cuda_grouped_gemm_fp8 test_cuda_grouped_gemm test_cuda_merge_project \
+    test_cuda_mla_decode_wgmma test_cuda_mla_prefill test_cuda_moe_combine_norm test_cuda_moe_prefill test_cuda_moe_route \
+    test_cuda_sampling test_cuda_fixtures
+  wait
+  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
+  for r in 0 1; do
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16" "16 4096 16" "64 1536 16" "128 1536 16" "256 128 16"
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16" "16 4096 16" "64 1536 16" "128 1536 16" "256 128 16"
+  done
+  SIDES=final bench_sides qwen3 "1 4096 16"; SIDES=final bench_sides v2lite "1 4096 16"
+  run_gpu_tests /tmp/b $(gpu_tests_of $SRC)
+  log done
+fi

@@ -61,6 +61,7 @@ const std::vector<GemvShape> kShapes = {
     {"fp8 dense 3 rows", 2048, 2048, false, 0, 3, 1, true, false},
     {"fp8 experts gate/up B=16", 768, 2048, true, 128, 16, 8, true, false},
     {"fp8 experts down B=16", 2048, 768, false, 128, 16, 8, true, false},
+    {"fp8 dense 12 rows N=300", 300, 1536, false, 0, 12, 1, true, false},
 };
 
 constexpr int kBenchLaunches = 50;  // launches a graph of the bench
@@ -327,6 +328,16 @@ void expect_close(const Tensor& got_dev, const std::vector<float>& ref, double t
   EXPECT_EQ(bad, 0) << at << ": " << bad << " of " << got.size() << " elements off, first at " << first << " ("
                     << (first >= 0 ? got[size_t(first)] : 0.f) << " vs " << (first >= 0 ? ref[size_t(first)] : 0.f)
                     << ", scale " << scale << ")";
+}
+
+// FP8 takes K in whole 64-wide chunks only: a lane of a quad past K would scale the quad's sums
+// by zero. Other FP8 shapes go to the other products (test_cuda_grouped_gemm_fp8's K = 1552).
+TEST(CudaGemv, Fp8NeedsWholeChunks) {
+  EXPECT_TRUE(cuda::gemv_supported(1536, 1536, true, nullptr, 1536));
+  EXPECT_FALSE(cuda::gemv_supported(1552, 1552, true, nullptr, 1552));
+  EXPECT_TRUE(cuda::gemv_supported(1552, 1552, false, nullptr, 1552));
+  EXPECT_TRUE(cuda::gemv_fp8_block_k(128));
+  EXPECT_FALSE(cuda::gemv_fp8_block_k(32));
 }
 
 // Restores the automatic launch shape when a test ends, failed or not.

@@ -602,7 +602,7 @@ GemvTuning gemv_tuning() { return tuning(); }
 void set_gemv_tuning(const GemvTuning& t) { tuning() = checked(t); }
 
 bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_ld) {
-  const int64_t E = fp8 ? 16 : 8;
+  const int64_t E = fp8 ? kChunk : 8;
   return K > 0 && K % E == 0 && (w_ld * (fp8 ? 1 : 2)) % 16 == 0 && x_ld % 8 == 0 &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }

@@ -62,7 +62,9 @@ struct GemvOutput {
   const float* bias = nullptr;
 };
 
-// Whether the kernel takes this shape: K a multiple of the 16-byte chunk, rows 16-byte aligned.
+// Whether the kernel takes this shape: K a multiple of the 16-byte chunk (FP8: of the 64-wide
+// chunk, so that no lane of a quad lies past K while another does not: each scales the sums of
+// the quad's k with its own block's scale, zero past K), rows 16-byte aligned.
 bool gemv_supported(int64_t K, int64_t w_ld, bool fp8, const void* x, int64_t x_ld);
 
 // The launch shape, overridable so that one test or bench binary can time variants (0 keeps the
