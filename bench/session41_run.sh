@@ -81,16 +81,19 @@ if [ $PHASE = 2 ]; then
   log done
 fi
 
-# PHASE=3: the final tree ($SRC) alone: the three test programs the second call's time did not reach
-#   (mla_absorb, moe_one_token, ops), Qwen3 and V2-Lite at B = 1 (4096 keys, three rounds), and one more
-#   round of the V3 shard at B = 1, 16 and 64 (L = 2 and 5).
+# PHASE=3: the final tree ($SRC) against $BEFORE_SRC (the session's start): the three test programs the
+#   second call's time did not reach (mla_absorb, moe_one_token, ops), Qwen3 and V2-Lite at B = 1 (4096 keys,
+#   three rounds, the final tree), and more rotated rounds of the V3 shard at B = 1, 16 and 64 (L = 2 and 5).
 if [ $PHASE = 3 ]; then
-  JOBS=15 build_after test_cuda_mla_absorb test_cuda_moe_one_token test_cuda_ops
+  build_before 4
+  JOBS=12 build_after test_cuda_mla_absorb test_cuda_moe_one_token test_cuda_ops
   v3_model v3-2 2 & v3_model v3-5 5 & model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   run_gpu_tests /tmp/b test_cuda_mla_absorb test_cuda_moe_one_token test_cuda_ops
   wait
   for r in 0 1 2; do SIDES=final bench_sides qwen3 "1 4096 16"; SIDES=final bench_sides v2lite "1 4096 16"; done
-  SIDES=final bench_sides v3-2 "1 4096 16" "16 4096 16" "64 1536 16"
-  SIDES=final bench_sides v3-5 "1 4096 16" "16 4096 16" "64 1536 16"
+  for r in 0 1 2; do
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16" "16 4096 16" "64 1536 16"
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16" "16 4096 16" "64 1536 16"
+  done
   log done
 fi
