@@ -1,6 +1,8 @@
 // The Hopper shapes of grouped_gemm_fp8 (FP8-block weights, BF16 activations): the same grid,
 // tile table, gather, split K, ragged edges and SwiGLU as grouped_gemm_fp8.cu's mma.sync kernel,
-// the same dequantised value bf16(float(e4m3) * scale), but the products on warpgroup MMAs
+// but each weight dequantised to bf16(float(e4m3) * scale) (weight_bf16's value; the mma.sync
+// kernel puts the scale on its sums instead, which here would take a second set of accumulators
+// across the asynchronous wgmmas of two K tiles), and the products on warpgroup MMAs
 // (wgmma.mma_async m64nNk16, f32 += bf16 * bf16) that read both operands from shared memory.
 //
 // Why: the mma.sync kernel is compute-bound from ~32 rows at 150-190 TFLOP/s (registers feed its
