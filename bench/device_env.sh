@@ -92,9 +92,10 @@ bench_before_after() {
 # $BEFORE_SRC's moeserve into /tmp/before, in the background ($! is its build), -j$1 (5). The caller
 # defines $L (logs) and $B (its own moeserve), as for model().
 build_before() {
+  local jobs=${1:-5}; shift $(( $# > 0 ? 1 : 0 ))
   [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
   mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j${1:-5} --target moeserve) > $L/build-before.log 2>&1 &
+  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j$jobs --target moeserve "$@") > $L/build-before.log 2>&1 &
 }
 # $SRC's moeserve and the targets named into /tmp/b (-j$JOBS, 11); exits when moeserve did not build.
 build_after() {
@@ -293,4 +294,39 @@ ncu_export() {
 mla_bench() {
   MOESERVE_BENCH_MLA_PREFILL=1 MOESERVE_MLA_EXPANDED_VARIANTS=$1 gtest $2 120 /tmp/b/tests/test_cuda_mla_prefill \
     --gtest_filter=CudaMlaPrefill.MlaExpandedAttentionBench
+}
+# The V3 EP8 shard (FP8 blocks, 32 experts) of $2 layers as /tmp/$1.
+v3_model() { model $1 deepseek-v3 $2 --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; }
+# The opcode mix of the kernels in build $1's object $3.cu.o (grouped_gemm_fp8: the mma.sync kernels) by
+# cuobjdump, tag $2, as $L/sass-$2.txt.
+sass_mix() {
+  local o; o=$(find $1/ -name "${3:-grouped_gemm_fp8}.cu.o" | head -1)
+  PATH=$PATH:/usr/local/cuda/bin cuobjdump -sass $o > $L/sass-$2.sass 2>&1
+  python3 - $L/sass-$2.sass > $L/sass-$2.txt <<'PY'
+import re, sys, collections
+fn, mix = None, collections.OrderedDict()
+for line in open(sys.argv[1]):
+    m = re.match(r'\s+Function : (\S+)', line)
+    if m: fn = m.group(1); mix[fn] = collections.Counter(); continue
+    m = re.match(r'\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)', line)
+    if m and fn: mix[fn][m.group(2)] += 1
+for fn, c in mix.items():
+    if 'kernel' not in fn: continue
+    print(fn, sum(c.values()), ' '.join(f'{k}:{v}' for k, v in c.most_common(14)))
+PY
+  log "sass $2: $(cut -c1-400 $L/sass-$2.txt | tr '\n' '|')"
+}
+# The grouped FP8 bench (V3's EP8 experts at $1's token counts, the dense FP8 linears) by /tmp/b's test
+# program, then /tmp/before's (build_before with test_cuda_grouped_gemm_fp8), tags fp8-bench-<side>$2.
+fp8_bench_both() {
+  local s bin
+  for s in after before; do
+    bin=/tmp/b/tests/test_cuda_grouped_gemm_fp8; [ $s = before ] && bin=/tmp/before/tests/test_cuda_grouped_gemm_fp8
+    MOESERVE_BENCH_FP8_GROUPED=1 MOESERVE_BENCH_FP8_TOKENS=$1 gtest fp8-bench-$s${2:-} 120 $bin --gtest_filter='*FP8GroupedBench'
+  done
+}
+# Greedy ids of /tmp/v3-2 by $B and by /tmp/before/moeserve; whether they are equal in summary.log.
+v3_ids_both() {
+  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
+  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
 }

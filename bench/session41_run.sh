@@ -5,50 +5,21 @@ set -u
 SRC=${SRC:-.devsrc-a} PHASE=${PHASE:-1}
 source $SRC/bench/device_env.sh && snapshots_ready $SRC
 
-# The V3 EP8 shard (FP8 blocks, 32 experts) of $2 layers as /tmp/$1.
-v3_model() { model $1 deepseek-v3 $2 --fp8 --set num_nextn_predict_layers=0 --set n_routed_experts=32; }
-# The opcode mix of the kernels in build $1's object $3.cu.o (grouped_gemm_fp8: the mma.sync kernels) by
-# cuobjdump, tag $2, as $L/sass-$2.txt.
-sass_mix() {
-  local o; o=$(find $1/ -name "${3:-grouped_gemm_fp8}.cu.o" | head -1)
-  PATH=$PATH:/usr/local/cuda/bin cuobjdump -sass $o > $L/sass-$2.sass 2>&1
-  python3 - $L/sass-$2.sass > $L/sass-$2.txt <<'PY'
-import re, sys, collections
-fn, mix = None, collections.OrderedDict()
-for line in open(sys.argv[1]):
-    m = re.match(r'\s+Function : (\S+)', line)
-    if m: fn = m.group(1); mix[fn] = collections.Counter(); continue
-    m = re.match(r'\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)', line)
-    if m and fn: mix[fn][m.group(2)] += 1
-for fn, c in mix.items():
-    if 'kernel' not in fn: continue
-    print(fn, sum(c.values()), ' '.join(f'{k}:{v}' for k, v in c.most_common(14)))
-PY
-  log "sass $2: $(cut -c1-400 $L/sass-$2.txt | tr '\n' '|')"
-}
-
 # PHASE=1: $SRC (the FP8 products converting codes unscaled and scaling their f32 sums: the streaming
 #   product and the grouped mma.sync kernel) against $BEFORE_SRC (the session's starting tree): the changed
 #   products' tests first, the grouped FP8 bench both ways (V3's EP8 experts at 64 and 256 tokens, the dense
 #   FP8 linears), greedy ids of the V3 shard both ways, B = 1, 16, 64 of the shard at L = 2 and 5 (a layer =
 #   (t5 - t2) / 3) in rotated rounds, then every other GPU test program in the time left.
 if [ $PHASE = 1 ]; then
-  [ -e $BEFORE_SRC/tests/fixtures ] || ln -s "$ROOT/tests/fixtures" $BEFORE_SRC/tests/fixtures
-  mkdir -p .b4/before; ln -sfn $ROOT/.b4/before /tmp/before
-  (configure_tree $BEFORE_SRC /tmp/before && cmake --build /tmp/before -j4 --target moeserve test_cuda_grouped_gemm_fp8) \
-    > $L/build-before.log 2>&1 &
+  build_before 4 test_cuda_grouped_gemm_fp8
   JOBS=12 build_after ms_kernel_trace ms_cuda_ceilings $(gpu_tests_of $SRC)
   v3_model v3-2 2 & v3_model v3-5 5 &
   timeout 120 /tmp/b/ms_cuda_ceilings > $L/ceilings.json 2>&1; log "ceilings $(tr -d '\n' < $L/ceilings.json)"
   run_gpu_tests /tmp/b test_cuda_gemv test_cuda_grouped_gemm_fp8
   wait
   sass_mix /tmp/b mma-after; sass_mix /tmp/before mma-before; sass_mix /tmp/b gemv-after gemv
-  for s in after before; do
-    bin=/tmp/b/tests/test_cuda_grouped_gemm_fp8; [ $s = before ] && bin=/tmp/before/tests/test_cuda_grouped_gemm_fp8
-    MOESERVE_BENCH_FP8_GROUPED=1 MOESERVE_BENCH_FP8_TOKENS=64,256 gtest fp8-bench-$s 120 $bin --gtest_filter='*FP8GroupedBench'
-  done
-  gen_ids v3-2 - v3-after; B=/tmp/before/moeserve gen_ids v3-2 - v3-before
-  cmp -s $L/gen-v3-after.txt $L/gen-v3-before.txt && log "generate v3 ids equal" || log "generate v3 ids DIFFER"
+  fp8_bench_both 64,256
+  v3_ids_both
   for r in 0 1; do
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16" "16 4096 16" "64 1536 16"
     SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16" "16 4096 16" "64 1536 16"
