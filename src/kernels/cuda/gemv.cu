@@ -11,8 +11,8 @@
 // instructions a pair), and each row's block scale multiplies the chunk's f32 sums (a chunk of 64
 // k lies in one scale block): a weight counts as float(e4m3) * scale, unrounded. A round in
 // registers is the raw bytes, half BF16's, so an FP8 warp holds two rounds and asks for the next
-// before converting this one. (Converted as they arrived, one
-// round at a time, DeepSeek-V3's FP8 products at batch 1 streamed at ~1 TB/s: BENCHMARKS, session 39.)
+// before converting this one. (Converted as they arrived, one round at a time, DeepSeek-V3's FP8
+// products at batch 1 streamed at ~1 TB/s: BENCHMARKS, session 39.)
 // (A block asking for all of its slab at once into shared memory instead, cp.async, then these
 // mmas in this order, was measured and dropped: Qwen3's q|k|v 7.95 -> 8.32 us a layer, V2-Lite's
 // q|kv_a 2.45 -> 2.93; the rounds in registers are not what holds these products back.

@@ -79,9 +79,10 @@ void grouped_gemm(const GroupedGemmArgs& args, bool swiglu);
 
 // The same product with FP8-block weights (grouped_gemm_fp8.cu): each weight is read once as a
 // byte, converted in the kernel and multiplied with BF16 activations on the tensor cores (f32
-// sums): the mma.sync shapes count a weight as float(e4m3) * scale (the block scale on the sums),
-// the wgmma shapes as bf16(float(e4m3) * scale), the value weight_bf16 gives. Takes K and w_ld multiples of
-// 16 (its weight tiles come in 16-byte copies), a_ld of 8, A 16-byte aligned (a null: unchecked).
+// sums): the mma.sync shapes count a weight as float(e4m3) * scale (the block scale on the
+// sums), the wgmma shapes as bf16(float(e4m3) * scale), the value weight_bf16 gives. Takes K and
+// w_ld multiples of 16 (its weight tiles come in 16-byte copies), a_ld of 8, A 16-byte aligned
+// (a null: unchecked).
 bool grouped_gemm_fp8_supported(int64_t K, int64_t w_ld, const void* a, int64_t a_ld);
 bool grouped_gemm_fp8_fits(int64_t max_rows, int experts, int bm);
 // The row tile (16, 32 or 64) for groups of `rows` rows: exactly (one dense group) or on

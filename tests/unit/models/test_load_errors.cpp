@@ -39,6 +39,18 @@ void edit_header(const std::string& path, const std::function<void(json&)>& edit
   out << nh << bytes.substr(8 + len);
 }
 
+// Overwrites the first element of the F32 tensor `name` in a safetensors file with `value`.
+void poke_f32(const std::string& path, const std::string& name, float value) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  uint64_t len = 0;
+  f.read(reinterpret_cast<char*>(&len), 8);
+  std::string header(len, '\0');
+  f.read(header.data(), std::streamsize(len));
+  const uint64_t begin = json::parse(header)[name]["data_offsets"][0].get<uint64_t>();
+  f.seekp(std::streamoff(8 + len + begin));
+  f.write(reinterpret_cast<const char*>(&value), 4);
+}
+
 // Runs moeserve with `args`; expects a failure whose single output line has every needle.
 void expect_cli_error(const std::string& args, std::initializer_list<std::string> needles) {
   std::string out;
@@ -78,6 +90,15 @@ TEST(LoadErrors, TensorOfTheWrongDtype) {
   edit_header(dir + "/model-00001-of-00002.safetensors",
               [](json& h) { h["model.layers.0.self_attn.o_proj.weight_scale_inv"]["dtype"] = "I32"; });
   expect_cli_error(logits_args(dir), {"o_proj.weight_scale_inv", "dtype I32"});
+}
+
+// The CUDA FP8 products multiply sums by the block scale times 2^120: a scale from 256 up (or
+// not finite) is refused at load, on every backend, naming the tensor.
+TEST(LoadErrors, Fp8ScaleTheProductsCannotTake) {
+  std::string dir = copy_fixture("deepseek-v3-fp8-tiny");
+  poke_f32(dir + "/model-00001-of-00002.safetensors", "model.layers.0.self_attn.o_proj.weight_scale_inv", 300.f);
+  expect_cli_error(logits_args(dir), {"model.layers.0.self_attn.o_proj.weight_scale_inv", "holds 300",
+                                      "finite and below 256"});
 }
 
 TEST(LoadErrors, UnknownArchitectureAndMissingField) {
