@@ -72,7 +72,8 @@ fi
 # PHASE=4 (for the next session: `git apply bench/gpu_pending.patch` in the $SRC snapshot, main as $BEFORE_SRC):
 #   the wgmma FP8 product with the scales on its sums: the grouped FP8 test, the fixtures and graphed engine
 #   first; the grouped FP8 bench both ways at 64, 256 and 1024 tokens (the dense FP8 linears at 64 and 256
-#   rows run wgmma too); greedy ids; the shard at B = 64, 128 and 256 both ways (L = 2 and 5), rotated rounds.
+#   rows run wgmma too); greedy ids; the shard at B = 1, 64, 128 and 256 both ways (L = 2 and 5; B = 1 for the
+#   streaming product's shared row-pair scale), rotated rounds.
 if [ $PHASE = 4 ]; then
   build_before 4 test_cuda_grouped_gemm_fp8
   JOBS=12 build_after test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
@@ -83,8 +84,8 @@ if [ $PHASE = 4 ]; then
   fp8_bench_both 64,256,1024
   v3_ids_both
   for r in 0 1 2; do
-    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "64 1536 16" "128 1536 16" "256 128 16"
-    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "64 1536 16" "128 1536 16" "256 128 16"
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-2 "1 4096 16" "64 1536 16" "128 1536 16" "256 128 16"
+    SIDES="$(SIDES="after before" rotated $r)" bench_sides v3-5 "1 4096 16" "64 1536 16" "128 1536 16" "256 128 16"
   done
   log done
 fi
