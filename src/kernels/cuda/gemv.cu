@@ -82,6 +82,13 @@ struct WeightRegs<true> {
   float scale;
 };
 
+// Step s of a BF16 chunk's mmas (pairs 2s and 2s + 1 of rows r0 = g and r1 = g + 8), into acc.
+__device__ __forceinline__ void bf16_step(float (&acc)[4], const WeightRegs<false>& r0, const WeightRegs<false>& r1,
+                                          const uint32_t (&x)[8], int s) {
+  const uint32_t frag[4] = {r0.v[2 * s], r1.v[2 * s], r0.v[2 * s + 1], r1.v[2 * s + 1]};
+  mma_bf16(acc, frag, x[2 * s], x[2 * s + 1]);
+}
+
 // The four mmas of a lane's 16 k (one per 4 bf16 pairs) for rows r0 (g) and r1 (g + 8) and
 // inputs x, into acc. FP8: into zeroed sums, then each row's sums times its scale.
 template <bool FP8>
@@ -100,10 +107,7 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[4], const WeightRegs<FP8>
     acc[2] = fmaf(part[2], r1.scale, acc[2]), acc[3] = fmaf(part[3], r1.scale, acc[3]);
   } else {
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t frag[4] = {r0.v[2 * s], r1.v[2 * s], r0.v[2 * s + 1], r1.v[2 * s + 1]};
-      mma_bf16(acc, frag, x[2 * s], x[2 * s + 1]);
-    }
+    for (int s = 0; s < 4; ++s) bf16_step(acc, r0, r1, x, s);
   }
 }
 
@@ -169,8 +173,12 @@ __device__ __forceinline__ void load_round(const GemvParams& p, const char* cons
 // U x MATS x 2 rows x 32 bytes). START Early (a dense weight, early_fetch): each warp's first
 // round of its block's first slab is loaded before pdl_wait, as no kernel of the step writes
 // weights. Beside (a dense product): the wait is at the end.
+// Blocks an SM asked of ptxas: FP8's single-tile kernels two (BENCHMARKS, session 39); BF16 none
+// (0: as if unsaid). Asked for one, ptxas gave the BF16 single-tile kernels 130 registers instead
+// of 128, one block an SM instead of two, from session 40 on: V2-Lite's batch-1 step measured
+// 0.79 ms where it had 0.75 (session 41 found it by the registers; this restores session 39's PTX).
 template <bool FP8, class TO, bool SWIGLU, int NT, int U, Start START>
-__global__ void __launch_bounds__(256, FP8 && NT == 1 ? 2 : 1) gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(256, FP8 ? (NT == 1 ? 2 : 1) : 0) gemv_kernel(GemvParams p) {
   constexpr int MATS = SWIGLU ? 2 : 1;
   constexpr bool EARLY = START == Start::Early, BESIDE = START == Start::Beside;
   // Inputs of a round loaded with its weights for one tile of rows (batch <= 8): loaded after the
@@ -245,8 +253,15 @@ __global__ void __launch_bounds__(256, FP8 && NT == 1 ? 2 : 1) gemv_kernel(GemvP
             } else {
               load_inputs<BESIDE>(p, src[t], k0_of(c0 + u * S), x);
             }
+            if constexpr (FP8) {
 #pragma unroll
-            for (int m = 0; m < MATS; ++m) chunk_mma<FP8>(acc[m][t], a[u][m][0], a[u][m][1], x);
+              for (int m = 0; m < MATS; ++m) chunk_mma<FP8>(acc[m][t], a[u][m][0], a[u][m][1], x);
+            } else {  // a SwiGLU pair's two chains interleaved (the mmas are volatile: kept in this order)
+#pragma unroll
+              for (int s = 0; s < 4; ++s)
+#pragma unroll
+                for (int m = 0; m < MATS; ++m) bf16_step(acc[m][t], a[u][m][0], a[u][m][1], x, s);
+            }
           }
         }
       };
