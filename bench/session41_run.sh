@@ -72,14 +72,17 @@ fi
 # PHASE=4 (for the next session: `git apply bench/gpu_pending.patch` in the $SRC snapshot, main as $BEFORE_SRC):
 #   the wgmma FP8 product with the scales on its sums: the grouped FP8 test, the fixtures and graphed engine
 #   first; the grouped FP8 bench both ways at 64, 256 and 1024 tokens (the dense FP8 linears at 64 and 256
-#   rows run wgmma too); greedy ids; the shard at B = 1, 64, 128 and 256 both ways (L = 2 and 5; B = 1 for the
-#   streaming product's shared row-pair scale), rotated rounds.
+#   rows run wgmma too); Qwen3 and V2-Lite at B = 1 on main; greedy ids; the shard at B = 1, 64, 128 and 256
+#   both ways (L = 2 and 5; B = 1 for the streaming product's shared row-pair scale), rotated rounds.
 if [ $PHASE = 4 ]; then
   build_before 4 test_cuda_grouped_gemm_fp8
   JOBS=12 build_after test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
-  v3_model v3-2 2 & v3_model v3-5 5 &
+  v3_model v3-2 2 & v3_model v3-5 5 & model qwen3 qwen3-30b-a3b 12 & model v2lite deepseek-v2-lite 9 &
   run_gpu_tests /tmp/b test_cuda_grouped_gemm_fp8 test_cuda_fixtures test_cuda_engine_graphs test_cuda_gemv
   wait
+  # Qwen3 and V2-Lite at B = 1 on main's BF16 products (714ec1b: session 39's registers again; this session
+  # measured 0.791 / 0.794 ms before it, session 39 0.777 / 0.752).
+  for r in 0 1 2; do SIDES=before bench_sides qwen3 "1 4096 16"; SIDES=before bench_sides v2lite "1 4096 16"; done
   sass_mix /tmp/b wgmma-after grouped_gemm_fp8_wgmma; sass_mix /tmp/before wgmma-before grouped_gemm_fp8_wgmma
   fp8_bench_both 64,256,1024
   v3_ids_both
