@@ -3,6 +3,8 @@
 #include "kernels/ops.h"
 #include "kernels/step_graph.h"
 
+#include <cmath>
+
 #include "core/check.h"
 #include "kernels/cpu/cpu_ops.h"
 #if MOESERVE_WITH_CUDA
@@ -20,6 +22,15 @@
 #endif
 
 namespace ms::ops {
+
+void check_fp8_scales(const Tensor& scale_inv, const std::string& name) {
+  const Tensor s = scale_inv.to(Device::CPU);  // a host tensor (the file's): itself
+  const float* v = s.data<float>();
+  for (int64_t i = 0; i < s.numel(); ++i)
+    MS_CHECK(std::isfinite(v[i]) && std::fabs(v[i]) < kFp8ScaleBound, "tensor ", name, " holds ", v[i], " at element ",
+             i, ": FP8 block scales must be finite and below ", kFp8ScaleBound,
+             " (requantize the weights with a smaller block scale)");
+}
 
 std::shared_ptr<GraphPool> make_graph_pool(Device device) {
   MS_CHECK(device == Device::CUDA, "captured steps (CUDA graphs) need a CUDA device");

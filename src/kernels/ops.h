@@ -39,6 +39,13 @@ struct Weight {
   bool is_fp8() const { return w.dtype() == DType::F8_E4M3; }
 };
 
+// The FP8 block scales every backend takes: finite and of magnitude below kFp8ScaleBound, as
+// the CUDA products multiply f32 sums by scale x 2^120 (cuda_common.h's e4m3x4_bf16 converts
+// codes as code x 2^-120), which overflows from 2^8. Published scales are amax / 448 of weights far
+// smaller than 448 x 256. Fails naming `name` and the element otherwise (the weight loader's check).
+constexpr float kFp8ScaleBound = 256.f;
+void check_fp8_scales(const Tensor& scale_inv, const std::string& name);
+
 // Whether an op's GPU work must wait for the kernel launched before it (AfterLast), or may run
 // beside it (BesideLast): the caller promises that the op's inputs were written before the op
 // that launched that kernel, whose kernels let the next one start only once they have waited for

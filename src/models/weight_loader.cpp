@@ -1,6 +1,5 @@
 #include "models/weight_loader.h"
 
-#include <cmath>
 #include <map>
 #include <regex>
 
@@ -22,18 +21,6 @@ Shard Shard::split(int dim, int64_t full, int index, int parts, std::string fix)
 
 static Tensor apply_shard(const Tensor& t, const Shard& s) {
   return s.whole() ? t : t.slice(s.dim, s.begin, s.begin + s.count);
-}
-
-// FP8 block scales must be finite and below 256: the CUDA products multiply f32 sums by scale x
-// 2^120 (the codes are converted as code x 2^-120: kernels/cuda/cuda_common.h, e4m3x4_bf16), which
-// overflows from 2^8. A published checkpoint's scales are amax / 448 of weights far smaller than
-// 448 x 256. Checked on every backend, so that a checkpoint loads everywhere or nowhere.
-static void check_fp8_scales(const Tensor& scale, const std::string& name) {
-  const Tensor s = scale.to(Device::CPU);  // the file's tensor: itself
-  const float* v = s.data<float>();
-  for (int64_t i = 0; i < s.numel(); ++i)
-    MS_CHECK(std::isfinite(v[i]) && std::fabs(v[i]) < 256.f, "tensor ", name, " holds ", v[i], " at element ", i,
-             ": FP8 block scales must be finite and below 256 (requantize the weights with a smaller block scale)");
 }
 
 Tensor WeightLoader::tensor(const std::string& name, const Shape& shape, const Shard& shard) {
@@ -61,7 +48,7 @@ Linear WeightLoader::linear(const std::string& prefix, int64_t out, int64_t in, 
     used_.insert(sname);
     check_dtype(scale, {DType::F32}, sname);
     check_shape(scale, {(out + w.block_n - 1) / w.block_n, (in + w.block_k - 1) / w.block_k}, sname);
-    check_fp8_scales(scale, sname);
+    ops::check_fp8_scales(scale, sname);  // every backend: a checkpoint loads everywhere or nowhere
     w.scale_inv = scale;
     if (!shard.whole()) {
       const int64_t block = shard.dim == 0 ? w.block_n : w.block_k, extent = shard.dim == 0 ? out : in;

@@ -258,7 +258,7 @@ __device__ __forceinline__ float fp8_to_f(uint8_t byte) {
 // lower byte in the lower half). Three integer instructions a pair, where e4m3 -> f16 -> f32,
 // times the block scale, -> bf16 took six; the products that use it apply the block's scale
 // (times kE4m3Unscale) to their f32 sums instead, so a weight counts as float(e4m3) * scale
-// unrounded.
+// unrounded; ops::check_fp8_scales keeps scale x 2^120 finite.
 constexpr float kE4m3Unscale = 0x1p120f;
 __device__ __forceinline__ void e4m3x4_bf16(uint32_t four, uint32_t& lo, uint32_t& hi) {
   uint32_t a, b;  // each byte sign-extended to 16 bits (prmt selectors with the sign bit set)
