@@ -1,0 +1,599 @@
+// What a whole-step persistent kernel could make of a batch-1 decode step (issue 9): the byte
+// structure of Qwen3-30B-A3B's layer at batch 1 (bf16, 4096 keys) as a chain of dependent
+// matrix-vector phases, run three ways on the same code:
+//   launches:   one launch a phase (captured in a CUDA graph), as the engine's kernels are;
+//   persistent: one kernel, the phases met at grid barriers, each block's weights fetched only
+//               once the phase's inputs are ready;
+//   streamed:   one kernel, each block's producer warp fetching the next phases' weights into its
+//               shared-memory ring while the block still computes or waits at a barrier: only
+//               the experts' weights wait (for the router), as their addresses depend on it.
+// Session 34 measured a grid barrier at 1.20 µs, about twice PDL's kernel boundary; the question
+// here is whether streaming weights across the barriers (which kernel boundaries prevent: the
+// next kernel's blocks find no room beside the last's) brings a layer near its bytes over the
+// copy bandwidth (28.6 µs) where the engine's kernels take ~51 µs (BENCHMARKS, session 34).
+//
+// A layer's phases, y = W x over the previous phase's output (the math is a stand-in for the
+// real ops; the bytes, the rows a block owns and the dependencies are the layer's):
+//   qkv    5120 x 2048   x = rmsnorm(hidden)
+//   keys  16384 x  256   the 4096 keys' K and V of 4 heads (8.4 MB), x = qkv's first 256
+//   o      2048 x 4096   x = keys' first 4096
+//   router  128 x 2048   x = rmsnorm(o)
+//   gate|up 8 x 1536 x 2048 of 128 experts, the router's top 8, x = rmsnorm(o)
+//   down   2048 x 8 x 768, x = w_j * silu(gate_j) * up_j; the next layer's hidden
+// Prints one JSON line: per-layer microseconds of each way, the bytes, the copy bandwidth, and
+// the largest relative difference of the last hidden between the ways.
+// Standalone (CUDA runtime only), so the GPU machine builds it in seconds:
+//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a bench/phase_chain.cu -o phase_chain
+// or the CMake target ms_phase_chain.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define CHECK(call)                                                                                  \
+  do {                                                                                               \
+    const cudaError_t err_ = (call);                                                                 \
+    if (err_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+      std::exit(2);                                                                                  \
+    }                                                                                                \
+  } while (0)
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kHidden = 2048, kInter = 768, kExperts = 128, kTopK = 8;
+constexpr int kPhasesPerLayer = 6;
+constexpr int kConsumerWarps = 8, kThreads = (kConsumerWarps + 1) * 32;
+// The ring (PC_STAGE_BYTES x PC_STAGES at compile time: 192 KB either way for 32 KB x 6, 16 KB x 12).
+#ifndef PC_STAGE_BYTES
+#define PC_STAGE_BYTES 32768
+#define PC_STAGES 6
+#endif
+constexpr int kStageBytes = PC_STAGE_BYTES, kStages = PC_STAGES, kMaxK = kTopK * kInter;  // down's row: 6144
+
+enum Kind { Dense, GateUp, Down };
+enum XMode { Plain, Norm, Swiglu };
+
+struct Phase {
+  int kind, x_mode;
+  int n, k;            // rows; a row's elements (Down: the 8 experts' segments end to end)
+  const bf16* w;       // Dense [n][k]; GateUp [E][2 * inter][hidden]; Down [E][hidden][inter]
+  const float* x_src;  // the output x is computed from
+  float* y;            // [n]
+  int dep;             // phase whose completion x needs (-1: none)
+  int router;          // GateUp / Down: the router phase picking the experts
+};
+
+struct Args {
+  const Phase* phases;
+  int begin, end;      // phases this launch runs
+  unsigned* done;      // a counter a phase: blocks finished with it
+  int stream_ahead;    // the producer fetches across barriers (but not ahead of the router)
+  int compute;         // 0: the consumers only take the chunks and hand them back (the stream alone); -1: no x either
+  int ordered;         // 0: no phase waits for another (the ring's own streaming rate)
+};
+
+// Smem: the ring, x (bf16, as the engine's activations: a lane's 8 values one 16-byte load), the barriers, the experts picked (ids, weights), a reduction's partials.
+constexpr int kXOffset = kStages * kStageBytes;
+constexpr int kBarOffset = kXOffset + kMaxK * 2;
+constexpr int kSelOffset = kBarOffset + 2 * kStages * 8;
+constexpr int kRedOffset = kSelOffset + 2 * kTopK * 4;
+// A block's row sums of the phase (its rows are its own: written to y once, at the phase's end).
+constexpr int kMaxSlabRows = 256;
+constexpr int kRowsOffset = kRedOffset + kConsumerWarps * 4;
+constexpr int kSmemBytes = kRowsOffset + kMaxSlabRows * 4;
+static_assert(kConsumerWarps * 32 == kMaxSlabRows, "a consumer thread zeroes one row sum");
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// A stage's bytes from global memory: by the copy engine (one bulk copy a segment, issued by lane
+// 0), or with PC_LANE_COPIES by the producer warp's lanes, 16-byte cp.async each (L2 only), each
+// lane arriving on the stage's barrier once its copies have landed.
+#ifdef PC_LANE_COPIES
+constexpr bool kLaneCopies = true;
+#else
+constexpr bool kLaneCopies = false;
+#endif
+__device__ __forceinline__ void copy_segment(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, int lane) {
+  if (!kLaneCopies) {
+    if (lane == 0) bulk_copy(dst, src, bytes, bar);
+    return;
+  }
+  const char* from = static_cast<const char*>(src);
+  for (uint32_t off = lane * 16; off < bytes; off += 32 * 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + off), "l"(from + off) : "memory");
+}
+__device__ __forceinline__ void wait_done(const unsigned* done, int phase, int ordered) {
+  if (phase < 0 || !ordered) return;
+  unsigned seen;
+  do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(done + phase) : "memory");
+  while (seen < gridDim.x);
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32)); }
+
+__device__ __forceinline__ int rows_a_chunk(const Phase& p) { return max(1, kStageBytes / (2 * p.k)); }
+__device__ __forceinline__ void slab(const Phase& p, int& r0, int& r1) {
+  r0 = int(int64_t(p.n) * blockIdx.x / gridDim.x), r1 = int(int64_t(p.n) * (blockIdx.x + 1) / gridDim.x);
+}
+
+__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+
+// The router's top 8 by one warp (softmax over the 128 logits, the 8 renormalised): ids and weights.
+__device__ void pick_experts(const float* logits, int* ids, float* wts) {
+  const int lane = threadIdx.x & 31;
+  float v[kExperts / 32];
+  float mx = -INFINITY;
+  for (int i = 0; i < kExperts / 32; ++i) v[i] = __ldcg(logits + lane + 32 * i), mx = fmaxf(mx, v[i]);
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
+  float sum = 0;
+  for (int j = 0; j < kTopK; ++j) {
+    float best = -INFINITY;
+    int at = 0;
+    for (int i = 0; i < kExperts / 32; ++i)
+      if (v[i] > best) best = v[i], at = lane + 32 * i;
+    for (int o = 16; o; o >>= 1) {
+      const float b2 = __shfl_xor_sync(~0u, best, o);
+      const int a2 = __shfl_xor_sync(~0u, at, o);
+      if (b2 > best || (b2 == best && a2 < at)) best = b2, at = a2;
+    }
+    if ((at & 31) == lane) v[at >> 5] = -INFINITY;
+    const float e = __expf(best - mx);
+    sum += e;
+    if (lane == 0) ids[j] = at, wts[j] = e;
+  }
+  __syncwarp();
+  if (lane < kTopK) wts[lane] /= sum;
+  __syncwarp();
+}
+
+// The producer warp: the block's rows of every phase, chunk by chunk, into the ring.
+__device__ void produce(const Args& a, char* smem) {
+  const int lane = threadIdx.x & 31;
+  int* ids = reinterpret_cast<int*>(smem + kSelOffset);
+  float* wts = reinterpret_cast<float*>(smem + kSelOffset + kTopK * 4);
+  const uint32_t ring = smem_addr(smem), full = smem_addr(smem + kBarOffset), empty = full + kStages * 8;
+  int item = 0, picked_by = -1;
+  for (int ph = a.begin; ph < a.end; ++ph) {
+    const Phase p = a.phases[ph];
+    if (!a.stream_ahead && lane == 0) wait_done(a.done, p.dep, a.ordered);
+    __syncwarp();
+    if (p.kind != Dense && picked_by != p.router) {
+      if (lane == 0) wait_done(a.done, p.router, a.ordered);
+      __syncwarp();
+      pick_experts(a.phases[p.router].y, ids, wts);
+      picked_by = p.router;
+    }
+    int r0, r1;
+    slab(p, r0, r1);
+    const int per = rows_a_chunk(p);
+    for (int c = r0; c < r1; c += per, ++item) {
+      const int rows = min(per, r1 - c), slot = item % kStages;
+      if (item >= kStages) mbar_wait(empty + 8 * slot, ((item / kStages) - 1) & 1);
+      const uint32_t bar = full + 8 * slot, dst = ring + slot * kStageBytes;
+      if (!kLaneCopies && lane == 0) mbar_expect(bar, uint32_t(rows) * p.k * 2);
+      if (p.kind == Dense) {
+        copy_segment(dst, p.w + int64_t(c) * p.k, uint32_t(rows) * p.k * 2, bar, lane);
+      } else if (p.kind == GateUp) {  // rows of one expert are contiguous: split where the expert changes
+        for (int r = c; r < c + rows;) {
+          const int j = r / (2 * kInter), local = r % (2 * kInter), run = min(c + rows - r, 2 * kInter - local);
+          copy_segment(dst + uint32_t(r - c) * p.k * 2, p.w + (int64_t(ids[j]) * 2 * kInter + local) * kHidden,
+                       uint32_t(run) * p.k * 2, bar, lane);
+          r += run;
+        }
+      } else {  // Down: a row is 8 segments, one from each expert picked
+        for (int r = 0; r < rows; ++r)
+          for (int j = 0; j < kTopK; ++j)
+            copy_segment(dst + uint32_t(r * p.k + j * kInter) * 2, p.w + (int64_t(ids[j]) * kHidden + c + r) * kInter,
+                         kInter * 2, bar, lane);
+      }
+      if (kLaneCopies) asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+      __syncwarp();
+    }
+  }
+}
+
+// The consumer warps' x for phase p, in shared memory as bf16. Every load of a thread is issued
+// before the first store (a float4 a load, at most six a thread): the stores to shared memory
+// would otherwise hold each L2 round trip behind the last.
+__device__ void load_x(const Phase& p, bf16* x, float* red, const float* wts) {
+  constexpr int kN = kConsumerWarps * 32, kPer = kMaxK / (4 * kN);
+  const int t = threadIdx.x;
+  const float4* src = reinterpret_cast<const float4*>(p.x_src);
+  float4 v[kPer], u[kPer];
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int i = 4 * (t + q * kN);  // the first of the four values
+    if (i >= p.k) continue;
+    if (p.x_mode == Swiglu) {  // expert j's gate rows, then its up rows, in the gate|up phase's output
+      const int j = i / kInter, f = i % kInter;
+      v[q] = __ldcg(src + (j * 2 * kInter + f) / 4), u[q] = __ldcg(src + (j * 2 * kInter + kInter + f) / 4);
+    } else {
+      v[q] = __ldcg(src + i / 4);
+    }
+  }
+  float scale = 1;
+  if (p.x_mode == Norm) {
+    float ss = 0;
+#pragma unroll
+    for (int q = 0; q < kPer; ++q)
+      if (4 * (t + q * kN) < p.k) ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
+    if ((t & 31) == 0) red[t >> 5] = ss;
+    consumers_sync();
+    float total = 0;
+    for (int w = 0; w < kConsumerWarps; ++w) total += red[w];
+    scale = rsqrtf(total / p.k + 1e-6f);
+  }
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int i = 4 * (t + q * kN);
+    if (i >= p.k) continue;
+    float o[4] = {v[q].x * scale, v[q].y * scale, v[q].z * scale, v[q].w * scale};
+    if (p.x_mode == Swiglu) {
+      const float g[4] = {v[q].x, v[q].y, v[q].z, v[q].w}, up[4] = {u[q].x, u[q].y, u[q].z, u[q].w};
+      for (int e = 0; e < 4; ++e) o[e] = wts[i / kInter] * g[e] / (1.0f + __expf(-g[e])) * up[e];
+    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]), hi = __floats2bfloat162_rn(o[2], o[3]);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t*>(&lo), packed.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(x + i) = packed;
+  }
+}
+
+// The consumer warps: each chunk's rows against x, a warp a contiguous run of 256-element units.
+__device__ void consume(const Args& a, char* smem) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bf16* x = reinterpret_cast<bf16*>(smem + kXOffset);
+  float* red = reinterpret_cast<float*>(smem + kRedOffset);
+  float* rowsum = reinterpret_cast<float*>(smem + kRowsOffset);
+  const float* wts = reinterpret_cast<const float*>(smem + kSelOffset + kTopK * 4);
+  const uint32_t full = smem_addr(smem + kBarOffset), empty = full + kStages * 8;
+  int item = 0;
+  for (int ph = a.begin; ph < a.end; ++ph) {
+    const Phase p = a.phases[ph];
+    int r0, r1;
+    slab(p, r0, r1);
+    const int per = rows_a_chunk(p), units_a_row = p.k / 256;
+    if (threadIdx.x == 0) wait_done(a.done, p.dep, a.ordered);
+    rowsum[threadIdx.x] = 0;  // 256 consumer threads, kMaxSlabRows sums
+    consumers_sync();
+    if (r1 > r0) {
+      mbar_wait(full + 8 * (item % kStages), (item / kStages) & 1);  // the producer has picked the experts
+      if (a.compute >= 0) load_x(p, x, red, wts);  // -1: neither x nor products (the phases' bare cost)
+      consumers_sync();
+    }
+    for (int c = r0; c < r1; c += per, ++item) {
+      const int rows = min(per, r1 - c), slot = item % kStages, units = rows * units_a_row;
+      mbar_wait(full + 8 * slot, (item / kStages) & 1);
+      const bf16* stage = reinterpret_cast<const bf16*>(smem + slot * kStageBytes);
+      const int u0 = units * warp / kConsumerWarps, u1 = units * (warp + 1) / kConsumerWarps;
+      // A row's units two at a time into separate sums (independent chains), then the warp's sum.
+      for (int u = u0; u < (a.compute > 0 ? u1 : u0);) {
+        const int row = u / units_a_row, end = min(u1, (row + 1) * units_a_row);
+        const bf16* wrow = stage + int64_t(row) * p.k + lane * 8 - row * units_a_row * 256;
+        float acc[4] = {0, 0, 0, 0};
+        for (; u < end; u += 2) {
+          const bool two = u + 1 < end;
+          float w0[8], x0[8], w1[8], x1[8];
+          unpack8(*reinterpret_cast<const uint4*>(wrow + u * 256), w0);
+          unpack8(*reinterpret_cast<const uint4*>(x + (u % units_a_row) * 256 + lane * 8), x0);
+          if (two) {
+            unpack8(*reinterpret_cast<const uint4*>(wrow + (u + 1) * 256), w1);
+            unpack8(*reinterpret_cast<const uint4*>(x + ((u + 1) % units_a_row) * 256 + lane * 8), x1);
+          }
+          for (int e = 0; e < 8; e += 2) {
+            acc[0] += w0[e] * x0[e], acc[1] += w0[e + 1] * x0[e + 1];
+            if (two) acc[2] += w1[e] * x1[e], acc[3] += w1[e + 1] * x1[e + 1];
+          }
+        }
+        float sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+        if (lane == 0) atomicAdd(rowsum + ((c - r0 + row) & (kMaxSlabRows - 1)), sum);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + 8 * slot);
+    }
+    consumers_sync();
+    if (threadIdx.x < min(r1 - r0, kMaxSlabRows)) p.y[r0 + threadIdx.x] = rowsum[threadIdx.x];
+    consumers_sync();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.done + ph) : "memory");
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) phase_chain_kernel(Args a) {
+  extern __shared__ __align__(128) char smem[];
+  if (threadIdx.x == 0) {
+    const uint32_t full = smem_addr(smem + kBarOffset), empty = full + kStages * 8;
+    for (int s = 0; s < kStages; ++s) mbar_init(full + 8 * s, kLaneCopies ? 32 : 1), mbar_init(empty + 8 * s, kConsumerWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumerWarps * 32) produce(a, smem);
+  else consume(a, smem);
+}
+
+__global__ void fill_random(bf16* p, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t v = uint32_t(i) * 2654435761u ^ seed;
+    v ^= v >> 13, v *= 0x5bd1e995u, v ^= v >> 15;
+    p[i] = __float2bfloat16_rn((float(v & 0xffff) / 32768.0f - 1.0f) * scale);
+  }
+}
+
+bf16* random_bf16(int64_t n, uint32_t seed, float scale) {
+  bf16* p = nullptr;
+  CHECK(cudaMalloc(&p, size_t(n) * 2));
+  fill_random<<<1024, 256>>>(p, n, seed, scale);
+  return p;
+}
+
+int run(int layers) {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaFuncSetAttribute(phase_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  // Outputs: every phase's y back to back, then the first hidden.
+  const int y_len[kPhasesPerLayer] = {5120, 16384, kHidden, kExperts, kTopK * 2 * kInter, kHidden};
+  int per_layer = 0;
+  for (int n : y_len) per_layer += n;
+  float* ys = nullptr;
+  const size_t y_bytes = size_t(per_layer) * layers * 4;
+  CHECK(cudaMalloc(&ys, y_bytes + kHidden * 4));
+  float* hidden0 = ys + size_t(per_layer) * layers;
+  {
+    std::vector<float> h(kHidden);
+    for (int i = 0; i < kHidden; ++i) h[i] = std::sin(0.37f * i);
+    CHECK(cudaMemcpy(hidden0, h.data(), kHidden * 4, cudaMemcpyHostToDevice));
+  }
+  std::vector<Phase> phases;
+  double bytes = 0;
+  for (int l = 0; l < layers; ++l) {
+    const int base = l * kPhasesPerLayer;
+    float* y = ys + size_t(per_layer) * l;
+    float* out[kPhasesPerLayer];
+    for (int i = 0; i < kPhasesPerLayer; ++i) out[i] = y, y += y_len[i];
+    const float* hidden = l ? phases[base - 1].y : hidden0;
+    const uint32_t s = 17u * l;
+    phases.push_back({Dense, Norm, 5120, kHidden, random_bf16(5120LL * kHidden, s + 1, 0.05f), hidden, out[0],
+                      l ? base - 1 : -1, -1});
+    phases.push_back({Dense, Plain, 16384, 256, random_bf16(16384LL * 256, s + 2, 0.05f), out[0], out[1], base, -1});
+    phases.push_back({Dense, Plain, kHidden, 4096, random_bf16(4096LL * kHidden, s + 3, 0.05f), out[1], out[2],
+                      base + 1, -1});
+    phases.push_back({Dense, Norm, kExperts, kHidden, random_bf16(int64_t(kExperts) * kHidden, s + 4, 0.05f), out[2],
+                      out[3], base + 2, -1});
+    phases.push_back({GateUp, Norm, kTopK * 2 * kInter, kHidden,
+                      random_bf16(int64_t(kExperts) * 2 * kInter * kHidden, s + 5, 0.05f), out[2], out[4], base + 3,
+                      base + 3});
+    phases.push_back({Down, Swiglu, kHidden, kTopK * kInter,
+                      random_bf16(int64_t(kExperts) * kHidden * kInter, s + 6, 0.05f), out[4], out[5], base + 4,
+                      base + 3});
+  }
+  for (const Phase& p : phases) {
+    bytes += double(p.n) * p.k * 2;
+    if ((p.n + sms - 1) / sms > kMaxSlabRows) {
+      std::fprintf(stderr, "a block's rows of a phase exceed %d\n", kMaxSlabRows);
+      return 2;
+    }
+  }
+  Phase* phases_dev = nullptr;
+  unsigned* done = nullptr;
+  const int n_phases = int(phases.size());
+  CHECK(cudaMalloc(&phases_dev, sizeof(Phase) * n_phases));
+  CHECK(cudaMemcpy(phases_dev, phases.data(), sizeof(Phase) * n_phases, cudaMemcpyHostToDevice));
+  CHECK(cudaMalloc(&done, sizeof(unsigned) * n_phases));
+  CHECK(cudaDeviceSynchronize());
+
+  cudaStream_t st;
+  CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto reset = [&] {
+    CHECK(cudaMemsetAsync(ys, 0, y_bytes, st));
+    CHECK(cudaMemsetAsync(done, 0, sizeof(unsigned) * n_phases, st));
+  };
+  int compute = 1, ordered = 1;
+  auto launch = [&](int begin, int end, int ahead, bool cooperative) {
+    Args a{phases_dev, begin, end, done, ahead, compute, ordered};
+    if (cooperative) {
+      void* params[] = {&a};
+      CHECK(cudaLaunchCooperativeKernel((void*)phase_chain_kernel, dim3(sms), dim3(kThreads), params, kSmemBytes, st));
+    } else {
+      phase_chain_kernel<<<sms, kThreads, kSmemBytes, st>>>(a);
+    }
+  };
+  // One launch a phase, captured (the reset stays outside the graph so the timing excludes it).
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int ph = 0; ph < n_phases; ++ph) launch(ph, ph + 1, 0, false);
+  CHECK(cudaStreamEndCapture(st, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::vector<float> last[3];
+  auto result = [&](int way) {
+    CHECK(cudaStreamSynchronize(st));
+    last[way].resize(kHidden);
+    CHECK(cudaMemcpy(last[way].data(), phases.back().y, kHidden * 4, cudaMemcpyDeviceToHost));
+  };
+  // Timed with the reset before the first event: median_ms times fn; the reset is its own fn call.
+  auto timed = [&](auto body) {
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int r = 0; r < 12; ++r) {
+      reset();
+      CHECK(cudaEventRecord(e0, st));
+      body();
+      CHECK(cudaEventRecord(e1, st));
+      CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 2) t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const float ms_launches = timed([&] { CHECK(cudaGraphLaunch(exec, st)); });
+  result(0);
+  const float ms_persistent = timed([&] { launch(0, n_phases, 0, true); });
+  result(1);
+  const float ms_streamed = timed([&] { launch(0, n_phases, 1, true); });
+  result(2);
+  // Again in the other order, so that clocks warming up favour neither way.
+  const float ms_streamed2 = timed([&] { launch(0, n_phases, 1, true); });
+  const float ms_persistent2 = timed([&] { launch(0, n_phases, 0, true); });
+  const float ms_launches2 = timed([&] { CHECK(cudaGraphLaunch(exec, st)); });
+  // Where a launch's time goes: the stream alone (no products), and each phase of layer 1 by itself.
+  compute = 0;
+  const float ms_stream_only = timed([&] { launch(0, n_phases, 1, true); });
+  ordered = 0;
+  const float ms_unordered_stream = timed([&] { launch(0, n_phases, 1, true); });
+  compute = -1;
+  const float ms_unordered_bare = timed([&] { launch(0, n_phases, 1, true); });
+  ordered = 1;
+  const float ms_ordered_bare = timed([&] { launch(0, n_phases, 1, true); });
+  ordered = 0;
+  compute = 1;
+  const float ms_unordered = timed([&] { launch(0, n_phases, 1, true); });
+  ordered = 1;
+  float phase_us[kPhasesPerLayer];
+  for (int i = 0; i < kPhasesPerLayer; ++i) {
+    const int ph = (layers > 1 ? kPhasesPerLayer : 0) + i;
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int r = 0; r < 7; ++r) {
+      reset();
+      if (ph > 0) launch(0, ph, 0, true);  // the phases before, untimed: real inputs and counters
+      CHECK(cudaEventRecord(e0, st));
+      launch(ph, ph + 1, 0, false);
+      CHECK(cudaEventRecord(e1, st));
+      CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    phase_us[i] = t[t.size() / 2] * 1e3f;
+  }
+
+  double max_rel = 0, scale = 0;
+  for (float v : last[0]) scale = std::max(scale, double(std::fabs(v)));
+  bool finite = true;
+  for (int w = 0; w < 3; ++w)
+    for (int i = 0; i < kHidden; ++i) {
+      finite = finite && std::isfinite(last[w][i]);
+      max_rel = std::max(max_rel, std::fabs(double(last[w][i]) - last[0][i]) / std::max(scale, 1e-30));
+    }
+
+  // The copy bandwidth as ms_cuda_ceilings counts it: bytes read + written per second.
+  const size_t copy_bytes = size_t(1) << 31;
+  void *src = nullptr, *dst = nullptr;
+  CHECK(cudaMalloc(&src, copy_bytes));
+  CHECK(cudaMalloc(&dst, copy_bytes));
+  const float copy_ms = timed([&] { CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, st)); });
+  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
+  const double floor_us = bytes / layers / (copy_gbs * 1e9) * 1e6;
+  auto per_layer_us = [&](float a, float b) { return std::min(a, b) * 1e3 / layers; };
+  std::printf(
+      "{\"layers\": %d, \"blocks\": %d, \"bytes_a_layer\": %.0f, \"copy_GBps\": %.1f, \"floor_us_a_layer\": %.2f, "
+      "\"launches_us_a_layer\": [%.2f, %.2f], \"persistent_us_a_layer\": [%.2f, %.2f], "
+      "\"streamed_us_a_layer\": [%.2f, %.2f], \"best\": {\"launches\": %.2f, \"persistent\": %.2f, \"streamed\": %.2f}, "
+      "\"last_hidden_max_rel_diff\": %.3g, \"finite\": %s, \"last_hidden_scale\": %.3g, "
+      "\"streamed_without_products_us_a_layer\": %.2f, \"unordered_us_a_layer\": %.2f, "
+      "\"unordered_without_products_us_a_layer\": %.2f, \"unordered_without_x_us_a_layer\": %.2f, "
+      "\"streamed_without_x_us_a_layer\": %.2f, \"one_phase_alone_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f]}\n",
+      layers, sms, bytes / layers, copy_gbs, floor_us, ms_launches * 1e3 / layers, ms_launches2 * 1e3 / layers,
+      ms_persistent * 1e3 / layers, ms_persistent2 * 1e3 / layers, ms_streamed * 1e3 / layers,
+      ms_streamed2 * 1e3 / layers, per_layer_us(ms_launches, ms_launches2),
+      per_layer_us(ms_persistent, ms_persistent2), per_layer_us(ms_streamed, ms_streamed2), max_rel,
+      finite ? "true" : "false", scale, ms_stream_only * 1e3 / layers, ms_unordered * 1e3 / layers,
+      ms_unordered_stream * 1e3 / layers, ms_unordered_bare * 1e3 / layers, ms_ordered_bare * 1e3 / layers,
+      phase_us[0], phase_us[1], phase_us[2],
+      phase_us[3], phase_us[4], phase_us[5]);
+  return finite && max_rel < 1e-3 ? 0 : 1;
+}
+
+// The ring alone: one phase of 1 GiB (rows of 2048 values), no waits, with and without the
+// products: the rate at which the ring brings weights in, whatever the phases around it.
+int ring_only() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaFuncSetAttribute(phase_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const int n = 1 << 18;
+  float *x = nullptr, *y = nullptr;
+  unsigned* done = nullptr;
+  CHECK(cudaMalloc(&x, kHidden * 4));
+  CHECK(cudaMalloc(&y, size_t(n) * 4));
+  CHECK(cudaMalloc(&done, 4));
+  CHECK(cudaMemset(x, 0, kHidden * 4));
+  const Phase ph{Dense, Plain, n, kHidden, random_bf16(int64_t(n) * kHidden, 7, 0.05f), x, y, -1, -1};
+  Phase* dev = nullptr;
+  CHECK(cudaMalloc(&dev, sizeof(Phase)));
+  CHECK(cudaMemcpy(dev, &ph, sizeof(Phase), cudaMemcpyHostToDevice));
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  const double bytes = double(n) * kHidden * 2;
+  std::printf("{\"ring_GBps\": {");
+  for (int compute = 0; compute < 2; ++compute) {
+    std::vector<float> t;
+    for (int r = 0; r < 7; ++r) {
+      Args a{dev, 0, 1, done, 1, compute, 0};
+      CHECK(cudaEventRecord(e0));
+      phase_chain_kernel<<<sms, kThreads, kSmemBytes>>>(a);
+      CHECK(cudaEventRecord(e1));
+      CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    std::printf("%s\"%s\": %.1f", compute ? ", " : "", compute ? "with_products" : "stream", bytes / (t[3] * 1e-3) / 1e9);
+  }
+  std::printf("}, \"stage_bytes\": %d, \"stages\": %d, \"lane_copies\": %d}\n", kStageBytes, kStages, int(kLaneCopies));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "ring") return ring_only();
+  const int layers = argc > 1 ? std::atoi(argv[1]) : 12;
+  return run(layers);
+}
