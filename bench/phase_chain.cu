@@ -86,11 +86,12 @@ constexpr int kXOffset = kStages * kStageBytes;
 constexpr int kBarOffset = kXOffset + kMaxK * 2;
 constexpr int kSelOffset = kBarOffset + 2 * kStages * 8;
 constexpr int kRedOffset = kSelOffset + 2 * kTopK * 4;
-// A block's row sums of the phase (its rows are its own: written to y once, at the phase's end).
+// A block's row sums of the phase, a warp's share each (its rows are the block's own: summed in a
+// fixed order and written to y once, at the phase's end, so every way gives the same bits).
 constexpr int kMaxSlabRows = 256;
 constexpr int kRowsOffset = kRedOffset + kConsumerWarps * 4;
-constexpr int kSmemBytes = kRowsOffset + kMaxSlabRows * 4;
-static_assert(kConsumerWarps * 32 == kMaxSlabRows, "a consumer thread zeroes one row sum");
+constexpr int kSmemBytes = kRowsOffset + kConsumerWarps * kMaxSlabRows * 4;
+static_assert(kConsumerWarps * 32 == kMaxSlabRows, "a consumer thread owns one row's sums");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -287,7 +288,7 @@ __device__ void consume(const Args& a, char* smem) {
     slab(p, r0, r1);
     const int per = rows_a_chunk(p), units_a_row = p.k / 256;
     if (threadIdx.x == 0) wait_done(a.done, p.dep, a.ordered);
-    rowsum[threadIdx.x] = 0;  // 256 consumer threads, kMaxSlabRows sums
+    for (int w = 0; w < kConsumerWarps; ++w) rowsum[w * kMaxSlabRows + threadIdx.x] = 0;
     consumers_sync();
     if (r1 > r0) {
       mbar_wait(full + 8 * (item % kStages), (item / kStages) & 1);  // the producer has picked the experts
@@ -320,13 +321,17 @@ __device__ void consume(const Args& a, char* smem) {
         }
         float sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
-        if (lane == 0) atomicAdd(rowsum + ((c - r0 + row) & (kMaxSlabRows - 1)), sum);
+        if (lane == 0) rowsum[warp * kMaxSlabRows + ((c - r0 + row) & (kMaxSlabRows - 1))] = sum;
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + 8 * slot);
     }
     consumers_sync();
-    if (threadIdx.x < min(r1 - r0, kMaxSlabRows)) p.y[r0 + threadIdx.x] = rowsum[threadIdx.x];
+    if (threadIdx.x < min(r1 - r0, kMaxSlabRows)) {
+      float total = 0;
+      for (int w = 0; w < kConsumerWarps; ++w) total += rowsum[w * kMaxSlabRows + threadIdx.x];
+      p.y[r0 + threadIdx.x] = total;
+    }
     consumers_sync();
     if (threadIdx.x == 0) {
       __threadfence();
@@ -545,7 +550,7 @@ int run(int layers) {
       ms_unordered_stream * 1e3 / layers, ms_unordered_bare * 1e3 / layers, ms_ordered_bare * 1e3 / layers,
       phase_us[0], phase_us[1], phase_us[2],
       phase_us[3], phase_us[4], phase_us[5]);
-  return finite && max_rel < 1e-3 ? 0 : 1;
+  return finite && max_rel == 0 ? 0 : 1;  // the same sums in the same order, whichever way
 }
 
 // The ring alone: one phase of 1 GiB (rows of 2048 values), no waits, with and without the
