@@ -7,7 +7,8 @@
 // CudaGemv.Bench (MOESERVE_BENCH_GEMV=1) prints microseconds a launch, replayed from graphs of 50,
 // over weights far larger than L2, with the bytes of weight read and the TB/s they make; with
 // MOESERVE_BENCH_GEMV_HOT=1 as well, the dense products over one copy that stays in L2 (how fast
-// a product whose weight was prefetched could be).
+// a product whose weight was prefetched could be); MOESERVE_BENCH_GEMV_ONLY=text times only the
+// shapes whose name contains it ("v3": DeepSeek-V3's FP8 products).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -35,6 +36,7 @@ struct GemvShape {
   int top_k;    // grouped: rows are tokens x top_k pairs
   bool fp8 = false;
   bool bench = true;
+  bool check = true;  // false: timed only (host references too large to be worth their time)
 };
 
 const std::vector<GemvShape> kShapes = {
@@ -62,6 +64,15 @@ const std::vector<GemvShape> kShapes = {
     {"fp8 experts gate/up B=16", 768, 2048, true, 128, 16, 8, true, false},
     {"fp8 experts down B=16", 2048, 768, false, 128, 16, 8, true, false},
     {"fp8 dense 12 rows N=300", 300, 1536, false, 0, 12, 1, true, false},
+    // Timed only: DeepSeek-V3's batch-1 FP8 products on an EP8 shard (32 of its 256 experts; the kernels are the
+    // checked FP8 shapes' above).
+    {"v3 B=1 q_a|kv_a fp8", 2112, 7168, false, 0, 1, 1, true, true, false},
+    {"v3 B=1 q_b fp8", 24576, 1536, false, 0, 1, 1, true, true, false},
+    {"v3 B=1 o fp8", 7168, 16384, false, 0, 1, 1, true, true, false},
+    {"v3 B=1 shared gate/up fp8", 2048, 7168, true, 0, 1, 1, true, true, false},
+    {"v3 B=1 shared down fp8", 7168, 2048, false, 0, 1, 1, true, true, false},
+    {"v3 B=1 experts gate/up fp8", 2048, 7168, true, 32, 1, 8, true, true, false},
+    {"v3 B=1 experts down fp8", 7168, 2048, false, 32, 1, 8, true, true, false},
 };
 
 constexpr int kBenchLaunches = 50;  // launches a graph of the bench
@@ -74,12 +85,12 @@ int sm_count() {
 }
 
 // The lm_head shapes: 311 M multiply-adds a row on the host, and 1.2 GB of host weights.
-bool timed_only(const GemvShape& s) { return s.N * s.K > 100'000'000; }
+bool timed_only(const GemvShape& s) { return !s.check || s.N * s.K > 100'000'000; }
 
 int64_t rows_of(const GemvShape& s) { return s.experts ? int64_t(s.tokens) * s.top_k : s.tokens; }
 int expected_groups(const GemvShape& s) { return s.experts ? int(std::min<int64_t>(s.experts, rows_of(s))) : 1; }
 
-// The launch shapes timed (and checked) for a shape: the automatic choice, warps 4 / 8, blocks over slabs that give
+// The launch shapes timed (and checked) for a shape: the automatic choice, warps 4 / 8 (FP8 also 1 / 2), blocks over slabs that give
 // every block the same slab count, one slab each, or a grid a multiple of the SM count, and each
 // row-tile count where rows come in groups or past 8.
 std::vector<std::pair<std::string, GemvTuning>> variants(const GemvShape& s) {
@@ -88,6 +99,7 @@ std::vector<std::pair<std::string, GemvTuning>> variants(const GemvShape& s) {
   const int per_block = (slabs + auto_y - 1) / auto_y;
   std::vector<std::pair<std::string, GemvTuning>> v = {
       {"auto", {}}, {"warps4", {4, 0, 0}}, {"warps8", {8, 0, 0}}};
+  if (s.fp8) v.insert(v.begin() + 1, {{"warps1", {1, 0, 0}}, {"warps2", {2, 0, 0}}});  // FP8: 64 bytes a lane's chunk
   auto add_y = [&](const std::string& name, int y) {
     if (y < 1 || y > slabs || y == auto_y) return;
     for (const auto& [n, t] : v)
@@ -441,12 +453,14 @@ double graphed_us(F launch) {
 // finds the last one's weights there. Dense: enough copies of the weight for 150 MB, launch i
 // reading copy i. Grouped: every expert its own weights (filled by memset: the values do not
 // change the time), and at batch 1 a fresh routing for each launch of the graph, none sharing an
-// expert with the 5 launches before it (replays wrap around): as in a decode step, where the
-// next layer's experts are other weights.
+// expert with the 5 launches either side (V3's shard, 8 of 32 experts: the one either side),
+// replays wrapping around: as in a decode step, where the next layer's
+// experts are other weights. FP8: codes and 128 x 128 block scales, both by memset (1.5, 0.0115).
 struct BenchCase {
   GemvShape s;
   int64_t rows;
   std::vector<Tensor> weights;  // dense copies, or [E, N, K] gate (and up)
+  std::vector<Tensor> scales;   // FP8: each weight's [E or 1, N / 128, K / 128] block scales
   std::vector<Tensor> tables;
   std::vector<Routing> routings;
   std::vector<DeviceRouting> dev_routings;
@@ -454,23 +468,33 @@ struct BenchCase {
   DType out_dtype;
 
   explicit BenchCase(const GemvShape& shape, bool hot) : s(shape), rows(rows_of(shape)) {
-    const int64_t matrix = s.N * s.K * 2;
+    const int64_t matrix = s.N * s.K * (s.fp8 ? 1 : 2);
+    const int64_t scale_matrix = scale_rows() * scale_ld();
     const int copies = s.experts ? (s.swiglu ? 2 : 1) : hot ? 1 : int((150'000'000 + matrix - 1) / matrix);
     for (int i = 0; i < copies; ++i) {
-      weights.push_back(Tensor::empty(DType::BF16, {std::max(1, s.experts) * s.N, s.K}, Device::CUDA));
+      const int64_t E = std::max(1, s.experts);
+      weights.push_back(Tensor::empty(s.fp8 ? DType::F8_E4M3 : DType::BF16, {E * s.N, s.K}, Device::CUDA));
       MS_CUDA(cudaMemsetAsync(weights.back().raw(), 0x3c, weights.back().nbytes(), cuda::stream()));
+      if (!s.fp8) continue;
+      scales.push_back(Tensor::empty(DType::F32, {E * scale_rows(), scale_ld()}, Device::CUDA));
+      MS_CUDA(cudaMemsetAsync(scales.back().raw(), 0x3c, scales.back().nbytes(), cuda::stream()));
     }
     if (s.experts) {
+      // w (gate), w2 (up), s, s2: E pointers each.
       std::vector<const void*> ptrs;
-      for (int m = 0; m < copies; ++m)
-        for (int e = 0; e < s.experts; ++e)
-          ptrs.push_back(static_cast<const char*>(weights[size_t(m)].raw()) + e * matrix);
+      for (int part = 0; part < (s.fp8 ? 4 : 2); ++part)
+        for (int e = 0; e < s.experts; ++e) {
+          const int m = std::min(part % 2, copies - 1);
+          ptrs.push_back(part < 2 ? static_cast<const char*>(weights[size_t(m)].raw()) + e * matrix
+                                  : static_cast<const void*>(scales[size_t(m)].data<float>() + e * scale_matrix));
+        }
       tables.push_back(device_pointers(ptrs));
       const int n = s.tokens == 1 ? kBenchLaunches : 1;
+      const int window = s.experts >= 64 ? 5 : 1;  // V3's shard: 8 of 32 experts, so one launch either side
       for (int i = 0; i < n; ++i) {
-        // The routings made so far among the 5 launches either side (the graph replays in a ring).
+        // The routings made so far among the launches either side (the graph replays in a ring).
         std::vector<bool> excluded(size_t(s.experts), false);
-        for (int d = 1; d <= 5 && n > 1; ++d)
+        for (int d = 1; d <= window && n > 1; ++d)
           for (const int k : {(i - d + n) % n, (i + d) % n})
             if (k < int(routings.size()))
               for (int a = 0; a < routings[size_t(k)].n_active; ++a)
@@ -484,15 +508,21 @@ struct BenchCase {
     out = Tensor::empty(out_dtype, {rows, s.N}, Device::CUDA);
   }
 
+  int64_t scale_rows() const { return (s.N + 127) / 128; }
+  int64_t scale_ld() const { return (s.K + 127) / 128; }
+
   void launch(int i) const {
     cuda::GemvWeights w;
-    w.ld = s.K;
+    w.ld = s.K, w.fp8 = s.fp8, w.scale_ld = scale_ld();
     cuda::GemvRows r;
     const int32_t* x_rows = nullptr;
     if (s.experts) {
       const auto* t = static_cast<const void* const*>(tables[0].raw());
-      w.w = t;
-      if (s.swiglu) w.w2 = t + s.experts;
+      w.w = t, w.w2 = s.swiglu ? t + s.experts : nullptr;
+      if (s.fp8) {
+        w.s = reinterpret_cast<const float* const*>(t + 2 * s.experts);
+        w.s2 = s.swiglu ? reinterpret_cast<const float* const*>(t + 3 * s.experts) : nullptr;
+      }
       const auto& dr = dev_routings[size_t(i) % dev_routings.size()];
       r = dr.rows(rows, s.experts, expected_groups(s));
       if (s.swiglu) x_rows = dr.token_of_row(s.experts);
@@ -501,6 +531,10 @@ struct BenchCase {
       const size_t first = size_t(i) * (s.swiglu ? 2 : 1);
       w.w_one = weights[first % weights.size()].raw();
       if (s.swiglu) w.w2_one = weights[(first + 1) % weights.size()].raw();
+      if (s.fp8) {
+        w.s_one = scales[first % scales.size()].data<float>();
+        if (s.swiglu) w.s2_one = scales[(first + 1) % scales.size()].data<float>();
+      }
       r.rows = int(rows);
     }
     cuda::GemvInput in{static_cast<const __nv_bfloat16*>(x.raw()), s.K, x_rows};
@@ -509,7 +543,7 @@ struct BenchCase {
 
   // Weight bytes a launch reads (each active expert's matrices once), averaged over routings.
   double bytes() const {
-    const double matrix = double(s.N * s.K * 2) * (s.swiglu ? 2 : 1);
+    const double matrix = double(s.N * s.K * (s.fp8 ? 1 : 2)) * (s.swiglu ? 2 : 1);
     if (!s.experts) return matrix;
     double groups = 0;
     for (const auto& r : routings) groups += r.n_active;
@@ -524,11 +558,13 @@ TEST(CudaGemv, Bench) {
   TuningGuard guard;
   const char* hot_env = std::getenv("MOESERVE_BENCH_GEMV_HOT");
   const bool hot = hot_env && std::string(hot_env) == "1";
+  const char* only = std::getenv("MOESERVE_BENCH_GEMV_ONLY");  // shapes whose name contains this
   std::printf("[bench] gemv: %d SMs; us a launch (graphs of 50), MB of weight a launch, TB/s; tuning "
               "(warps,blocks_y,nt), 0 = automatic%s\n",
               sm_count(), hot ? "; dense weights hot in L2" : "");
   for (const auto& shape : kShapes) {
     if (!shape.bench || (hot && (shape.experts || shape.N * shape.K * 2 > 30'000'000))) continue;
+    if (only && !std::strstr(shape.name, only)) continue;
     const BenchCase c(shape, hot);
     const double bytes = c.bytes();
     for (const auto& [name, tuning] : variants(shape)) {
