@@ -367,6 +367,30 @@ bf16* random_bf16(int64_t n, uint32_t seed, float scale) {
   return p;
 }
 
+// Median (ms) of `runs` timings of body on stream st, each after setup (untimed: resets, inputs),
+// the first `warm` of them discarded.
+template <class Setup, class Body>
+float median_ms(cudaStream_t st, Setup setup, Body body, int runs, int warm) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int r = 0; r < runs; ++r) {
+    setup();
+    CHECK(cudaEventRecord(e0, st));
+    body();
+    CHECK(cudaEventRecord(e1, st));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= warm) t.push_back(ms);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 int run(int layers) {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -452,25 +476,7 @@ int run(int layers) {
     last[way].resize(kHidden);
     CHECK(cudaMemcpy(last[way].data(), phases.back().y, kHidden * 4, cudaMemcpyDeviceToHost));
   };
-  // Timed with the reset before the first event: median_ms times fn; the reset is its own fn call.
-  auto timed = [&](auto body) {
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    for (int r = 0; r < 12; ++r) {
-      reset();
-      CHECK(cudaEventRecord(e0, st));
-      body();
-      CHECK(cudaEventRecord(e1, st));
-      CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 2) t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
+  auto timed = [&](auto body) { return median_ms(st, reset, body, 12, 2); };
   const float ms_launches = timed([&] { CHECK(cudaGraphLaunch(exec, st)); });
   result(0);
   const float ms_persistent = timed([&] { launch(0, n_phases, 0, true); });
@@ -497,23 +503,11 @@ int run(int layers) {
   float phase_us[kPhasesPerLayer];
   for (int i = 0; i < kPhasesPerLayer; ++i) {
     const int ph = (layers > 1 ? kPhasesPerLayer : 0) + i;
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    for (int r = 0; r < 7; ++r) {
+    auto before = [&] {  // the phases before, untimed: real inputs and counters
       reset();
-      if (ph > 0) launch(0, ph, 0, true);  // the phases before, untimed: real inputs and counters
-      CHECK(cudaEventRecord(e0, st));
-      launch(ph, ph + 1, 0, false);
-      CHECK(cudaEventRecord(e1, st));
-      CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    phase_us[i] = t[t.size() / 2] * 1e3f;
+      if (ph > 0) launch(0, ph, 0, true);
+    };
+    phase_us[i] = median_ms(st, before, [&] { launch(ph, ph + 1, 0, false); }, 7, 0) * 1e3f;
   }
 
   double max_rel = 0, scale = 0;
@@ -571,25 +565,12 @@ int ring_only() {
   CHECK(cudaMalloc(&dev, sizeof(Phase)));
   CHECK(cudaMemcpy(dev, &ph, sizeof(Phase), cudaMemcpyHostToDevice));
   CHECK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
   const double bytes = double(n) * kHidden * 2;
   std::printf("{\"ring_GBps\": {");
   for (int compute = 0; compute < 2; ++compute) {
-    std::vector<float> t;
-    for (int r = 0; r < 7; ++r) {
-      Args a{dev, 0, 1, done, 1, compute, 0};
-      CHECK(cudaEventRecord(e0));
-      phase_chain_kernel<<<sms, kThreads, kSmemBytes>>>(a);
-      CHECK(cudaEventRecord(e1));
-      CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    std::printf("%s\"%s\": %.1f", compute ? ", " : "", compute ? "with_products" : "stream", bytes / (t[3] * 1e-3) / 1e9);
+    const Args a{dev, 0, 1, done, 1, compute, 0};
+    const float ms = median_ms(0, [] {}, [&] { phase_chain_kernel<<<sms, kThreads, kSmemBytes>>>(a); }, 7, 0);
+    std::printf("%s\"%s\": %.1f", compute ? ", " : "", compute ? "with_products" : "stream", bytes / (ms * 1e-3) / 1e9);
   }
   std::printf("}, \"stage_bytes\": %d, \"stages\": %d, \"lane_copies\": %d}\n", kStageBytes, kStages, int(kLaneCopies));
   return 0;
