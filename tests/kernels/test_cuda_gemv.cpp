@@ -73,6 +73,8 @@ const std::vector<GemvShape> kShapes = {
     {"v3 B=1 shared down fp8", 7168, 2048, false, 0, 1, 1, true, true, false},
     {"v3 B=1 experts gate/up fp8", 2048, 7168, true, 32, 1, 8, true, true, false},
     {"v3 B=1 experts down fp8", 7168, 2048, false, 32, 1, 8, true, true, false},
+    {"v3 B=1 dense MLP gate/up fp8", 18432, 7168, true, 0, 1, 1, true, true, false},  // the first layers'
+    {"v3 B=1 dense MLP down fp8", 7168, 18432, false, 0, 1, 1, true, true, false},
 };
 
 constexpr int kBenchLaunches = 50;  // launches a graph of the bench
