@@ -20,8 +20,11 @@
 //   router  128 x 2048   x = rmsnorm(o)
 //   gate|up 8 x 1536 x 2048 of 128 experts, the router's top 8, x = rmsnorm(o)
 //   down   2048 x 8 x 768, x = w_j * silu(gate_j) * up_j; the next layer's hidden
-// Prints one JSON line: per-layer microseconds of each way, the bytes, the copy bandwidth, and
-// the largest relative difference of the last hidden between the ways.
+// `phase_chain [layers]` prints one JSON line: per-layer microseconds of each way, of the streamed
+// way without the products, without the inputs x, without the barriers (where each cost goes),
+// each phase alone, the bytes, the copy bandwidth, and the largest relative difference of the
+// last hidden between the ways (0, or the program exits 1). `phase_chain ring`: the ring's own
+// rate over one 1 GiB phase, with and without products.
 // Standalone (CUDA runtime only), so the GPU machine builds it in seconds:
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a bench/phase_chain.cu -o phase_chain
 // or the CMake target ms_phase_chain.
@@ -77,11 +80,13 @@ struct Args {
   int begin, end;      // phases this launch runs
   unsigned* done;      // a counter a phase: blocks finished with it
   int stream_ahead;    // the producer fetches across barriers (but not ahead of the router)
-  int compute;         // 0: the consumers only take the chunks and hand them back (the stream alone); -1: no x either
+  int compute;         // 1; 0: the consumers only take the chunks and hand them back (the stream
+                       // alone); -1: nor do they load x
   int ordered;         // 0: no phase waits for another (the ring's own streaming rate)
 };
 
-// Smem: the ring, x (bf16, as the engine's activations: a lane's 8 values one 16-byte load), the barriers, the experts picked (ids, weights), a reduction's partials.
+// Smem: the ring, x (bf16, as the engine's activations: a lane's 8 values one 16-byte load), the
+// barriers, the experts picked (ids, weights), a reduction's partials.
 constexpr int kXOffset = kStages * kStageBytes;
 constexpr int kBarOffset = kXOffset + kMaxK * 2;
 constexpr int kSelOffset = kBarOffset + 2 * kStages * 8;
@@ -148,7 +153,8 @@ __device__ __forceinline__ void slab(const Phase& p, int& r0, int& r1) {
 
 __device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-  for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  for (int i = 0; i < 4; ++i)
+    f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
 }
 
 // The router's top 8 by one warp (softmax over the 128 logits, the 8 renormalised): ids and weights.
@@ -344,7 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1) phase_chain_kernel(Args a) {
   extern __shared__ __align__(128) char smem[];
   if (threadIdx.x == 0) {
     const uint32_t full = smem_addr(smem + kBarOffset), empty = full + kStages * 8;
-    for (int s = 0; s < kStages; ++s) mbar_init(full + 8 * s, kLaneCopies ? 32 : 1), mbar_init(empty + 8 * s, kConsumerWarps);
+    for (int s = 0; s < kStages; ++s)
+      mbar_init(full + 8 * s, kLaneCopies ? 32 : 1), mbar_init(empty + 8 * s, kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -531,7 +538,8 @@ int run(int layers) {
   std::printf(
       "{\"layers\": %d, \"blocks\": %d, \"bytes_a_layer\": %.0f, \"copy_GBps\": %.1f, \"floor_us_a_layer\": %.2f, "
       "\"launches_us_a_layer\": [%.2f, %.2f], \"persistent_us_a_layer\": [%.2f, %.2f], "
-      "\"streamed_us_a_layer\": [%.2f, %.2f], \"best\": {\"launches\": %.2f, \"persistent\": %.2f, \"streamed\": %.2f}, "
+      "\"streamed_us_a_layer\": [%.2f, %.2f], "
+      "\"best\": {\"launches\": %.2f, \"persistent\": %.2f, \"streamed\": %.2f}, "
       "\"last_hidden_max_rel_diff\": %.3g, \"finite\": %s, \"last_hidden_scale\": %.3g, "
       "\"streamed_without_products_us_a_layer\": %.2f, \"unordered_us_a_layer\": %.2f, "
       "\"unordered_without_products_us_a_layer\": %.2f, \"unordered_without_x_us_a_layer\": %.2f, "

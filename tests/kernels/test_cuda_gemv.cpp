@@ -92,9 +92,9 @@ bool timed_only(const GemvShape& s) { return !s.check || s.N * s.K > 100'000'000
 int64_t rows_of(const GemvShape& s) { return s.experts ? int64_t(s.tokens) * s.top_k : s.tokens; }
 int expected_groups(const GemvShape& s) { return s.experts ? int(std::min<int64_t>(s.experts, rows_of(s))) : 1; }
 
-// The launch shapes timed (and checked) for a shape: the automatic choice, warps 4 / 8 (FP8 also 1 / 2), blocks over slabs that give
-// every block the same slab count, one slab each, or a grid a multiple of the SM count, and each
-// row-tile count where rows come in groups or past 8.
+// The launch shapes timed (and checked) for a shape: the automatic choice, warps 4 / 8 (FP8 also
+// 1 / 2), blocks over slabs that give every block the same slab count, one slab each, or a grid a
+// multiple of the SM count, and each row-tile count where rows come in groups or past 8.
 std::vector<std::pair<std::string, GemvTuning>> variants(const GemvShape& s) {
   const int sms = sm_count(), eg = expected_groups(s), slabs = int((s.N + 15) / 16);
   const int auto_y = std::min(slabs, std::max(1, (32 * sms + eg - 1) / eg));  // as gemv() picks it
@@ -456,8 +456,8 @@ double graphed_us(F launch) {
 // reading copy i. Grouped: every expert its own weights (filled by memset: the values do not
 // change the time), and at batch 1 a fresh routing for each launch of the graph, none sharing an
 // expert with the 5 launches either side (V3's shard, 8 of 32 experts: the one either side),
-// replays wrapping around: as in a decode step, where the next layer's
-// experts are other weights. FP8: codes and 128 x 128 block scales, both by memset (1.5, 0.0115).
+// replays wrapping around: as in a decode step, where the next layer's experts are other
+// weights. FP8: codes and 128 x 128 block scales, both by memset (1.5 and 0.0115).
 struct BenchCase {
   GemvShape s;
   int64_t rows;
