@@ -4,15 +4,18 @@
 // one untimed prefill warms up first, and decode steps replay CUDA graphs unless
 // --disable-cuda-graph. With the parallelism flags (--tp > 1, --nnodes) the batch runs over
 // the ranks (ParallelRunner; on CUDA one GPU per rank, op by op), dealt round robin to the DP
-// groups, and the time global rank 0 spends in collectives is reported per step.
+// groups, and the time global rank 0 spends in collectives is reported per step. Several batch
+// sizes, input or output lengths (`--batch-size 1 16 64`) run every combination on one load.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <vector>
 
 #include "commands.h"
 #include "core/check.h"
@@ -27,7 +30,8 @@ namespace {
 
 struct BenchArgs {
   std::string model_path, device = "cpu", result_file;
-  int batch_size = 1, input_len = 256, output_len = 16;
+  std::vector<int> batch_sizes{1}, input_lens{256}, output_lens{16};  // the cases (SGLang's lists)
+  int batch_size = 1, input_len = 256, output_len = 16;                // the case being run
   uint64_t seed = 0;
   int cuda_graph_max_bs = 160;
   bool disable_cuda_graph = false;
@@ -126,31 +130,11 @@ StaticBatchTimes run_single(const BenchArgs& a, const CausalLM& model, const Loa
   return times;
 }
 
-void bench(const BenchArgs& a) {
-  LoadOptions o;
-  o.device = a.device == "cuda" ? Device::CUDA : Device::CPU;
-  o.act_dtype = a.device == "cuda" ? DType::BF16 : DType::F32;
-  o.load_mtp = false;
-  o.parallel = a.parallel.resolved();
+// One case's figures, printed as SGLang's bench_one_batch prints them, and appended to the
+// result file as a JSON line.
+void report(const BenchArgs& a, const ParallelConfig& p, const StaticBatchTimes& times, double bytes, bool graphed,
+            bool ranks) {
   const int B = a.batch_size;
-  StaticBatchTimes times;
-  double bytes = 0;
-  bool graphed = false;
-  const bool ranks = a.parallel.multi_rank();
-  if (ranks) {
-    ParallelRunner runner(a.model_path, o.parallel, o);
-    const CausalLM& m = runner.model(0);
-    MS_CHECK(a.input_len + a.output_len <= m.config.max_position_embeddings, "input + output length exceeds max_position_embeddings");
-    times = runner.static_batch(random_prompts(a, m.config.vocab_size), a.output_len);
-    bytes = decode_weight_bytes(m, B);
-  } else {
-    auto model = load_model(a.model_path, o);
-    MS_CHECK(a.input_len + a.output_len <= model->config.max_position_embeddings,
-             "input + output length exceeds max_position_embeddings");
-    times = run_single(a, *model, o, &graphed);
-    bytes = decode_weight_bytes(*model, B);
-  }
-  if (o.parallel.node_rank != 0) return;  // global rank 0 lives on node 0
   const double prefill = times.prefill;
   std::printf("Prefill. latency: %.5f s, throughput: %9.2f token/s\n", prefill, double(B) * a.input_len / prefill);
   for (size_t s = 0; s < times.decode.size() && s < 3; ++s)
@@ -165,18 +149,49 @@ void bench(const BenchArgs& a) {
   std::printf("Total. latency: %.3f s, throughput: %9.2f token/s\n", total, double(B) * (a.input_len + a.output_len) / total);
   std::printf("Decode step reads %.3f GB of weights%s (expected experts under uniform routing)\n", bytes / 1e9,
               ranks ? " over all ranks" : "");
-  if (!a.result_file.empty()) {
-    const ParallelConfig& p = o.parallel;
-    nlohmann::json r = {{"model_path", a.model_path}, {"device", a.device},   {"batch_size", B},
-                        {"input_len", a.input_len},   {"output_len", a.output_len},
-                        {"tp_size", p.tp_size}, {"dp_size", p.enable_dp_attention ? p.dp_size : 1}, {"ep_size", p.ep_size},
-                        {"moe_a2a_backend", p.moe_a2a_backend},
-                        {"prefill_latency", prefill}, {"prefill_throughput", double(B) * a.input_len / prefill},
-                        {"median_decode_latency", median}, {"median_decode_throughput", median > 0 ? B / median : 0.0},
-                        {"prefill_collective_seconds", times.prefill_comm}, {"median_decode_collective_seconds", comm},
-                        {"decode_weight_bytes", bytes}, {"cuda_graph", graphed}};
-    std::ofstream(a.result_file, std::ios::app) << r.dump() << "\n";
-  }
+  if (a.result_file.empty()) return;
+  nlohmann::json r = {{"model_path", a.model_path}, {"device", a.device},   {"batch_size", B},
+                      {"input_len", a.input_len},   {"output_len", a.output_len},
+                      {"tp_size", p.tp_size}, {"dp_size", p.enable_dp_attention ? p.dp_size : 1}, {"ep_size", p.ep_size},
+                      {"moe_a2a_backend", p.moe_a2a_backend},
+                      {"prefill_latency", prefill}, {"prefill_throughput", double(B) * a.input_len / prefill},
+                      {"median_decode_latency", median}, {"median_decode_throughput", median > 0 ? B / median : 0.0},
+                      {"prefill_collective_seconds", times.prefill_comm}, {"median_decode_collective_seconds", comm},
+                      {"decode_weight_bytes", bytes}, {"cuda_graph", graphed}};
+  std::ofstream(a.result_file, std::ios::app) << r.dump() << "\n";
+}
+
+// The model loads once; every batch size x input length x output length then runs in turn (in
+// SGLang's order), each with its own cache, graphs and warm-up.
+void bench(const BenchArgs& a) {
+  LoadOptions o;
+  o.device = a.device == "cuda" ? Device::CUDA : Device::CPU;
+  o.act_dtype = a.device == "cuda" ? DType::BF16 : DType::F32;
+  o.load_mtp = false;
+  o.parallel = a.parallel.resolved();
+  const bool ranks = a.parallel.multi_rank();
+  std::unique_ptr<ParallelRunner> runner;
+  std::unique_ptr<CausalLM> single;
+  if (ranks) runner = std::make_unique<ParallelRunner>(a.model_path, o.parallel, o);
+  else single = load_model(a.model_path, o);
+  const CausalLM& m = ranks ? runner->model(0) : *single;
+  for (const int I : a.input_lens)  // every combination checked before the first runs
+    for (const int O : a.output_lens)
+      MS_CHECK(I + O <= m.config.max_position_embeddings, "input + output length (", I, " + ", O,
+               ") exceeds max_position_embeddings (", m.config.max_position_embeddings, ")");
+  for (const int B : a.batch_sizes)
+    for (const int I : a.input_lens)
+      for (const int O : a.output_lens) {
+        BenchArgs c = a;
+        c.batch_size = B, c.input_len = I, c.output_len = O;
+        if (o.parallel.node_rank == 0)
+          std::printf("Batch size: %d, input len: %d, output len: %d\n", B, I, O);
+        bool graphed = false;
+        const StaticBatchTimes times =
+            ranks ? runner->static_batch(random_prompts(c, m.config.vocab_size), O) : run_single(c, *single, o, &graphed);
+        // Global rank 0 lives on node 0.
+        if (o.parallel.node_rank == 0) report(c, o.parallel, times, decode_weight_bytes(m, B), graphed, ranks);
+      }
 }
 
 }  // namespace
@@ -186,16 +201,19 @@ void add_bench_one_batch(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   cmd->add_option("--model-path", a->model_path, "checkpoint directory")->required();
   cmd->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--batch-size", a->batch_size, "sequences in the batch")->check(CLI::PositiveNumber);
-  cmd->add_option("--input-len", a->input_len, "prompt tokens per sequence")->check(CLI::PositiveNumber);
-  cmd->add_option("--output-len", a->output_len, "tokens generated per sequence")->check(CLI::PositiveNumber);
+  cmd->add_option("--batch-size", a->batch_sizes, "sequences in the batch (several: a run each)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--input-len", a->input_lens, "prompt tokens per sequence (several: a run each)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--output-len", a->output_lens, "tokens generated per sequence (several: a run each)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "seed of the random prompts");
   cmd->add_option("--cuda-graph-max-bs", a->cuda_graph_max_bs, "largest decode batch replayed from a CUDA graph");
   cmd->add_flag("--disable-cuda-graph", a->disable_cuda_graph, "run decode steps op by op");
   cmd->add_flag("--trace-ops", a->trace_ops,
                 "CUDA: time the prefill (and, with --disable-cuda-graph, the last decode step) op by op with events "
                 "and print where the GPU waited for the host");
-  cmd->add_option("--result-file", a->result_file, "append a JSON line with the results");
+  cmd->add_option("--result-file,--result-filename", a->result_file, "append a JSON line with each run's results");
   a->parallel.add(cmd);
   cmd->callback([a] { bench(*a); });
 }

@@ -1,7 +1,7 @@
 // The benchmark tools against `moeserve serve`: bench-serving on a fixture model (token totals
 // equal the server's own counters, the server never runs more than --max-concurrency requests),
-// bench-offline through the in-process engine, and eval-gsm8k on random-weight models (accuracy
-// near 0, the invalid rate reported, every request answered).
+// bench-offline through the in-process engine, bench-one-batch's lists, and eval-gsm8k on
+// random-weight models (accuracy near 0, the invalid rate reported, every request answered).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "bench/http_client.h"
 #include "server_process.h"
@@ -108,6 +109,41 @@ TEST(BenchOfflineE2E, TotalsThroughTheEngine) {
   EXPECT_EQ(rec["total_input_tokens"], 12 * 40);
   EXPECT_EQ(rec["total_output_tokens"], 12 * 6);
   EXPECT_NE(out.find("Offline Throughput Benchmark Result"), std::string::npos) << out;
+}
+
+// bench-one-batch with lists, as SGLang's: every batch size x input length x output length on one
+// load, in that order, one result line each; a combination past the model's positions is refused
+// before any runs, with both lengths named.
+TEST(BenchOneBatchE2E, EveryCombinationOnOneLoad) {
+  const std::string file = test::temp_dir() + "/one_batch.jsonl", model = test::fixture_dir("qwen3-moe-tiny");
+  std::string out;
+  ASSERT_EQ(test::run_command(test::moeserve_bin() + " bench-one-batch --model-path " + model +
+                                  " --batch-size 1 3 --input-len 8 5 --output-len 4 --result-filename " + file,
+                              out),
+            0)
+      << out;
+  std::ifstream in(file);
+  std::vector<json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 4u) << out;
+  const int want[4][2] = {{1, 8}, {1, 5}, {3, 8}, {3, 5}};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["batch_size"], want[i][0]) << lines[i];
+    EXPECT_EQ(lines[i]["input_len"], want[i][1]) << lines[i];
+    EXPECT_EQ(lines[i]["output_len"], 4) << lines[i];
+    EXPECT_GT(lines[i]["median_decode_latency"].get<double>(), 0.0) << lines[i];
+  }
+  size_t prefills = 0;
+  for (size_t at = out.find("Prefill. latency"); at != std::string::npos; at = out.find("Prefill. latency", at + 1))
+    ++prefills;
+  EXPECT_EQ(prefills, 4u) << out;
+
+  EXPECT_NE(test::run_command(test::moeserve_bin() + " bench-one-batch --model-path " + model +
+                                  " --batch-size 1 --input-len 8 1020 --output-len 8",
+                              out),
+            0);
+  EXPECT_NE(out.find("(1020 + 8) exceeds max_position_embeddings (1024)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Prefill. latency"), std::string::npos) << out;  // refused before the first run
 }
 
 TEST(BenchOfflineE2E, SampledRequestsReportTheirTemperature) {
