@@ -70,23 +70,29 @@ TEST(ParallelCli, TwoNodesOnLoopbackMatchOneProcess) {
 }
 
 // bench-one-batch over ranks: the batch dealt to the DP groups, every decode step timed, the
-// collectives' time reported (0 on the shared-memory backend, which does not measure).
+// collectives' time reported (0 on the shared-memory backend, which does not measure); two batch
+// sizes run one after the other on the same ranks.
 TEST(ParallelCli, BenchOneBatchRunsOverRanks) {
   const std::string file = test::temp_dir() + "/bench.jsonl";
   std::string out;
   ASSERT_EQ(test::run_command(test::moeserve_bin() + " bench-one-batch --model-path " + test::fixture_dir("qwen3-moe-tiny") +
-                                  " --batch-size 3 --input-len 8 --output-len 4 --tp 2 --dp 2 --enable-dp-attention "
+                                  " --batch-size 3 2 --input-len 8 --output-len 4 --tp 2 --dp 2 --enable-dp-attention "
                                   "--ep-size 2 --result-file " + file,
                               out),
             0)
       << out;
   EXPECT_NE(out.find("Collectives (rank 0)"), std::string::npos) << out;
   std::ifstream in(file);
-  auto r = nlohmann::json::parse(in);
-  EXPECT_EQ(r["tp_size"], 2);
-  EXPECT_EQ(r["dp_size"], 2);
-  EXPECT_GT(r["median_decode_latency"].get<double>(), 0.0);
-  EXPECT_EQ(r["median_decode_collective_seconds"].get<double>(), 0.0);
+  int runs = 0;
+  for (std::string line; std::getline(in, line); ++runs) {
+    auto r = nlohmann::json::parse(line);
+    EXPECT_EQ(r["batch_size"], runs == 0 ? 3 : 2);
+    EXPECT_EQ(r["tp_size"], 2);
+    EXPECT_EQ(r["dp_size"], 2);
+    EXPECT_GT(r["median_decode_latency"].get<double>(), 0.0);
+    EXPECT_EQ(r["median_decode_collective_seconds"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(runs, 2) << out;
 }
 
 TEST(ParallelCli, Fp8ShardingRefusalNamesTheFixes) {
