@@ -25,8 +25,9 @@
 // each phase alone, the bytes, the copy bandwidth, and the largest relative difference of the
 // last hidden between the ways (0, or the program exits 1). `phase_chain ring`: the ring's own
 // rate over one 1 GiB phase, with and without products.
-// Standalone (CUDA runtime only), so the GPU machine builds it in seconds:
-//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a bench/phase_chain.cu -o phase_chain
+// Standalone (CUDA runtime only; the project's mbarrier helpers from their header), so the GPU
+// machine builds it in seconds:
+//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc bench/phase_chain.cu -o phase_chain
 // or the CMake target ms_phase_chain.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,6 +39,8 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "kernels/cuda/mbarrier.cuh"  // mbar_init, mbar_arrive, mbar_wait, expect_bytes (device code only)
 
 #define CHECK(call)                                                                                  \
   do {                                                                                               \
@@ -51,6 +54,7 @@
 namespace {
 
 using bf16 = __nv_bfloat16;
+using namespace ms::cuda::wg;
 
 constexpr int kHidden = 2048, kInter = 768, kExperts = 128, kTopK = 8;
 constexpr int kPhasesPerLayer = 6;
@@ -99,23 +103,6 @@ constexpr int kSmemBytes = kRowsOffset + kConsumerWarps * kMaxSlabRows * 4;
 static_assert(kConsumerWarps * 32 == kMaxSlabRows, "a consumer thread owns one row's sums");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
@@ -151,6 +138,9 @@ __device__ __forceinline__ void slab(const Phase& p, int& r0, int& r1) {
   r0 = int(int64_t(p.n) * blockIdx.x / gridDim.x), r1 = int(int64_t(p.n) * (blockIdx.x + 1) / gridDim.x);
 }
 
+// Eight bf16 as f32 by a shift or a mask each: the form the figures in BENCHMARKS were measured
+// with (cuda_common.h's unpack8 gives the same values through bf16 pair conversions, whose code
+// was not timed here).
 __device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
   for (int i = 0; i < 4; ++i)
@@ -209,7 +199,7 @@ __device__ void produce(const Args& a, char* smem) {
       const int rows = min(per, r1 - c), slot = item % kStages;
       if (item >= kStages) mbar_wait(empty + 8 * slot, ((item / kStages) - 1) & 1);
       const uint32_t bar = full + 8 * slot, dst = ring + slot * kStageBytes;
-      if (!kLaneCopies && lane == 0) mbar_expect(bar, uint32_t(rows) * p.k * 2);
+      if (!kLaneCopies && lane == 0) expect_bytes(bar, uint32_t(rows) * p.k * 2);
       if (p.kind == Dense) {
         copy_segment(dst, p.w + int64_t(c) * p.k, uint32_t(rows) * p.k * 2, bar, lane);
       } else if (p.kind == GateUp) {  // rows of one expert are contiguous: split where the expert changes
