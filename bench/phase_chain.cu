@@ -1,12 +1,16 @@
 // What a whole-step persistent kernel could make of a batch-1 decode step (issue 9): the byte
 // structure of Qwen3-30B-A3B's layer at batch 1 (bf16, 4096 keys) as a chain of dependent
-// matrix-vector phases, run three ways on the same code:
+// matrix-vector phases, run four ways on the same code:
 //   launches:   one launch a phase (captured in a CUDA graph), as the engine's kernels are;
 //   persistent: one kernel, the phases met at grid barriers, each block's weights fetched only
 //               once the phase's inputs are ready;
 //   streamed:   one kernel, each block's producer warp fetching the next phases' weights into its
 //               shared-memory ring while the block still computes or waits at a barrier: only
-//               the experts' weights wait (for the router), as their addresses depend on it.
+//               the experts' weights wait (for the router), as their addresses depend on it;
+//   dataflow:   streamed, without grid barriers: a block's chunks of rows are every 132nd, each
+//               published (a counter a chunk) once written, and a third warp brings each
+//               phase's x in as the rows it comes from are published, into one of two buffers,
+//               so the next phase's x arrives while the block still works on this one.
 // Session 34 measured a grid barrier at 1.20 µs, about twice PDL's kernel boundary; the question
 // here is whether streaming weights across the barriers (which kernel boundaries prevent: the
 // next kernel's blocks find no room beside the last's) brings a layer near its bytes over the
@@ -21,7 +25,7 @@
 //   gate|up 8 x 1536 x 2048 of 128 experts, the router's top 8, x = rmsnorm(o)
 //   down   2048 x 8 x 768, x = w_j * silu(gate_j) * up_j; the next layer's hidden
 // `phase_chain [layers]` prints one JSON line: per-layer microseconds of each way, of the streamed
-// way without the products, without the inputs x, without the barriers (where each cost goes),
+// and dataflow ways without the products, without the inputs x, without the barriers (where each cost goes),
 // each phase alone, the bytes, the copy bandwidth, and the largest relative difference of the
 // last hidden between the ways (0, or the program exits 1). `phase_chain ring`: the ring's own
 // rate over one 1 GiB phase, with and without products.
@@ -58,13 +62,16 @@ using namespace ms::cuda::wg;
 
 constexpr int kHidden = 2048, kInter = 768, kExperts = 128, kTopK = 8;
 constexpr int kPhasesPerLayer = 6;
-constexpr int kConsumerWarps = 8, kThreads = (kConsumerWarps + 1) * 32;
+// Eight consumer warps, the weight producer warp, and (dataflow only) the warp that brings x in.
+constexpr int kConsumerWarps = 8, kProducerWarp = kConsumerWarps, kXWarp = kConsumerWarps + 1;
+constexpr int kThreads = (kConsumerWarps + 2) * 32;
 // The ring (PC_STAGE_BYTES x PC_STAGES at compile time: 192 KB either way for 32 KB x 6, 16 KB x 12).
 #ifndef PC_STAGE_BYTES
 #define PC_STAGE_BYTES 32768
 #define PC_STAGES 6
 #endif
 constexpr int kStageBytes = PC_STAGE_BYTES, kStages = PC_STAGES, kMaxK = kTopK * kInter;  // down's row: 6144
+constexpr int kMaxStageRows = kStageBytes / 512;  // a stage's rows: at least 256 values each
 
 enum Kind { Dense, GateUp, Down };
 enum XMode { Plain, Norm, Swiglu };
@@ -77,7 +84,16 @@ struct Phase {
   float* y;            // [n]
   int dep;             // phase whose completion x needs (-1: none)
   int router;          // GateUp / Down: the router phase picking the experts
+  int x_phase;         // the phase whose y is x_src (-1: the first hidden)
+  unsigned* rows_done; // dataflow: a counter a chunk of rows, the rows of it written
+  int rot;             // dataflow: the block taking chunk 0 (rotated by the chunks before, so that
+                       // no block takes the extra chunk of every phase)
 };
+
+// The dataflow way's waits, cycles summed a block: the x warp's polls of the rows published (and
+// how many), its batches of x loads (and how many), its waits for a free buffer and for the
+// router; the consumers' waits for x; the producer's for the router.
+enum Stat { kPolls, kPollCycles, kLoads, kLoadCycles, kBufferWait, kXRouterWait, kConsumerWait, kRouterWait, kStats };
 
 struct Args {
   const Phase* phases;
@@ -87,20 +103,24 @@ struct Args {
   int compute;         // 1; 0: the consumers only take the chunks and hand them back (the stream
                        // alone); -1: nor do they load x
   int ordered;         // 0: no phase waits for another (the ring's own streaming rate)
+  unsigned long long* stats;  // dataflow: kStats cycle counts a block (where the warps wait)
+  int dataflow;        // no grid barriers: a block's chunks are every gridDim-th, each published as
+                       // it is written; the x warp brings x in as its rows are published
 };
 
-// Smem: the ring, x (bf16, as the engine's activations: a lane's 8 values one 16-byte load), the
-// barriers, the experts picked (ids, weights), a reduction's partials.
+// Smem: the ring, x (bf16, as the engine's activations: a lane's 8 values one 16-byte load; two
+// buffers, phases alternating, in the dataflow way), the barriers, the experts picked by the
+// producer and by the x warp (ids, weights), x's norm scale and
+// readiness, the consumers' phase count, a stage's row sums (a warp's share each, two stages).
 constexpr int kXOffset = kStages * kStageBytes;
-constexpr int kBarOffset = kXOffset + kMaxK * 2;
+constexpr int kBarOffset = kXOffset + 2 * kMaxK * 2;
 constexpr int kSelOffset = kBarOffset + 2 * kStages * 8;
-constexpr int kRedOffset = kSelOffset + 2 * kTopK * 4;
-// A block's row sums of the phase, a warp's share each (its rows are the block's own: summed in a
-// fixed order and written to y once, at the phase's end, so every way gives the same bits).
-constexpr int kMaxSlabRows = 256;
-constexpr int kRowsOffset = kRedOffset + kConsumerWarps * 4;
-constexpr int kSmemBytes = kRowsOffset + kConsumerWarps * kMaxSlabRows * 4;
-static_assert(kConsumerWarps * 32 == kMaxSlabRows, "a consumer thread owns one row's sums");
+constexpr int kXSelOffset = kSelOffset + 2 * kTopK * 4;
+constexpr int kScaleOffset = kXSelOffset + 2 * kTopK * 4;  // float [2]
+constexpr int kXReadyOffset = kScaleOffset + 8;                 // int [2]: the phase + 1 whose x is in
+constexpr int kConsumedOffset = kXReadyOffset + 8;              // int: phases the consumers are done with
+constexpr int kRowsOffset = kConsumedOffset + 8;
+constexpr int kSmemBytes = kRowsOffset + 2 * kConsumerWarps * kMaxStageRows * 4;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -132,10 +152,50 @@ __device__ __forceinline__ void wait_done(const unsigned* done, int phase, int o
   while (seen < gridDim.x);
 }
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32)); }
+__device__ __forceinline__ int volatile_load(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
 
-__device__ __forceinline__ int rows_a_chunk(const Phase& p) { return max(1, kStageBytes / (2 * p.k)); }
-__device__ __forceinline__ void slab(const Phase& p, int& r0, int& r1) {
-  r0 = int(int64_t(p.n) * blockIdx.x / gridDim.x), r1 = int(int64_t(p.n) * (blockIdx.x + 1) / gridDim.x);
+// A phase's rows go in chunks of a stage each (rows of full length; at most ceil(n / blocks), so
+// the router's 128 rows spread over 128 blocks). The same chunks in every way, so each row's sum
+// is the same bits: a block owns a contiguous run of them, or in the dataflow way every
+// gridDim-th (chunks finish in row order across the grid: a round of chunks at a time).
+__device__ __forceinline__ int chunk_rows(const Phase& p) {
+  return min(max(1, kStageBytes / (2 * p.k)), (p.n + int(gridDim.x) - 1) / int(gridDim.x));
+}
+struct Chunks {
+  int begin, end, step;
+};
+__device__ __forceinline__ Chunks my_chunks(const Phase& p, int dataflow) {
+  const int n = (p.n + chunk_rows(p) - 1) / chunk_rows(p), b = blockIdx.x, g = gridDim.x;
+  if (dataflow) return {(b - p.rot % g + g) % g, n, g};
+  return {int(int64_t(n) * b / g), int(int64_t(n) * (b + 1) / g), 1};
+}
+
+// Dataflow: where the published rows of phase s's output end, from row lo (a chunk's rows count
+// once every one of them is written), polled once by the calling warp: hi if all of [lo, hi) are.
+// Relaxed loads (all in flight at once), then an acquire fence for the rows' values.
+__device__ int published_upto(const Phase& s, int lo, int hi) {
+  const int r = chunk_rows(s), lane = threadIdx.x & 31, c0 = lo / r, c1 = min((hi + r - 1) / r, c0 + 8 * 32);
+  unsigned seen[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c = c0 + lane + 32 * i;
+    seen[i] = ~0u;
+    if (c < c1) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen[i]) : "l"(s.rows_done + c) : "memory");
+  }
+  int first = c1;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c = c0 + lane + 32 * i;
+    if (c < c1 && seen[i] < unsigned(min(r, s.n - c * r))) first = min(first, c);
+  }
+  for (int o = 16; o; o >>= 1) first = min(first, __shfl_xor_sync(~0u, first, o));
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  return min(hi, first * r);
+}
+__device__ void wait_published(const Args& a, int q, int hi) {
+  if (q < 0 || !a.ordered) return;
+  while (published_upto(a.phases[q], 0, hi) < hi) {
+  }
 }
 
 // Eight bf16 as f32 by a shift or a mask each: the form the figures in BENCHMARKS were measured
@@ -187,16 +247,21 @@ __device__ void produce(const Args& a, char* smem) {
     if (!a.stream_ahead && lane == 0) wait_done(a.done, p.dep, a.ordered);
     __syncwarp();
     if (p.kind != Dense && picked_by != p.router) {
-      if (lane == 0) wait_done(a.done, p.router, a.ordered);
-      __syncwarp();
+      if (a.dataflow) {
+        const long long t0 = clock64();
+        wait_published(a, p.router, kExperts);
+        if (lane == 0 && a.stats) a.stats[blockIdx.x * kStats + kRouterWait] += clock64() - t0;
+      } else {
+        if (lane == 0) wait_done(a.done, p.router, a.ordered);
+        __syncwarp();
+      }
       pick_experts(a.phases[p.router].y, ids, wts);
       picked_by = p.router;
     }
-    int r0, r1;
-    slab(p, r0, r1);
-    const int per = rows_a_chunk(p);
-    for (int c = r0; c < r1; c += per, ++item) {
-      const int rows = min(per, r1 - c), slot = item % kStages;
+    const int per = chunk_rows(p);
+    const Chunks ch = my_chunks(p, a.dataflow);
+    for (int j = ch.begin; j < ch.end; j += ch.step, ++item) {
+      const int c = j * per, rows = min(per, p.n - c), slot = item % kStages;
       if (item >= kStages) mbar_wait(empty + 8 * slot, ((item / kStages) - 1) & 1);
       const uint32_t bar = full + 8 * slot, dst = ring + slot * kStageBytes;
       if (!kLaneCopies && lane == 0) expect_bytes(bar, uint32_t(rows) * p.k * 2);
@@ -221,78 +286,180 @@ __device__ void produce(const Args& a, char* smem) {
   }
 }
 
-// The consumer warps' x for phase p, in shared memory as bf16. Every load of a thread is issued
-// before the first store (a float4 a load, at most six a thread): the stores to shared memory
-// would otherwise hold each L2 round trip behind the last.
-__device__ void load_x(const Phase& p, bf16* x, float* red, const float* wts) {
-  constexpr int kN = kConsumerWarps * 32, kPer = kMaxK / (4 * kN);
-  const int t = threadIdx.x;
+// x's values i .. i + 7 from their source (rmsnorm's scale is applied to the row sums, not here),
+// and the sum of squares of x as bf16, lane l taking values 256 u + 8 l .. + 7 in order of u, then the
+// warp's sum: the same bits whichever warp computes it.
+__device__ __forceinline__ void x_values(const Phase& p, int i, const float* wts, float v[8]) {
   const float4* src = reinterpret_cast<const float4*>(p.x_src);
-  float4 v[kPer], u[kPer];
-#pragma unroll
-  for (int q = 0; q < kPer; ++q) {
-    const int i = 4 * (t + q * kN);  // the first of the four values
-    if (i >= p.k) continue;
-    if (p.x_mode == Swiglu) {  // expert j's gate rows, then its up rows, in the gate|up phase's output
-      const int j = i / kInter, f = i % kInter;
-      v[q] = __ldcg(src + (j * 2 * kInter + f) / 4), u[q] = __ldcg(src + (j * 2 * kInter + kInter + f) / 4);
-    } else {
-      v[q] = __ldcg(src + i / 4);
-    }
+  if (p.x_mode != Swiglu) {
+    const float4 lo = __ldcg(src + i / 4), hi = __ldcg(src + i / 4 + 1);
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    return;
   }
-  float scale = 1;
-  if (p.x_mode == Norm) {
+  const int j = i / kInter, f = i % kInter;  // expert j's gate rows, then its up rows, in gate|up's output
+  const float4* g4 = src + (j * 2 * kInter + f) / 4;
+  const float4* u4 = src + (j * 2 * kInter + kInter + f) / 4;
+  const float4 g[2] = {__ldcg(g4), __ldcg(g4 + 1)}, u[2] = {__ldcg(u4), __ldcg(u4 + 1)};
+  for (int h = 0; h < 2; ++h) {
+    const float gs[4] = {g[h].x, g[h].y, g[h].z, g[h].w}, us[4] = {u[h].x, u[h].y, u[h].z, u[h].w};
+    for (int e = 0; e < 4; ++e) v[4 * h + e] = wts[j] * gs[e] / (1.0f + __expf(-gs[e])) * us[e];
+  }
+}
+__device__ __forceinline__ void store8(bf16* x, int i, const float v[8]) {
+  uint4 packed;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&packed);
+  for (int e = 0; e < 4; ++e) {
+    __nv_bfloat162 two = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+    w[e] = *reinterpret_cast<uint32_t*>(&two);
+  }
+  *reinterpret_cast<uint4*>(x + i) = packed;
+}
+__device__ __forceinline__ float norm_scale(float lane_ss, int k) {
+  for (int o = 16; o; o >>= 1) lane_ss += __shfl_xor_sync(~0u, lane_ss, o);
+  return rsqrtf(lane_ss / k + 1e-6f);
+}
+__device__ __forceinline__ float squares8(const bf16* x) {
+  float f[8], ss = 0;
+  unpack8(*reinterpret_cast<const uint4*>(x), f);
+  for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+  return ss;
+}
+
+// The barrier ways' x for phase p, by the consumer warps: every load of a thread issued before the
+// first store (the stores to shared memory would otherwise hold each L2 round trip behind the
+// last); then warp 0 the norm's scale.
+__device__ void load_x(const Phase& p, bf16* x, float* scale, const float* wts) {
+  constexpr int kN = kConsumerWarps * 32, kPer = kMaxK / (8 * kN);
+  const int t = threadIdx.x;
+  float v[kPer][8];
+#pragma unroll
+  for (int q = 0; q < kPer; ++q)
+    if (8 * (t + q * kN) < p.k)
+      x_values(p, 8 * (t + q * kN), wts, v[q]);
+#pragma unroll
+  for (int q = 0; q < kPer; ++q)
+    if (8 * (t + q * kN) < p.k) store8(x, 8 * (t + q * kN), v[q]);
+  consumers_sync();
+  if (t < 32) {
     float ss = 0;
-#pragma unroll
-    for (int q = 0; q < kPer; ++q)
-      if (4 * (t + q * kN) < p.k) ss += v[q].x * v[q].x + v[q].y * v[q].y + v[q].z * v[q].z + v[q].w * v[q].w;
-    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
-    if ((t & 31) == 0) red[t >> 5] = ss;
-    consumers_sync();
-    float total = 0;
-    for (int w = 0; w < kConsumerWarps; ++w) total += red[w];
-    scale = rsqrtf(total / p.k + 1e-6f);
-  }
-#pragma unroll
-  for (int q = 0; q < kPer; ++q) {
-    const int i = 4 * (t + q * kN);
-    if (i >= p.k) continue;
-    float o[4] = {v[q].x * scale, v[q].y * scale, v[q].z * scale, v[q].w * scale};
-    if (p.x_mode == Swiglu) {
-      const float g[4] = {v[q].x, v[q].y, v[q].z, v[q].w}, up[4] = {u[q].x, u[q].y, u[q].z, u[q].w};
-      for (int e = 0; e < 4; ++e) o[e] = wts[i / kInter] * g[e] / (1.0f + __expf(-g[e])) * up[e];
-    }
-    __nv_bfloat162 lo = __floats2bfloat162_rn(o[0], o[1]), hi = __floats2bfloat162_rn(o[2], o[3]);
-    uint2 packed;
-    packed.x = *reinterpret_cast<uint32_t*>(&lo), packed.y = *reinterpret_cast<uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(x + i) = packed;
+    for (int u = 0; u < p.k / 256; ++u) ss += squares8(x + 256 * u + 8 * t);
+    const float s = norm_scale(ss, p.k);
+    if (t == 0) *scale = p.x_mode == Norm ? s : 1.0f;
   }
 }
 
-// The consumer warps: each chunk's rows against x, a warp a contiguous run of 256-element units.
+// The dataflow way's x warp: each phase's x into its buffer as the rows it comes from are
+// published (units of 256 values, up to kXBatch a round trip), the buffer's readiness marked once
+// all of x is in. A buffer is refilled only when the consumers are done with the phase before.
+#ifndef PC_X_BATCH
+#define PC_X_BATCH 8
+#endif
+constexpr int kXBatch = PC_X_BATCH;
+__device__ void stream_x(const Args& a, char* smem) {
+  if (a.compute < 0) return;  // the consumers neither load x nor wait for it
+  const int lane = threadIdx.x & 31;
+  unsigned long long st[kStats] = {};
+  int* xready = reinterpret_cast<int*>(smem + kXReadyOffset);
+  const int* consumed = reinterpret_cast<const int*>(smem + kConsumedOffset);
+  float* scale = reinterpret_cast<float*>(smem + kScaleOffset);
+  int* ids = reinterpret_cast<int*>(smem + kXSelOffset);
+  float* wts = reinterpret_cast<float*>(smem + kXSelOffset + kTopK * 4);
+  for (int ph = a.begin; ph < a.end; ++ph) {
+    const Phase p = a.phases[ph];
+    const Chunks ch = my_chunks(p, 1);
+    if (ch.begin >= ch.end) continue;  // no rows here: the consumers skip the phase
+    const int b = ph & 1, units = p.k / 256;
+    bf16* x = reinterpret_cast<bf16*>(smem + kXOffset) + b * kMaxK;
+    long long t0 = clock64();
+    while (volatile_load(consumed) < ph - 1) {
+    }
+    st[kBufferWait] += clock64() - t0;
+    if (p.x_mode == Swiglu) {
+      t0 = clock64();
+      wait_published(a, p.router, kExperts);
+      st[kXRouterWait] += clock64() - t0;
+      pick_experts(a.phases[p.router].y, ids, wts);
+    }
+    // The source rows unit u needs, up to: its 256 values, or (Swiglu) its experts' up rows.
+    auto rows_needed = [&](int u) {
+      if (p.x_mode != Swiglu) return 256 * (u + 1);
+      const int j = u / (kInter / 256), f = (u % (kInter / 256)) * 256;
+      return j * 2 * kInter + kInter + f + 256;
+    };
+    float ss = 0;
+    for (int loaded = 0; loaded < units;) {
+      int ready = units;
+      if (p.x_phase >= 0 && a.ordered) {
+        // From the rows the units in already needed (published: they were polled before).
+        const int from = loaded ? rows_needed(loaded - 1) : 0;
+        t0 = clock64();
+        const int upto = published_upto(a.phases[p.x_phase], from, rows_needed(units - 1));
+        st[kPolls] += 1, st[kPollCycles] += clock64() - t0;
+        ready = loaded;
+        while (ready < units && rows_needed(ready) <= upto) ++ready;
+      }
+      ready = min(ready, loaded + kXBatch);
+      if (ready == loaded) continue;
+      t0 = clock64();
+      float v[kXBatch][8];
+#pragma unroll
+      for (int q = 0; q < kXBatch; ++q)
+        if (loaded + q < ready)
+          x_values(p, 256 * (loaded + q) + 8 * lane, wts, v[q]);
+#pragma unroll
+      for (int q = 0; q < kXBatch; ++q)
+        if (loaded + q < ready) store8(x, 256 * (loaded + q) + 8 * lane, v[q]);
+      __syncwarp();
+      st[kLoads] += 1, st[kLoadCycles] += clock64() - t0;
+      for (; loaded < ready; ++loaded) ss += squares8(x + 256 * loaded + 8 * lane);
+    }
+    const float s = norm_scale(ss, p.k);
+    if (lane == 0) {
+      scale[b] = p.x_mode == Norm ? s : 1.0f;
+      __threadfence_block();
+      *reinterpret_cast<volatile int*>(xready + b) = ph + 1;
+    }
+    __syncwarp();
+  }
+  if (lane == 0 && a.stats)
+    for (int i = 0; i < kStats; ++i) a.stats[blockIdx.x * kStats + i] += st[i];
+}
+
+// The consumer warps: each chunk's rows against x, a warp a contiguous run of 256-element units;
+// a chunk's rows summed (warps in order) and written as soon as it is done.
 __device__ void consume(const Args& a, char* smem) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  bf16* x = reinterpret_cast<bf16*>(smem + kXOffset);
-  float* red = reinterpret_cast<float*>(smem + kRedOffset);
-  float* rowsum = reinterpret_cast<float*>(smem + kRowsOffset);
+  float* red_scale = reinterpret_cast<float*>(smem + kScaleOffset);
+  const int* xready = reinterpret_cast<const int*>(smem + kXReadyOffset);
+  int* consumed = reinterpret_cast<int*>(smem + kConsumedOffset);
   const float* wts = reinterpret_cast<const float*>(smem + kSelOffset + kTopK * 4);
   const uint32_t full = smem_addr(smem + kBarOffset), empty = full + kStages * 8;
   int item = 0;
   for (int ph = a.begin; ph < a.end; ++ph) {
     const Phase p = a.phases[ph];
-    int r0, r1;
-    slab(p, r0, r1);
-    const int per = rows_a_chunk(p), units_a_row = p.k / 256;
-    if (threadIdx.x == 0) wait_done(a.done, p.dep, a.ordered);
-    for (int w = 0; w < kConsumerWarps; ++w) rowsum[w * kMaxSlabRows + threadIdx.x] = 0;
-    consumers_sync();
-    if (r1 > r0) {
-      mbar_wait(full + 8 * (item % kStages), (item / kStages) & 1);  // the producer has picked the experts
-      if (a.compute >= 0) load_x(p, x, red, wts);  // -1: neither x nor products (the phases' bare cost)
+    const int per = chunk_rows(p), units_a_row = p.k / 256, b = a.dataflow ? ph & 1 : 0;
+    const bf16* x = reinterpret_cast<const bf16*>(smem + kXOffset) + b * kMaxK;
+    const Chunks ch = my_chunks(p, a.dataflow);
+    if (a.dataflow) {
+      if (ch.begin < ch.end && a.compute >= 0) {
+        const long long t0 = clock64();
+        while (volatile_load(xready + b) != ph + 1) {
+        }
+        __threadfence_block();
+        if (threadIdx.x == 0 && a.stats) a.stats[blockIdx.x * kStats + kConsumerWait] += clock64() - t0;
+      }
+    } else {
+      if (threadIdx.x == 0) wait_done(a.done, p.dep, a.ordered);
       consumers_sync();
+      if (ch.begin < ch.end) {
+        mbar_wait(full + 8 * (item % kStages), (item / kStages) & 1);  // the producer has picked the experts
+        if (a.compute >= 0) load_x(p, reinterpret_cast<bf16*>(smem + kXOffset), red_scale, wts);
+        consumers_sync();
+      }
     }
-    for (int c = r0; c < r1; c += per, ++item) {
-      const int rows = min(per, r1 - c), slot = item % kStages, units = rows * units_a_row;
+    for (int j = ch.begin; j < ch.end; j += ch.step, ++item) {
+      const int c = j * per, rows = min(per, p.n - c), slot = item % kStages, units = rows * units_a_row;
+      float* rowsum = reinterpret_cast<float*>(smem + kRowsOffset) + (item & 1) * kConsumerWarps * kMaxStageRows;
       mbar_wait(full + 8 * slot, (item / kStages) & 1);
       const bf16* stage = reinterpret_cast<const bf16*>(smem + slot * kStageBytes);
       const int u0 = units * warp / kConsumerWarps, u1 = units * (warp + 1) / kConsumerWarps;
@@ -315,23 +482,33 @@ __device__ void consume(const Args& a, char* smem) {
             if (two) acc[2] += w1[e] * x1[e], acc[3] += w1[e + 1] * x1[e + 1];
           }
         }
+        u = end;  // past an odd unit count, u + 2 would skip the next row's first unit
         float sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
-        if (lane == 0) rowsum[warp * kMaxSlabRows + ((c - r0 + row) & (kMaxSlabRows - 1))] = sum;
+        if (lane == 0) rowsum[warp * kMaxStageRows + row] = sum;
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + 8 * slot);
+      consumers_sync();  // the stage's sums (its row sums are two stages apart: one barrier a stage)
+      const int t = threadIdx.x;
+      if (t < rows) {
+        float total = 0;
+        for (int w = 0; w < kConsumerWarps; ++w) {  // the warps whose run has units of row t
+          const int w0 = units * w / kConsumerWarps, w1 = units * (w + 1) / kConsumerWarps;
+          if (w0 < (t + 1) * units_a_row && w1 > t * units_a_row) total += rowsum[w * kMaxStageRows + t];
+        }
+        p.y[c + t] = total * red_scale[b];
+        if (a.dataflow) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.rows_done + j) : "memory");
+      }
     }
-    consumers_sync();
-    if (threadIdx.x < min(r1 - r0, kMaxSlabRows)) {
-      float total = 0;
-      for (int w = 0; w < kConsumerWarps; ++w) total += rowsum[w * kMaxSlabRows + threadIdx.x];
-      p.y[r0 + threadIdx.x] = total;
-    }
-    consumers_sync();
+    consumers_sync();  // x's buffer free; the barrier ways: every row written
     if (threadIdx.x == 0) {
-      __threadfence();
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.done + ph) : "memory");
+      if (a.dataflow) {
+        *reinterpret_cast<volatile int*>(consumed) = ph + 1;
+      } else {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.done + ph) : "memory");
+      }
     }
   }
 }
@@ -343,9 +520,13 @@ __global__ void __launch_bounds__(kThreads, 1) phase_chain_kernel(Args a) {
     for (int s = 0; s < kStages; ++s)
       mbar_init(full + 8 * s, kLaneCopies ? 32 : 1), mbar_init(empty + 8 * s, kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    int* flags = reinterpret_cast<int*>(smem + kXReadyOffset);
+    flags[0] = flags[1] = 0, flags[2] = a.begin;  // x ready for no phase; the phases before begin done
   }
   __syncthreads();
-  if (threadIdx.x >= kConsumerWarps * 32) produce(a, smem);
+  const int warp = threadIdx.x >> 5;
+  if (warp == kProducerWarp) produce(a, smem);
+  else if (warp == kXWarp) { if (a.dataflow) stream_x(a, smem); }
   else consume(a, smem);
 }
 
@@ -414,27 +595,38 @@ int run(int layers) {
     for (int i = 0; i < kPhasesPerLayer; ++i) out[i] = y, y += y_len[i];
     const float* hidden = l ? phases[base - 1].y : hidden0;
     const uint32_t s = 17u * l;
-    phases.push_back({Dense, Norm, 5120, kHidden, random_bf16(5120LL * kHidden, s + 1, 0.05f), hidden, out[0],
-                      l ? base - 1 : -1, -1});
-    phases.push_back({Dense, Plain, 16384, 256, random_bf16(16384LL * 256, s + 2, 0.05f), out[0], out[1], base, -1});
+    const int prev = l ? base - 1 : -1;
+    phases.push_back({Dense, Norm, 5120, kHidden, random_bf16(5120LL * kHidden, s + 1, 0.05f), hidden, out[0], prev,
+                      -1, prev});
+    phases.push_back(
+        {Dense, Plain, 16384, 256, random_bf16(16384LL * 256, s + 2, 0.05f), out[0], out[1], base, -1, base});
     phases.push_back({Dense, Plain, kHidden, 4096, random_bf16(4096LL * kHidden, s + 3, 0.05f), out[1], out[2],
-                      base + 1, -1});
+                      base + 1, -1, base + 1});
     phases.push_back({Dense, Norm, kExperts, kHidden, random_bf16(int64_t(kExperts) * kHidden, s + 4, 0.05f), out[2],
-                      out[3], base + 2, -1});
+                      out[3], base + 2, -1, base + 2});
     phases.push_back({GateUp, Norm, kTopK * 2 * kInter, kHidden,
                       random_bf16(int64_t(kExperts) * 2 * kInter * kHidden, s + 5, 0.05f), out[2], out[4], base + 3,
-                      base + 3});
+                      base + 3, base + 2});
     phases.push_back({Down, Swiglu, kHidden, kTopK * kInter,
                       random_bf16(int64_t(kExperts) * kHidden * kInter, s + 6, 0.05f), out[4], out[5], base + 4,
-                      base + 3});
+                      base + 3, base + 4});
   }
-  for (const Phase& p : phases) {
+  // The dataflow way's counters, a chunk of rows each (chunk_rows's rule), and its rotations.
+  std::vector<size_t> first_chunk;
+  size_t n_chunks = 0;
+  int rot = 0;
+  for (Phase& p : phases) {
     bytes += double(p.n) * p.k * 2;
-    if ((p.n + sms - 1) / sms > kMaxSlabRows) {
-      std::fprintf(stderr, "a block's rows of a phase exceed %d\n", kMaxSlabRows);
-      return 2;
-    }
+    const int rows = std::min(std::max(1, kStageBytes / (2 * p.k)), (p.n + sms - 1) / sms), chunks = (p.n + rows - 1) / rows;
+    first_chunk.push_back(n_chunks);
+    n_chunks += chunks;
+    p.rot = rot, rot = (rot + chunks) % sms;
   }
+  unsigned long long* stats = nullptr;
+  CHECK(cudaMalloc(&stats, sizeof(unsigned long long) * sms * kStats));
+  unsigned* rows_done = nullptr;
+  CHECK(cudaMalloc(&rows_done, sizeof(unsigned) * n_chunks));
+  for (size_t i = 0; i < phases.size(); ++i) phases[i].rows_done = rows_done + first_chunk[i];
   Phase* phases_dev = nullptr;
   unsigned* done = nullptr;
   const int n_phases = int(phases.size());
@@ -448,10 +640,12 @@ int run(int layers) {
   auto reset = [&] {
     CHECK(cudaMemsetAsync(ys, 0, y_bytes, st));
     CHECK(cudaMemsetAsync(done, 0, sizeof(unsigned) * n_phases, st));
+    CHECK(cudaMemsetAsync(rows_done, 0, sizeof(unsigned) * n_chunks, st));
+    CHECK(cudaMemsetAsync(stats, 0, sizeof(unsigned long long) * sms * kStats, st));
   };
   int compute = 1, ordered = 1;
-  auto launch = [&](int begin, int end, int ahead, bool cooperative) {
-    Args a{phases_dev, begin, end, done, ahead, compute, ordered};
+  auto launch = [&](int begin, int end, int ahead, bool cooperative, int dataflow = 0) {
+    Args a{phases_dev, begin, end, done, ahead, compute, ordered, stats, dataflow};
     if (cooperative) {
       void* params[] = {&a};
       CHECK(cudaLaunchCooperativeKernel((void*)phase_chain_kernel, dim3(sms), dim3(kThreads), params, kSmemBytes, st));
@@ -467,11 +661,12 @@ int run(int layers) {
   CHECK(cudaStreamEndCapture(st, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
-  std::vector<float> last[3];
+  constexpr int kWays = 4;
+  std::vector<float> all_y[kWays];  // every phase's output, a way's last run
   auto result = [&](int way) {
     CHECK(cudaStreamSynchronize(st));
-    last[way].resize(kHidden);
-    CHECK(cudaMemcpy(last[way].data(), phases.back().y, kHidden * 4, cudaMemcpyDeviceToHost));
+    all_y[way].resize(y_bytes / 4);
+    CHECK(cudaMemcpy(all_y[way].data(), ys, y_bytes, cudaMemcpyDeviceToHost));
   };
   auto timed = [&](auto body) { return median_ms(st, reset, body, 12, 2); };
   const float ms_launches = timed([&] { CHECK(cudaGraphLaunch(exec, st)); });
@@ -480,17 +675,36 @@ int run(int layers) {
   result(1);
   const float ms_streamed = timed([&] { launch(0, n_phases, 1, true); });
   result(2);
+  const float ms_dataflow = timed([&] { launch(0, n_phases, 1, true, 1); });
+  result(3);
+  // Where the dataflow way's warps waited (its last timed run): µs a layer, a block's mean, at the
+  // SM clock's attribute (the clock may run lower under load); the polls and loads as counts.
+  double wait_us[kStats] = {};
+  {
+    std::vector<unsigned long long> h(size_t(sms) * kStats);
+    CHECK(cudaMemcpy(h.data(), stats, h.size() * 8, cudaMemcpyDeviceToHost));
+    int khz = 0;
+    CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+    for (int b = 0; b < sms; ++b)
+      for (int i = 0; i < kStats; ++i) wait_us[i] += double(h[size_t(b) * kStats + i]) / sms / layers;
+    for (int i = 0; i < kStats; ++i)
+      if (i != kPolls && i != kLoads) wait_us[i] /= khz * 1e-3;
+  }
   // Again in the other order, so that clocks warming up favour neither way.
+  const float ms_dataflow2 = timed([&] { launch(0, n_phases, 1, true, 1); });
   const float ms_streamed2 = timed([&] { launch(0, n_phases, 1, true); });
   const float ms_persistent2 = timed([&] { launch(0, n_phases, 0, true); });
   const float ms_launches2 = timed([&] { CHECK(cudaGraphLaunch(exec, st)); });
   // Where a launch's time goes: the stream alone (no products), and each phase of layer 1 by itself.
   compute = 0;
   const float ms_stream_only = timed([&] { launch(0, n_phases, 1, true); });
+  const float ms_dataflow_stream_only = timed([&] { launch(0, n_phases, 1, true, 1); });
   ordered = 0;
+  const float ms_dataflow_unordered_stream = timed([&] { launch(0, n_phases, 1, true, 1); });
   const float ms_unordered_stream = timed([&] { launch(0, n_phases, 1, true); });
   compute = -1;
   const float ms_unordered_bare = timed([&] { launch(0, n_phases, 1, true); });
+  const float ms_dataflow_unordered_bare = timed([&] { launch(0, n_phases, 1, true, 1); });
   ordered = 1;
   const float ms_ordered_bare = timed([&] { launch(0, n_phases, 1, true); });
   ordered = 0;
@@ -507,14 +721,36 @@ int run(int layers) {
     phase_us[i] = median_ms(st, before, [&] { launch(ph, ph + 1, 0, false); }, 7, 0) * 1e3f;
   }
 
-  double max_rel = 0, scale = 0;
-  for (float v : last[0]) scale = std::max(scale, double(std::fabs(v)));
+  // Against the launches: the last hidden's largest relative difference, and the first phase
+  // whose output differs at all (-1: none), a way each.
+  const size_t last_at = size_t(phases.back().y - ys);
+  double max_rel = 0, scale = 0, rel[kWays] = {};
+  int first_diff[kWays];
+  for (int i = 0; i < kHidden; ++i) scale = std::max(scale, double(std::fabs(all_y[0][last_at + i])));
   bool finite = true;
-  for (int w = 0; w < 3; ++w)
+  for (int w = 0; w < kWays; ++w) {
     for (int i = 0; i < kHidden; ++i) {
-      finite = finite && std::isfinite(last[w][i]);
-      max_rel = std::max(max_rel, std::fabs(double(last[w][i]) - last[0][i]) / std::max(scale, 1e-30));
+      const float v = all_y[w][last_at + i];
+      finite = finite && std::isfinite(v);
+      rel[w] = std::max(rel[w], std::fabs(double(v) - all_y[0][last_at + i]) / std::max(scale, 1e-30));
     }
+    max_rel = std::max(max_rel, rel[w]);
+    first_diff[w] = -1;
+    for (int ph = 0; ph < n_phases && first_diff[w] < 0; ++ph) {
+      int rows = 0, first_row = -1;
+      for (int i = 0, at = int(phases[ph].y - ys); i < phases[ph].n; ++i)
+        if (all_y[w][at + i] != all_y[0][at + i]) {
+          ++rows;
+          if (first_row < 0) first_row = i;
+        }
+      if (rows) {
+        first_diff[w] = ph;
+        const int at = int(phases[ph].y - ys);
+        std::fprintf(stderr, "way %d: phase %d differs in %d rows, the first %d (%g against %g)\n", w, ph, rows,
+                     first_row, all_y[w][at + first_row], all_y[0][at + first_row]);
+      }
+    }
+  }
 
   // The copy bandwidth as ms_cuda_ceilings counts it: bytes read + written per second.
   const size_t copy_bytes = size_t(1) << 31;
@@ -528,16 +764,28 @@ int run(int layers) {
   std::printf(
       "{\"layers\": %d, \"blocks\": %d, \"bytes_a_layer\": %.0f, \"copy_GBps\": %.1f, \"floor_us_a_layer\": %.2f, "
       "\"launches_us_a_layer\": [%.2f, %.2f], \"persistent_us_a_layer\": [%.2f, %.2f], "
-      "\"streamed_us_a_layer\": [%.2f, %.2f], "
-      "\"best\": {\"launches\": %.2f, \"persistent\": %.2f, \"streamed\": %.2f}, "
-      "\"last_hidden_max_rel_diff\": %.3g, \"finite\": %s, \"last_hidden_scale\": %.3g, "
+      "\"streamed_us_a_layer\": [%.2f, %.2f], \"dataflow_us_a_layer\": [%.2f, %.2f], "
+      "\"best\": {\"launches\": %.2f, \"persistent\": %.2f, \"streamed\": %.2f, \"dataflow\": %.2f}, "
+      "\"dataflow_without_products_us_a_layer\": %.2f, \"dataflow_unordered_without_products_us_a_layer\": %.2f, "
+      "\"dataflow_unordered_without_x_us_a_layer\": %.2f, "
+      "\"dataflow_waits_a_layer\": {\"x_polls\": %.1f, \"x_poll_us\": %.2f, \"x_loads\": %.1f, \"x_load_us\": %.2f, "
+      "\"x_buffer_wait_us\": %.2f, \"x_router_wait_us\": %.2f, \"consumer_x_wait_us\": %.2f, "
+      "\"producer_router_wait_us\": %.2f}, "
+      "\"last_hidden_max_rel_diff\": %.3g, \"by_way\": [%.3g, %.3g, %.3g], \"first_phase_differing\": [%d, %d, %d], "
+      "\"finite\": %s, \"last_hidden_scale\": %.3g, "
       "\"streamed_without_products_us_a_layer\": %.2f, \"unordered_us_a_layer\": %.2f, "
       "\"unordered_without_products_us_a_layer\": %.2f, \"unordered_without_x_us_a_layer\": %.2f, "
       "\"streamed_without_x_us_a_layer\": %.2f, \"one_phase_alone_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f]}\n",
       layers, sms, bytes / layers, copy_gbs, floor_us, ms_launches * 1e3 / layers, ms_launches2 * 1e3 / layers,
       ms_persistent * 1e3 / layers, ms_persistent2 * 1e3 / layers, ms_streamed * 1e3 / layers,
-      ms_streamed2 * 1e3 / layers, per_layer_us(ms_launches, ms_launches2),
-      per_layer_us(ms_persistent, ms_persistent2), per_layer_us(ms_streamed, ms_streamed2), max_rel,
+      ms_streamed2 * 1e3 / layers, ms_dataflow * 1e3 / layers, ms_dataflow2 * 1e3 / layers,
+      per_layer_us(ms_launches, ms_launches2), per_layer_us(ms_persistent, ms_persistent2),
+      per_layer_us(ms_streamed, ms_streamed2), per_layer_us(ms_dataflow, ms_dataflow2),
+      ms_dataflow_stream_only * 1e3 / layers, ms_dataflow_unordered_stream * 1e3 / layers,
+      ms_dataflow_unordered_bare * 1e3 / layers, wait_us[kPolls], wait_us[kPollCycles], wait_us[kLoads],
+      wait_us[kLoadCycles], wait_us[kBufferWait], wait_us[kXRouterWait], wait_us[kConsumerWait],
+      wait_us[kRouterWait], max_rel, rel[1], rel[2], rel[3],
+      first_diff[1], first_diff[2], first_diff[3],
       finite ? "true" : "false", scale, ms_stream_only * 1e3 / layers, ms_unordered * 1e3 / layers,
       ms_unordered_stream * 1e3 / layers, ms_unordered_bare * 1e3 / layers, ms_ordered_bare * 1e3 / layers,
       phase_us[0], phase_us[1], phase_us[2],
@@ -558,7 +806,7 @@ int ring_only() {
   CHECK(cudaMalloc(&y, size_t(n) * 4));
   CHECK(cudaMalloc(&done, 4));
   CHECK(cudaMemset(x, 0, kHidden * 4));
-  const Phase ph{Dense, Plain, n, kHidden, random_bf16(int64_t(n) * kHidden, 7, 0.05f), x, y, -1, -1};
+  const Phase ph{Dense, Plain, n, kHidden, random_bf16(int64_t(n) * kHidden, 7, 0.05f), x, y, -1, -1, -1, nullptr};
   Phase* dev = nullptr;
   CHECK(cudaMalloc(&dev, sizeof(Phase)));
   CHECK(cudaMemcpy(dev, &ph, sizeof(Phase), cudaMemcpyHostToDevice));
@@ -566,7 +814,7 @@ int ring_only() {
   const double bytes = double(n) * kHidden * 2;
   std::printf("{\"ring_GBps\": {");
   for (int compute = 0; compute < 2; ++compute) {
-    const Args a{dev, 0, 1, done, 1, compute, 0};
+    const Args a{dev, 0, 1, done, 1, compute, 0, nullptr, 0};
     const float ms = median_ms(0, [] {}, [&] { phase_chain_kernel<<<sms, kThreads, kSmemBytes>>>(a); }, 7, 0);
     std::printf("%s\"%s\": %.1f", compute ? ", " : "", compute ? "with_products" : "stream", bytes / (ms * 1e-3) / 1e9);
   }
