@@ -286,9 +286,7 @@ __device__ void produce(const Args& a, char* smem) {
   }
 }
 
-// x's values i .. i + 7 from their source (rmsnorm's scale is applied to the row sums, not here),
-// and the sum of squares of x as bf16, lane l taking values 256 u + 8 l .. + 7 in order of u, then the
-// warp's sum: the same bits whichever warp computes it.
+// x's values i .. i + 7 from their source (rmsnorm's scale is applied to the row sums, not here).
 __device__ __forceinline__ void x_values(const Phase& p, int i, const float* wts, float v[8]) {
   const float4* src = reinterpret_cast<const float4*>(p.x_src);
   if (p.x_mode != Swiglu) {
@@ -314,6 +312,8 @@ __device__ __forceinline__ void store8(bf16* x, int i, const float v[8]) {
   }
   *reinterpret_cast<uint4*>(x + i) = packed;
 }
+// rmsnorm's scale from the sum of squares of x as bf16, lane l having summed values 256 u + 8 l .. + 7
+// in order of u (squares8), then the warp's sum: the same bits whichever warp computes it.
 __device__ __forceinline__ float norm_scale(float lane_ss, int k) {
   for (int o = 16; o; o >>= 1) lane_ss += __shfl_xor_sync(~0u, lane_ss, o);
   return rsqrtf(lane_ss / k + 1e-6f);
