@@ -48,6 +48,7 @@ struct GroupedGemmArgs {
   bool c_f32 = false;
   int bm = 0;
   bool wgmma = false;
+  bool act8 = false;  // with bm 64 and wgmma: the FP8-activation shape (Fp8RowTile)
 };
 
 // Whether the kernel takes these operands: K, the row strides of A and W multiples of 8
@@ -92,10 +93,16 @@ int grouped_gemm_fp8_bm(int64_t rows, bool mean);
 // On a Hopper with MOESERVE_FP8_WGMMA not "0" (read at every call), groups from 33 rows (a mean
 // of 22) take the wgmma shapes instead: BM 64 up to 64 rows (a mean of 42), 128 above.
 bool grouped_gemm_fp8_wgmma_enabled();
+// act8: the activations quantised to e4m3 too (per row and 128 columns, as DeepSeek's own
+// inference and SGLang do), the products on FP8 wgmmas (BM 64; K a multiple of 128).
 struct Fp8RowTile {
   int bm;
   bool wgmma;
+  bool act8 = false;
 };
+// On a Hopper with MOESERVE_FP8_ACT8=1 (read at every call), every size takes the FP8-activation
+// shape (BM 64) where K is a multiple of 128, the others their usual tile; off by default.
+bool grouped_gemm_fp8_act8_enabled();
 Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean);
 // MOESERVE_FP8_GROUPED=0 sends FP8 experts and linears back to the streaming GEMV and the
 // dequantise-then-cuBLASLt paths (read at every call, so a test or bench can compare both).

@@ -407,10 +407,25 @@ bool grouped_gemm_fp8_wgmma_enabled() {
 // the H200 (BENCHMARKS, session 8, V3's EP8 experts and dense FP8 linears): BM 64 wins up to a
 // mean of 64 rows an expert (1.02 ms against 1.18) and at 64 dense rows (20-200 us, 1.3-1.5x);
 // BM 128 from a mean of 256 (2.96 against 3.02 ms) and at 256 dense rows.
-Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean) {
+namespace {
+Fp8RowTile bf16_activation_tile(int64_t rows, bool mean) {
   const int bm = grouped_gemm_fp8_bm(rows, mean);
   if (bm < 64 || !grouped_gemm_fp8_wgmma_enabled()) return {bm, false};
   return {rows <= (mean ? 128 : 64) ? 64 : 128, true};
+}
+}  // namespace
+
+// With FP8 activations, BM 64 at every size: its weights cost a copy each, so even 16 rows an
+// expert stream faster than mma.sync's BM 32 (BENCHMARKS, session 43: V3's EP8 experts at 16 rows
+// 0.385 ms against 0.510, at 64 rows 0.526 against 0.961, at 256 rows 1.50 against 2.54 at BM 128).
+Fp8RowTile grouped_gemm_fp8_tile(int64_t rows, bool mean) {
+  if (grouped_gemm_fp8_wgmma_enabled() && grouped_gemm_fp8_act8_enabled()) return {64, true, true};
+  return bf16_activation_tile(rows, mean);
+}
+
+bool grouped_gemm_fp8_act8_enabled() {
+  const char* v = std::getenv("MOESERVE_FP8_ACT8");
+  return hopper() && v && std::strcmp(v, "1") == 0;
 }
 
 bool grouped_gemm_fp8_enabled() {
@@ -421,9 +436,10 @@ bool grouped_gemm_fp8_enabled() {
 void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
   const bool dense = args.offsets == nullptr;
   const int E = dense ? 1 : args.experts;
-  const Fp8RowTile tile = args.bm ? Fp8RowTile{args.bm, args.wgmma}
-                         : dense   ? grouped_gemm_fp8_tile(args.max_rows, false)
-                                   : grouped_gemm_fp8_tile((args.max_rows + E - 1) / E, true);
+  const int64_t tile_rows = dense ? args.max_rows : (args.max_rows + E - 1) / E;
+  Fp8RowTile tile = args.bm ? Fp8RowTile{args.bm, args.wgmma, args.act8} : grouped_gemm_fp8_tile(tile_rows, !dense);
+  // FP8 activations need K in whole 128-wide blocks (every published DeepSeek shape has it).
+  if (tile.act8 && !(tile.wgmma && tile.bm == 64 && args.K % 128 == 0)) tile = bf16_activation_tile(tile_rows, !dense);
   const int bm = tile.bm;
   MS_CHECK(grouped_gemm_fp8_supported(args.K, args.w_ld, args.a, args.a_ld) && args.K > 0 && E > 0 && args.N > 0 &&
                args.N < (int64_t(1) << 30) && grouped_gemm_fp8_fits(args.max_rows, E, bm) && args.c &&
@@ -452,6 +468,14 @@ void grouped_gemm_fp8(const GroupedGemmArgs& args, bool swiglu) {
   p.pair_stores = args.c_ld % 2 == 0 && reinterpret_cast<uintptr_t>(args.c) % 8 == 0;
   // Grouped: sum over groups of ceil(rows_e / bm) <= this, the grid's y extent.
   const int64_t row_tiles = (args.max_rows + bm - 1) / bm + (dense ? 0 : E);
+  if (tile.act8) {
+    // A's rows as e4m3 and their scales, in group-row order (the token index applied here).
+    Tensor codes = scratch(DType::U8, {args.max_rows, args.K}), scales = scratch(DType::F32, {args.max_rows, args.K / 128});
+    quantize_act8(p.a, p.a_ld, p.a_rows, dense ? nullptr : args.offsets + E, args.max_rows, args.K,
+                  codes.data<uint8_t>(), scales.data<float>());
+    p.a8 = codes.data<uint8_t>(), p.a8_ld = args.K, p.sa = scales.data<float>(), p.sa_ld = args.K / 128;
+    return launch_act8(p, row_tiles, swiglu, args.max_rows);
+  }
   if (tile.wgmma) return launch_wgmma(p, row_tiles, swiglu, args.max_rows, bm);
   switch (bm) {
     case 16: launch_mma<F8Tile16>(p, row_tiles, swiglu, args.max_rows); break;

@@ -35,6 +35,12 @@ struct Params {
   bool c_f32, pair_stores;
   int k_split;      // K elements a grid.z slice covers (a multiple of BK)
   int64_t c_split;  // elements between successive slices' outputs
+  // The FP8-activation shape: A as e4m3 codes [rows][a8_ld] in group-row order (the token index
+  // already applied) and their scales [rows][sa_ld], one per 128 columns.
+  const uint8_t* a8;
+  int64_t a8_ld;
+  const float* sa;
+  int64_t sa_ld;
 };
 
 // Two e4m3 (low byte first) times the scale, as a bf16 pair: e4m3 -> f16 is exact, so this is
@@ -79,5 +85,12 @@ void launch(Params p, int64_t row_tiles, bool swiglu, int64_t max_rows, const Ke
 
 // The wgmma shapes (grouped_gemm_fp8_wgmma.cu), bm 64 or 128; sm_90a only.
 void launch_wgmma(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows, int bm);
+
+// The FP8-activation shape (grouped_gemm_fp8_act8.cu), BM 64; sm_90a only. quantize_act8 first
+// writes A's rows [0, rows) as e4m3 codes and scales (row r reads a_rows[r], or r; rows from
+// *count on are left alone when count is set), K a multiple of 128.
+void quantize_act8(const bf16* a, int64_t a_ld, const int32_t* a_rows, const int32_t* count, int64_t rows, int64_t K,
+                   uint8_t* codes, float* scales);
+void launch_act8(const Params& p, int64_t row_tiles, bool swiglu, int64_t max_rows);
 
 }  // namespace ms::cuda::grouped_fp8

@@ -226,6 +226,7 @@ ExpertRows grouped_prefill(const Tensor& x, const Tensor& ids, const Tensor& wei
     const Fp8RowTile tile = fp8_tile_rows(pairs, total);
     gu.bm = dn.bm = tile.bm;
     gu.wgmma = dn.wgmma = tile.wgmma;
+    gu.act8 = dn.act8 = tile.act8;
     grouped_gemm_fp8(gu, true);
     grouped_gemm_fp8(dn, false);
   } else {

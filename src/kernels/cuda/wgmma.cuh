@@ -151,6 +151,23 @@ __device__ __forceinline__ void wgmma_bf16_n64(float (&d)[32], uint64_t a, uint6
       : "l"(a), "l"(b), "r"(int(accumulate)));
 }
 
+// d (64 x 64) (+)= A (64 x 32 e4m3 at descriptor a) * B (64 x 32 e4m3 at b)^T, both K-major (the
+// only layout 8-bit operands take): a k32 slice is 32 bytes, as bf16's k16, so the descriptors
+// step as wgmma_bf16_n64's; d's layout is the same too.
+__device__ __forceinline__ void wgmma_e4m3_n64(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+  MS_WGMMA_ASM(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+}
+
 // The same at N = 128 with `accumulate` (as wgmma_bf16_n64): the prefill kernel's S of 128 keys.
 __device__ __forceinline__ void wgmma_bf16_n128(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
   MS_WGMMA_ASM(
