@@ -172,30 +172,8 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_fp8_act8_kernel(cons
   }
   cp_async_wait<0>();  // only empty groups remain; leave none behind
 
-  const int64_t c_base = int64_t(blockIdx.z) * p.c_split;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row0 + h * 8;
-    if (r >= m_end) continue;
-    const int64_t row = c_base + int64_t(r) * p.c_ld;
-    if constexpr (SWIGLU) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = blockIdx.x * (kBN / 2) + wg * (kWgN / 2) + i * 8 + 2 * t;
-        if (col >= p.N) continue;
-        const float v0 = silu_mul(acc[4 * i + 2 * h], acc[4 * (i + 4) + 2 * h]);
-        const float v1 = silu_mul(acc[4 * i + 2 * h + 1], acc[4 * (i + 4) + 2 * h + 1]);
-        store_pair(p, row + col, v0, v1, col + 1 < p.N);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int col = blockIdx.x * kBN + wg * kWgN + i * 8 + 2 * t;
-        if (col >= p.N) continue;
-        store_pair(p, row + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], col + 1 < p.N);
-      }
-    }
-  }
+  const int col0 = SWIGLU ? int(blockIdx.x) * (kBN / 2) + wg * (kWgN / 2) : int(blockIdx.x) * kBN + wg * kWgN;
+  store_warpgroup<kWgN, SWIGLU>(p, acc, row0, m_end, col0, t);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/grouped_tiles.cuh"  // silu_mul
 #include "kernels/cuda/mma.h"
 
 namespace ms::cuda::grouped_fp8 {
@@ -68,6 +69,33 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t off, float l
   } else {
     c[0] = __float2bfloat16_rn(lo);
     if (has_hi) c[1] = __float2bfloat16_rn(hi);
+  }
+}
+
+// A wgmma warpgroup's sums (m64nWG_N's layout, wgmma.cuh) into C: this thread's rows row0 and
+// row0 + 8 (those before m_end), for each 8 columns i the columns col0 + 8 i + 2 t, + 1; with
+// SwiGLU the first WG_N / 2 columns are gate sums, the rest the same output columns' up sums.
+template <int WG_N, bool SWIGLU>
+__device__ __forceinline__ void store_warpgroup(const Params& p, const float (&acc)[WG_N / 2], int row0, int m_end,
+                                                int col0, int t) {
+  const int64_t c_base = int64_t(blockIdx.z) * p.c_split;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + h * 8;
+    if (r >= m_end) continue;
+    const int64_t row = c_base + int64_t(r) * p.c_ld;
+#pragma unroll
+    for (int i = 0; i < (SWIGLU ? WG_N / 16 : WG_N / 8); ++i) {
+      const int col = col0 + i * 8 + 2 * t;
+      if (col >= p.N) continue;
+      if constexpr (SWIGLU) {
+        const float v0 = silu_mul(acc[4 * i + 2 * h], acc[4 * (i + WG_N / 16) + 2 * h]);
+        const float v1 = silu_mul(acc[4 * i + 2 * h + 1], acc[4 * (i + WG_N / 16) + 2 * h + 1]);
+        store_pair(p, row + col, v0, v1, col + 1 < p.N);
+      } else {
+        store_pair(p, row + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], col + 1 < p.N);
+      }
+    }
   }
 }
 

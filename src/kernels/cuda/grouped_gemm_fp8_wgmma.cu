@@ -221,34 +221,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) grouped_gemm_fp8_w
   // the warpgroup's kWgN.
   const int lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = m0 + (kBM == 128 ? wg * 64 : 0) + ((tid % 128) / 32) * 16 + g;
-  const int64_t c_base = int64_t(blockIdx.z) * p.c_split;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row0 + h * 8;
-    if (r >= m_end) continue;
-    const int64_t row = c_base + int64_t(r) * p.c_ld;
-    if constexpr (SWIGLU) {
-#pragma unroll
-      for (int i = 0; i < kWgN / 16; ++i) {
-        const int col = blockIdx.x * (kBN / 2) + (kBM == 64 ? wg * (kWgN / 2) : 0) + i * 8 + 2 * t;
-        if (col >= p.N) continue;
-        float v[2];
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const float gate = acc[4 * i + 2 * h + q], up = acc[4 * (i + kWgN / 16) + 2 * h + q];
-          v[q] = silu_mul(gate, up);
-        }
-        store_pair(p, row + col, v[0], v[1], col + 1 < p.N);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kWgN / 8; ++i) {
-        const int col = blockIdx.x * kBN + (kBM == 64 ? wg * kWgN : 0) + i * 8 + 2 * t;
-        if (col >= p.N) continue;
-        store_pair(p, row + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], col + 1 < p.N);
-      }
-    }
-  }
+  const int col0 = SWIGLU ? int(blockIdx.x) * (kBN / 2) + (kBM == 64 ? wg * (kWgN / 2) : 0)
+                          : int(blockIdx.x) * kBN + (kBM == 64 ? wg * kWgN : 0);
+  store_warpgroup<kWgN, SWIGLU>(p, acc, row0, m_end, col0, t);
 }
 
 template <class T>
