@@ -6,8 +6,8 @@
 // (prefill) with BF16 weights sort the pairs on the device too and run each projection as one
 // grouped tensor-core GEMM over all experts (grouped_gemm.h), gate and up
 // ending in SiLU-and-mul; FP8-block weights in the default Fp8Mode::Dequant take its FP8 sibling
-// (grouped_gemm_fp8) from a mean of 8 rows an expert up to 160 (512 on its wgmma shapes; any
-// count under capture), fewer rows the streaming product. Otherwise (more rows, shapes those kernels do not take,
+// (grouped_gemm_fp8) from a mean of one row an expert up to 160 (320 on its wgmma shapes; any
+// count above under capture), fewer rows the streaming product. Otherwise (more rows, shapes those kernels do not take,
 // MOESERVE_GROUPED_GEMM=0 / MOESERVE_FP8_GROUPED=0) the pairs are sorted on the host and each
 // selected expert's projections run over its contiguous rows: cuBLASLt in BF16 (FP8 blocks
 // dequantised first), or, when fp8_mode() asks for it, the FP8 block-scaled product (fp8_gemm.h)
@@ -36,8 +36,11 @@ namespace ms::cuda {
 // Mean rows an expert up to which prefill takes the grouped GEMM (see moe_experts): with the
 // wgmma shapes, and with mma.sync's.
 constexpr int64_t kGroupedGemmMaxMeanRowsWgmma = 1024, kGroupedGemmMaxMeanRows = 384;
-// The same bounds for FP8-block experts' grouped_gemm_fp8 (fp8_grouped_takes). Below 8 rows the
-// streaming GEMV's FMAs keep up with HBM. Above, the host path (sort, dequantise each expert into
+// The same bounds for FP8-block experts' grouped_gemm_fp8 (fp8_grouped_takes). From a mean of one
+// row an expert: since session 41's cheaper conversion its BM 16 tile beats the streaming GEMV
+// (V3's 32 EP8 experts graphed, session 43: a mean of 1 row 0.285 ms against 0.406, of 2 0.375
+// against 0.455, of 4 0.447 against 0.643; the shard's layer at B = 8 and 16 −29 % and −27 %;
+// session 7 had set 8, when the GEMV kept up with HBM below it). Above, the host path (sort, dequantise each expert into
 // BF16 scratch, per-expert cuBLASLt) costs ~3.4 ms for V3's 32 EP8 experts whatever the rows up
 // to ~256 an expert, paced by the host; this kernel grows with the rows (its mma.sync is
 // compute-bound at ~150 TFLOP/s). Measured on the H200 (BENCHMARKS, session 7): a mean of 64 rows
@@ -46,7 +49,7 @@ constexpr int64_t kGroupedGemmMaxMeanRowsWgmma = 1024, kGroupedGemmMaxMeanRows =
 // On its wgmma shapes (grouped_gemm_fp8_wgmma_enabled), session 8: a mean of 64 rows 1.20 ms, of
 // 256 3.02 ms against the host path's 3.43, of 1024 9.9 ms against 6.45; linearly between, they
 // cross near 340, so 320.
-constexpr int64_t kFp8GroupedMinMeanRows = 8, kFp8GroupedMaxMeanRows = 160;
+constexpr int64_t kFp8GroupedMinMeanRows = 1, kFp8GroupedMaxMeanRows = 160;
 constexpr int64_t kFp8GroupedMaxMeanRowsWgmma = 320;
 namespace {
 
@@ -301,8 +304,8 @@ void fp8_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& 
 
 // Whether FP8-block experts take grouped_gemm_fp8 for `pairs` (token, slot) pairs over `total`
 // experts (this rank's table->experts of them). From a mean of kFp8GroupedMinMeanRows rows a local
-// expert: below it the streaming GEMV (grouped_experts) reads the weights as fast and has no
-// permute or tile table to launch. Up to kFp8GroupedMaxMeanRows outside graph capture; past it
+// expert: below it (fewer pairs than experts, a token or two) the streaming GEMV
+// (grouped_experts) reads the few experts picked and has no permute or tile table to launch. Up to kFp8GroupedMaxMeanRows outside graph capture; past it
 // the host-sorted dequantise + cuBLASLt path (captures always stay on the device).
 bool fp8_grouped_takes(const ExpertTable& t, const Tensor& x, int64_t pairs, int total) {
   const int64_t mean = pairs / total;
