@@ -40,9 +40,9 @@ constexpr int64_t kGroupedGemmMaxMeanRowsWgmma = 1024, kGroupedGemmMaxMeanRows =
 // row an expert: since session 41's cheaper conversion its BM 16 tile beats the streaming GEMV
 // (V3's 32 EP8 experts graphed, session 43: a mean of 1 row 0.285 ms against 0.406, of 2 0.375
 // against 0.455, of 4 0.447 against 0.643; the shard's layer at B = 8 and 16 −29 % and −27 %;
-// session 7 had set 8, when the GEMV kept up with HBM below it). Above, the host path (sort, dequantise each expert into
-// BF16 scratch, per-expert cuBLASLt) costs ~3.4 ms for V3's 32 EP8 experts whatever the rows up
-// to ~256 an expert, paced by the host; this kernel grows with the rows (its mma.sync is
+// session 7 had set 8, when the GEMV kept up with HBM below it). Above, the host path (sort,
+// dequantise each expert into BF16 scratch, per-expert cuBLASLt) costs ~3.4 ms for V3's 32 EP8
+// experts whatever the rows up to ~256 an expert, paced by the host; this kernel grows with the rows (its mma.sync is
 // compute-bound at ~150 TFLOP/s). Measured on the H200 (BENCHMARKS, session 7): a mean of 64 rows
 // 1.30 ms against 3.44, of 256 rows 4.55 against 3.41; linearly between, they cross near 190.
 // Under graph capture the host path cannot run, so captures take this kernel at any size.
@@ -305,8 +305,9 @@ void fp8_experts(const Tensor& x, const Permutation& perm, const ExpertWeights& 
 // Whether FP8-block experts take grouped_gemm_fp8 for `pairs` (token, slot) pairs over `total`
 // experts (this rank's table->experts of them). From a mean of kFp8GroupedMinMeanRows rows a local
 // expert: below it (fewer pairs than experts, a token or two) the streaming GEMV
-// (grouped_experts) reads the few experts picked and has no permute or tile table to launch. Up to kFp8GroupedMaxMeanRows outside graph capture; past it
-// the host-sorted dequantise + cuBLASLt path (captures always stay on the device).
+// (grouped_experts) reads the few experts picked and has no permute or tile table to launch. Up
+// to kFp8GroupedMaxMeanRows outside graph capture; past it the host-sorted dequantise + cuBLASLt
+// path (captures always stay on the device).
 bool fp8_grouped_takes(const ExpertTable& t, const Tensor& x, int64_t pairs, int total) {
   const int64_t mean = pairs / total;
   const GemvWeights& gu = t.gate_up;
