@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks) grouped_gemm_fp8_kern
   constexpr int kBM = T::kBM, kBK = T::kBK, kStages = T::kStages, kWarpN = T::kWarpN;
   pdl_wait();  // offsets, tile table and A come from the kernels before
   const bool dense = p.offsets == nullptr;  // one group of dense_rows rows, no table
-  GroupTile gt{0, int(blockIdx.y) * kBM, p.dense_rows};
-  if (dense ? gt.m0 >= p.dense_rows : !find_group_tile(p.offsets, p.tile_start, p.experts, kBM, blockIdx.y, gt)) return;
+  GroupTile gt;
+  if (!fp8_block_tile(p, kBM, gt)) return;
   const int e = gt.group, m0 = gt.m0, m_end = gt.m_end;
 
   extern __shared__ __align__(16) uint8_t smem[];

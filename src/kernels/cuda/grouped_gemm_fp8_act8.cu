@@ -70,8 +70,8 @@ template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_fp8_act8_kernel(const Params p) {
   pdl_wait();  // offsets, tile table and A's codes come from the kernels before
   const bool dense = p.offsets == nullptr;
-  GroupTile gt{0, int(blockIdx.y) * kBM, p.dense_rows};
-  if (dense ? gt.m0 >= p.dense_rows : !find_group_tile(p.offsets, p.tile_start, p.experts, kBM, blockIdx.y, gt)) return;
+  GroupTile gt;
+  if (!fp8_block_tile(p, kBM, gt)) return;
   const int e = gt.group, m0 = gt.m0, m_end = gt.m_end;
 
   extern __shared__ __align__(16) uint8_t smem_raw[];

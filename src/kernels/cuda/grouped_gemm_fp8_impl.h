@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.h"
-#include "kernels/cuda/grouped_tiles.cuh"  // silu_mul
+#include "kernels/cuda/grouped_tiles.cuh"  // GroupTile, find_group_tile, silu_mul
 #include "kernels/cuda/mma.h"
 
 namespace ms::cuda::grouped_fp8 {
@@ -70,6 +70,14 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t off, float l
     c[0] = __float2bfloat16_rn(lo);
     if (has_hi) c[1] = __float2bfloat16_rn(hi);
   }
+}
+
+// The group and rows of this block's row tile blockIdx.y of bm rows (the dense mode: one group of
+// dense_rows rows, no table); false past the last tile, and the block has nothing to do.
+__device__ __forceinline__ bool fp8_block_tile(const Params& p, int bm, GroupTile& gt) {
+  gt = GroupTile{0, int(blockIdx.y) * bm, p.dense_rows};
+  if (p.offsets == nullptr) return gt.m0 < p.dense_rows;
+  return find_group_tile(p.offsets, p.tile_start, p.experts, bm, blockIdx.y, gt);
 }
 
 // A wgmma warpgroup's sums (m64nWG_N's layout, wgmma.cuh) into C: this thread's rows row0 and
