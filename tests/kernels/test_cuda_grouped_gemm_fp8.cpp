@@ -46,13 +46,14 @@ std::string tile_name(const cuda::Fp8RowTile& t) {
 }
 
 // A row's values as the FP8-activation shape sees them: bf16, then per 128 columns e4m3 codes of
-// x / s (s = the group's largest magnitude / 448, IEEE division, nearest, saturating) times s.
+// x / s (s = the group's largest magnitude / 448, 1 for zeros; IEEE division, nearest,
+// saturating) times s.
 std::vector<float> act8_values(const float* x, int64_t K) {
   std::vector<float> v(static_cast<size_t>(K));
   for (int64_t g = 0; g < K; g += 128) {
     float amax = 0;
     for (int64_t k = g; k < g + 128; ++k) amax = std::max(amax, std::fabs(round_bf16(x[k])));
-    const float s = std::max(amax, 1e-10f) / 448.f;
+    const float s = amax > 0.f ? amax / 448.f : 1.f;
     for (int64_t k = g; k < g + 128; ++k) {
       const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(round_bf16(x[k]) / s, __NV_SATFINITE, __NV_E4M3);
       v[size_t(k)] = fp8_e4m3_table()[c] * s;

@@ -246,6 +246,19 @@ void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3
   MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// DeepSeek's activation quantisation of one 128-wide group by a warp, 4 values a lane: returns
+// this lane's e4m3 codes of v / scale (IEEE division, nearest, saturating; the first value in the
+// low byte) and sets scale to the group's largest magnitude / 448 (1 for a group of zeros). Every
+// lane of the warp must call it (the magnitude is a warp maximum).
+__device__ __forceinline__ uint32_t quantize_e4m3_group4(const float (&v)[4], float& scale) {
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  scale = amax > 0.f ? amax / 448.0f : 1.0f;
+  uint32_t packed = 0;
+  for (int i = 0; i < 4; ++i) packed |= uint32_t(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3)) << (8 * i);
+  return packed;
+}
+
 __device__ __forceinline__ float fp8_to_f(uint8_t byte) {
   __nv_fp8_e4m3 v;
   v.__x = byte;

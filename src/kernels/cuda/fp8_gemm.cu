@@ -13,7 +13,6 @@ namespace {
 
 std::atomic<Fp8Mode> g_mode{Fp8Mode::Dequant};
 
-constexpr float kE4m3Max = 448.0f;
 constexpr int kGroup = 128;  // activation group = weight block along K
 
 // One warp per (row, 128-wide group): 32 lanes x 4 elements. Row r reads x[src] (src < 0: a
@@ -35,17 +34,9 @@ __global__ void quantize_kernel(const bf16* x, int64_t xs, int64_t T, int64_t K,
     const bf16* p = x + src * xs + k;
     for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(p[i]);
   }
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float scale = amax > 0.f ? amax / kE4m3Max : 1.0f;
-  if (live) {
-    uint32_t packed = 0;
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t byte = __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3);
-      packed |= byte << (8 * i);
-    }
-    *reinterpret_cast<uint32_t*>(q + r * K + k) = packed;
-  }
+  float scale;
+  const uint32_t packed = quantize_e4m3_group4(v, scale);
+  if (live) *reinterpret_cast<uint32_t*>(q + r * K + k) = packed;
   if (lane == 0) scales[sbase + g * sld] = scale;
 }
 

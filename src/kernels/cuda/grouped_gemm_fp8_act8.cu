@@ -1,5 +1,5 @@
 // grouped_gemm_fp8 with FP8 activations: A quantised to e4m3 per row and 128 columns (scale =
-// the group's largest magnitude / 448, as DeepSeek's own inference and SGLang quantise them), and
+// the group's largest magnitude / 448, as DeepSeek's own inference, SGLang and fp8_gemm.h), and
 // the products on FP8 warpgroup MMAs (wgmma m64n64k32, f32 += e4m3 * e4m3) over both operands'
 // codes as they lie in memory. Each 128-wide K tile is one scale block of both operands: its
 // four wgmmas sum into a tile's partial product, which is then added to the sums times the
@@ -37,9 +37,9 @@ constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAtomBytes;
 constexpr int kACopies = kABytes / 16 / kThreads, kWCopies = kWBytes / 16 / kThreads;  // 16-byte copies a thread
 static_assert(kACopies == 2 && kWCopies == 4, "a thread copies chunk tid % 8 of rows tid / 8 + 32 i");
 static_assert(kSmemBytes * 2 <= 227 * 1024, "two blocks an SM");
-constexpr float kE4m3Max = 448.f;
 
-// One warp a (row, 128 columns): lane l quantises columns 4 l .. 4 l + 3.
+// One warp a (row, 128 columns): lane l quantises columns 4 l .. 4 l + 3 (cuda_common.h's
+// quantize_e4m3_group4, as fp8_gemm.cu's quantiser).
 __global__ void quantize_act8_kernel(const bf16* a, int64_t a_ld, const int32_t* a_rows, const int32_t* count,
                                      int64_t rows, int K, uint8_t* codes, float* scales) {
   const int lane = threadIdx.x % 32, groups = K / 128;
@@ -53,15 +53,9 @@ __global__ void quantize_act8_kernel(const bf16* a, int64_t a_ld, const int32_t*
     const uint2 raw = *reinterpret_cast<const uint2*>(a + src * a_ld + g * 128 + lane * 4);
     const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
     const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    float amax = fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y)));
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
-    const float s = fmaxf(amax, 1e-10f) / kE4m3Max;
-    // x / s rounded once (IEEE division), to nearest e4m3, saturating: what a host reference can repeat.
-    const uint32_t c01 = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(lo.x, s), __fdiv_rn(lo.y, s)), __NV_SATFINITE,
-                                                  __NV_E4M3);
-    const uint32_t c23 = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(hi.x, s), __fdiv_rn(hi.y, s)), __NV_SATFINITE,
-                                                  __NV_E4M3);
-    *reinterpret_cast<uint32_t*>(codes + r * K + g * 128 + lane * 4) = (c01 & 0xffffu) | (c23 << 16);
+    const float v[4] = {lo.x, lo.y, hi.x, hi.y};
+    float s;
+    *reinterpret_cast<uint32_t*>(codes + r * K + g * 128 + lane * 4) = quantize_e4m3_group4(v, s);
     if (lane == 0) scales[r * groups + g] = s;
   }
 }
